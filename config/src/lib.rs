@@ -1,0 +1,42 @@
+//! The configuration schema of proxyfleet-proxy, shared with the operator.
+
+mod duration;
+mod proxy_config;
+mod validate;
+
+pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
+pub use proxy_config::*;
+pub use validate::{is_valid_server_name, validate, FieldError};
+
+/// Why a configuration document was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("configuration is not valid YAML for the schema: {0}")]
+    Parse(String),
+    #[error("configuration refused:\n  {}", .0.iter().map(|e| e.to_string()).collect::<Vec<_>>().join("\n  "))]
+    Invalid(Vec<FieldError>),
+}
+
+impl ProxyConfig {
+    /// Parses and validates a YAML (or JSON) document. Errors name the offending field.
+    pub fn from_yaml(text: &str) -> Result<Self, ConfigError> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let config: ProxyConfig = serde_path_to_error_free(de)?;
+        validate(&config).map_err(ConfigError::Invalid)?;
+        Ok(config)
+    }
+
+    /// The configuration as YAML, as the operator writes it into a ConfigMap.
+    pub fn to_yaml(&self) -> String {
+        // Serialising plain data structs to YAML cannot fail.
+        serde_yaml::to_string(self).unwrap_or_default()
+    }
+}
+
+/// serde_yaml's messages already carry the path ("listeners[0].tls: unknown field `foo`").
+fn serde_path_to_error_free(de: serde_yaml::Deserializer<'_>) -> Result<ProxyConfig, ConfigError> {
+    serde::Deserialize::deserialize(de).map_err(|e: serde_yaml::Error| ConfigError::Parse(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,462 @@
+//! The proxy's configuration: one YAML document, rendered by the operator into a ConfigMap
+//! and read by `proxyfleet-proxy --config`. Field names are camelCase so the same types
+//! embed unchanged in the ProxyDeployment CRD.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::HumanDuration;
+
+/// The whole configuration of one proxy process.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ProxyConfig {
+    /// Listeners accepting client traffic.
+    #[serde(default)]
+    pub listeners: Vec<Listener>,
+    /// Routes, matched in order; the first match wins.
+    #[serde(default)]
+    pub routes: Vec<Route>,
+    /// Upstream clusters the routes send traffic to.
+    #[serde(default)]
+    pub upstreams: Vec<Upstream>,
+    /// The admin listener serving /metrics, /healthz, /readyz and /config.
+    #[serde(default)]
+    pub admin: Admin,
+    /// Protective limits on client connections and requests.
+    #[serde(default)]
+    pub limits: Limits,
+    /// Graceful drain on SIGTERM.
+    #[serde(default)]
+    pub drain: Drain,
+    /// HTTP CONNECT forward proxying; off unless an allow-list is given.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub connect: Option<ConnectProxy>,
+    /// Worker threads of the proxy runtime; defaults to the available cores.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 256))]
+    pub worker_threads: Option<u16>,
+    /// Trust bundle files whose fingerprint the proxy reports (used to confirm CA rotation).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub trust_bundle_files: Vec<String>,
+}
+
+/// A listening socket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Listener {
+    /// Name of the listener, unique, used in metrics.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Address to bind, `IP:port`, e.g. `0.0.0.0:8443`.
+    pub address: String,
+    /// TLS termination; plain HTTP when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<ListenerTls>,
+}
+
+/// TLS termination on a listener (TLS 1.2 and 1.3 only, ALPN h2 and http/1.1).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ListenerTls {
+    /// Certificates chosen by SNI.
+    #[schemars(length(min = 1))]
+    pub certificates: Vec<CertificateFiles>,
+    /// PEM CA bundle; when set, clients must present a certificate signed by it (mTLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_ca_file: Option<String>,
+    /// Allow clients to resume sessions (tickets and a session cache). Default true.
+    #[serde(default = "default_true")]
+    pub session_resumption: bool,
+}
+
+/// A certificate chain and its private key, on disk (e.g. a mounted Secret).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct CertificateFiles {
+    /// PEM certificate chain, leaf first.
+    pub cert_file: String,
+    /// PEM private key (PKCS#8, PKCS#1 or SEC1).
+    pub key_file: String,
+    /// SNI names served with this certificate: exact (`api.example.com`) or wildcard (`*.example.com`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub server_names: Vec<String>,
+    /// Serve this certificate when the client sends no SNI or an unknown name. At most one.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub default: bool,
+}
+
+/// Routes a request to an upstream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Route {
+    /// Name of the route, used in metrics.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// What a request must look like to take this route.
+    #[serde(default, rename = "match")]
+    pub matches: RouteMatch,
+    /// Name of the upstream cluster, one of `upstreams[].name`.
+    pub upstream: String,
+    /// Whole-request timeout (to the last response header). Default 15s.
+    #[serde(default = "default_route_timeout")]
+    pub timeout: HumanDuration,
+    /// Retries of idempotent requests on connect failure or 502/503/504.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retries: Option<Retries>,
+    /// Fault injection for chaos drills and canary tests.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub fault: Option<Fault>,
+}
+
+/// Request match; all given parts must match.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RouteMatch {
+    /// Host (without port): exact or `*.suffix`. Any host when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host: Option<String>,
+    /// Path prefix, starting with `/`. Default `/`.
+    #[serde(default = "default_path_prefix")]
+    pub path_prefix: String,
+    /// A header that must be present with exactly this value.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub header: Option<HeaderMatch>,
+}
+
+/// An exact header match.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HeaderMatch {
+    /// Header name (case-insensitive).
+    pub name: String,
+    /// Exact value.
+    pub value: String,
+}
+
+/// Bounded retries with a budget so retries cannot multiply an outage.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Retries {
+    /// Extra attempts after the first (idempotent methods only).
+    #[schemars(range(min = 0, max = 5))]
+    pub attempts: u8,
+    /// Retries may add at most this percentage on top of the route's requests. Default 20.
+    #[serde(default = "default_retry_budget")]
+    #[schemars(range(min = 0, max = 100))]
+    pub budget_percent: u8,
+}
+
+/// Fault injection.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Fault {
+    /// Answer a share of requests with a status code instead of proxying them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort: Option<FaultAbort>,
+    /// Delay a share of requests before proxying them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub delay: Option<FaultDelay>,
+}
+
+/// Abort a percentage of requests with a status.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FaultAbort {
+    /// HTTP status to answer with (200-599).
+    #[schemars(range(min = 200, max = 599))]
+    pub status: u16,
+    /// Share of requests, 0-100.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub percent: f64,
+}
+
+/// Delay a percentage of requests.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct FaultDelay {
+    /// Added delay.
+    pub duration: HumanDuration,
+    /// Share of requests, 0-100.
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub percent: f64,
+}
+
+/// An upstream cluster of endpoints.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Upstream {
+    /// Name, unique, referenced by routes.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Static `host:port` endpoints (IP addresses or names resolved once).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub endpoints: Vec<String>,
+    /// A DNS name re-resolved periodically (e.g. a headless Service); all its addresses become endpoints.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dns: Option<DnsEndpoints>,
+    /// TLS to the upstream; plain when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<UpstreamTls>,
+    /// HTTP version to the upstream: `http1`, `h2`, or `auto` (by ALPN over TLS; http1 when plain).
+    #[serde(default)]
+    pub protocol: UpstreamProtocol,
+    /// Connection pool settings.
+    #[serde(default)]
+    pub pool: Pool,
+    /// Passive outlier ejection.
+    #[serde(default)]
+    pub outlier_detection: OutlierDetection,
+    /// Active HTTP health check.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub health_check: Option<HealthCheck>,
+}
+
+/// Endpoints from a DNS name.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DnsEndpoints {
+    /// Name to resolve, e.g. `echo.default.svc.cluster.local`.
+    pub name: String,
+    /// Port of every resolved address.
+    #[schemars(range(min = 1, max = 65535))]
+    pub port: u16,
+    /// How often to re-resolve. Default 5s.
+    #[serde(default = "default_dns_refresh")]
+    pub refresh_interval: HumanDuration,
+}
+
+/// HTTP version towards an upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum UpstreamProtocol {
+    #[default]
+    Auto,
+    Http1,
+    H2,
+}
+
+/// TLS towards an upstream.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpstreamTls {
+    /// SNI and verified name; defaults to the endpoint's host.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_name: Option<String>,
+    /// PEM CA bundle to verify the upstream; the system's Mozilla roots are not used.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ca_file: Option<String>,
+    /// Client certificate for mTLS to the upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_certificate: Option<CertificateFiles>,
+    /// Resume TLS sessions to the upstream (1.3 tickets, 1.2 sessions) per server name. Default true.
+    #[serde(default = "default_true")]
+    pub session_resumption: bool,
+    /// Skip verification of the upstream certificate. Only for tests; logged loudly.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub insecure_skip_verify: bool,
+}
+
+/// Per-endpoint keep-alive connection pool.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Pool {
+    /// Idle connections kept per endpoint. Default 64.
+    #[serde(default = "default_max_idle")]
+    #[schemars(range(min = 0, max = 100000))]
+    pub max_idle_per_endpoint: u32,
+    /// Idle connections are closed after this long. Default 60s.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    /// Connections (idle + busy) per endpoint; further requests wait. Default 1024.
+    #[serde(default = "default_max_connections")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_connections_per_endpoint: u32,
+    /// TCP + TLS connect timeout. Default 3s.
+    #[serde(default = "default_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+}
+
+/// Eject an endpoint after consecutive failures, for a while.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct OutlierDetection {
+    /// Consecutive 5xx answers or connect failures before ejection; 0 disables. Default 5.
+    #[serde(default = "default_consecutive_failures")]
+    #[schemars(range(min = 0, max = 1000))]
+    pub consecutive_failures: u32,
+    /// How long an ejected endpoint is skipped. Default 10s.
+    #[serde(default = "default_ejection_time")]
+    pub ejection_time: HumanDuration,
+}
+
+/// Active health check.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct HealthCheck {
+    /// Path requested with GET; 2xx is healthy.
+    #[serde(default = "default_health_path")]
+    pub path: String,
+    /// Interval between checks. Default 5s.
+    #[serde(default = "default_health_interval")]
+    pub interval: HumanDuration,
+    /// Timeout of one check. Default 1s.
+    #[serde(default = "default_health_timeout")]
+    pub timeout: HumanDuration,
+}
+
+/// The admin listener.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Admin {
+    /// Address to bind. Default `0.0.0.0:9901`.
+    #[serde(default = "default_admin_address")]
+    pub address: String,
+}
+
+/// Limits protecting the proxy.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Limits {
+    /// Largest request head (request line + headers) in bytes; larger gets 431. Default 65536.
+    #[serde(default = "default_max_header_bytes")]
+    #[schemars(range(min = 1024, max = 1048576))]
+    pub max_header_bytes: u32,
+    /// Time a client has to send the whole request head (slowloris). Default 10s.
+    #[serde(default = "default_header_read_timeout")]
+    pub header_read_timeout: HumanDuration,
+    /// Largest request body in bytes; larger gets 413. Default 10 MiB.
+    #[serde(default = "default_max_body_bytes")]
+    pub max_request_body_bytes: u64,
+    /// Concurrent client connections; further connections wait in the backlog. Default 10000.
+    #[serde(default = "default_max_client_connections")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_connections: u32,
+}
+
+/// Graceful drain.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Drain {
+    /// After SIGTERM, /readyz fails at once but listeners keep accepting this long, so
+    /// endpoints are removed before connections are refused. Default 5s.
+    #[serde(default = "default_drain_grace")]
+    pub grace_period: HumanDuration,
+    /// Then in-flight requests get this long to finish before exit. Default 20s.
+    #[serde(default = "default_drain_deadline")]
+    pub deadline: HumanDuration,
+}
+
+/// HTTP CONNECT forward proxying.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct ConnectProxy {
+    /// `host:port` targets allowed; a `*.` prefix allows subdomains, port `*` any port.
+    #[schemars(length(min = 1))]
+    pub allow: Vec<String>,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_route_timeout() -> HumanDuration {
+    HumanDuration::from_secs(15)
+}
+fn default_path_prefix() -> String {
+    "/".to_string()
+}
+fn default_retry_budget() -> u8 {
+    20
+}
+fn default_dns_refresh() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn default_max_idle() -> u32 {
+    64
+}
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration::from_secs(60)
+}
+fn default_max_connections() -> u32 {
+    1024
+}
+fn default_connect_timeout() -> HumanDuration {
+    HumanDuration::from_secs(3)
+}
+fn default_consecutive_failures() -> u32 {
+    5
+}
+fn default_ejection_time() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_health_path() -> String {
+    "/healthz".to_string()
+}
+fn default_health_interval() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn default_health_timeout() -> HumanDuration {
+    HumanDuration::from_secs(1)
+}
+fn default_admin_address() -> String {
+    "0.0.0.0:9901".to_string()
+}
+fn default_max_header_bytes() -> u32 {
+    65536
+}
+fn default_header_read_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}
+fn default_max_body_bytes() -> u64 {
+    10 * 1024 * 1024
+}
+fn default_max_client_connections() -> u32 {
+    10000
+}
+fn default_drain_grace() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn default_drain_deadline() -> HumanDuration {
+    HumanDuration::from_secs(20)
+}
+
+impl Default for Pool {
+    fn default() -> Self {
+        Self {
+            max_idle_per_endpoint: default_max_idle(),
+            idle_timeout: default_idle_timeout(),
+            max_connections_per_endpoint: default_max_connections(),
+            connect_timeout: default_connect_timeout(),
+        }
+    }
+}
+impl Default for OutlierDetection {
+    fn default() -> Self {
+        Self { consecutive_failures: default_consecutive_failures(), ejection_time: default_ejection_time() }
+    }
+}
+impl Default for Admin {
+    fn default() -> Self {
+        Self { address: default_admin_address() }
+    }
+}
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_header_bytes: default_max_header_bytes(),
+            header_read_timeout: default_header_read_timeout(),
+            max_request_body_bytes: default_max_body_bytes(),
+            max_connections: default_max_client_connections(),
+        }
+    }
+}
+impl Default for Drain {
+    fn default() -> Self {
+        Self { grace_period: default_drain_grace(), deadline: default_drain_deadline() }
+    }
+}
+impl Default for RouteMatch {
+    fn default() -> Self {
+        Self { host: None, path_prefix: default_path_prefix(), header: None }
+    }
+}

@@ -1,0 +1,89 @@
+use super::*;
+
+const MINIMAL: &str = r#"
+listeners:
+  - name: https
+    address: 0.0.0.0:8443
+    tls:
+      certificates:
+        - certFile: /tls/tls.crt
+          keyFile: /tls/tls.key
+          default: true
+routes:
+  - name: all
+    upstream: echo
+upstreams:
+  - name: echo
+    endpoints: ["127.0.0.1:8080"]
+"#;
+
+#[test]
+fn minimal_config_parses_with_defaults() {
+    let c = ProxyConfig::from_yaml(MINIMAL).unwrap();
+    assert_eq!(c.routes[0].matches.path_prefix, "/");
+    assert_eq!(c.routes[0].timeout.get().as_secs(), 15);
+    assert_eq!(c.admin.address, "0.0.0.0:9901");
+    assert!(c.listeners[0].tls.as_ref().unwrap().session_resumption);
+    assert_eq!(c.upstreams[0].pool.max_idle_per_endpoint, 64);
+}
+
+#[test]
+fn round_trips_through_yaml() {
+    let c = ProxyConfig::from_yaml(MINIMAL).unwrap();
+    let again = ProxyConfig::from_yaml(&c.to_yaml()).unwrap();
+    assert_eq!(c, again);
+}
+
+fn refused(yaml: &str) -> String {
+    ProxyConfig::from_yaml(yaml).unwrap_err().to_string()
+}
+
+#[test]
+fn unknown_field_is_named() {
+    let e = refused(&MINIMAL.replace("default: true", "default: true\n          colour: red"));
+    assert!(e.contains("colour"), "{e}");
+    assert!(e.contains("listeners[0]"), "{e}");
+}
+
+#[test]
+fn unknown_upstream_is_named() {
+    let e = refused(&MINIMAL.replace("upstream: echo", "upstream: nope"));
+    assert!(e.contains("routes[0].upstream"), "{e}");
+}
+
+#[test]
+fn duplicate_ports_and_defaults_are_refused() {
+    let yaml = r#"
+listeners:
+  - {name: a, address: "0.0.0.0:80"}
+  - {name: b, address: "127.0.0.1:80"}
+routes: [{name: r, upstream: u}]
+upstreams: [{name: u, endpoints: ["127.0.0.1:1"]}]
+"#;
+    assert!(refused(yaml).contains("listeners[1].address"));
+    let two_defaults = MINIMAL.replace(
+        "default: true",
+        "default: true\n        - {certFile: a, keyFile: b, default: true}",
+    );
+    assert!(refused(&two_defaults).contains("at most one"));
+}
+
+#[test]
+fn bad_values_are_named() {
+    let cases = [
+        (MINIMAL.replace("0.0.0.0:8443", "nowhere"), "listeners[0].address"),
+        (MINIMAL.replace("127.0.0.1:8080", "no port"), "upstreams[0].endpoints[0]"),
+        (MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: 0s"), "routes[0].timeout"),
+        (MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: soon"), "invalid duration"),
+        (
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    fault: {abort: {status: 503, percent: 150}}"),
+            "routes[0].fault.abort.percent",
+        ),
+        (MINIMAL.replace("upstream: echo", "upstream: echo\n    match: {pathPrefix: api}"), "routes[0].match.pathPrefix"),
+        (MINIMAL.replace("default: true", "serverNames: [\"bad name\"]"), "serverNames[0]"),
+    ];
+    for (yaml, field) in cases {
+        let e = refused(&yaml);
+        assert!(e.contains(field), "expected {field} in {e}");
+    }
+}

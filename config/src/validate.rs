@@ -1,0 +1,219 @@
+//! Semantic checks that a schema cannot express. Every error names the field it is about,
+//! in the same path syntax the CRD uses (`routes[1].upstream`).
+
+use std::collections::HashSet;
+use std::net::SocketAddr;
+
+use crate::ProxyConfig;
+
+/// One problem with a configuration, naming the field.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{field}: {message}")]
+pub struct FieldError {
+    pub field: String,
+    pub message: String,
+}
+
+fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+    FieldError { field: field.into(), message: message.into() }
+}
+
+/// Whether a DNS name or a `*.`-wildcard name is well formed.
+pub fn is_valid_server_name(name: &str) -> bool {
+    let bare = name.strip_prefix("*.").unwrap_or(name);
+    !bare.is_empty()
+        && bare.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// Whether `host:port` is plausible (a name or IP, and a port 1-65535).
+fn is_host_port(s: &str) -> bool {
+    if s.parse::<SocketAddr>().is_ok() {
+        return true;
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) => is_valid_server_name(host) && port.parse::<u16>().is_ok_and(|p| p > 0),
+        None => false,
+    }
+}
+
+/// Checks everything serde cannot: references, uniqueness, value ranges, addresses.
+pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
+    let mut errors = Vec::new();
+
+    let mut listener_names = HashSet::new();
+    let mut addresses = HashSet::new();
+    for (i, l) in config.listeners.iter().enumerate() {
+        let f = format!("listeners[{i}]");
+        if !listener_names.insert(&l.name) {
+            errors.push(err(format!("{f}.name"), format!("duplicate listener name {:?}", l.name)));
+        }
+        match l.address.parse::<SocketAddr>() {
+            Ok(addr) => {
+                if !addresses.insert(addr.port()) {
+                    errors.push(err(format!("{f}.address"), format!("port {} is used by another listener", addr.port())));
+                }
+            }
+            Err(_) => errors.push(err(format!("{f}.address"), format!("{:?} is not an IP:port address", l.address))),
+        }
+        if let Some(tls) = &l.tls {
+            if tls.certificates.is_empty() {
+                errors.push(err(format!("{f}.tls.certificates"), "at least one certificate is required"));
+            }
+            let defaults = tls.certificates.iter().filter(|c| c.default).count();
+            if defaults > 1 {
+                errors.push(err(format!("{f}.tls.certificates"), format!("{defaults} certificates are marked default; at most one may be")));
+            }
+            for (j, c) in tls.certificates.iter().enumerate() {
+                for (k, n) in c.server_names.iter().enumerate() {
+                    if !is_valid_server_name(n) {
+                        errors.push(err(format!("{f}.tls.certificates[{j}].serverNames[{k}]"), format!("{n:?} is not a DNS name or *.wildcard")));
+                    }
+                }
+                if c.cert_file.is_empty() {
+                    errors.push(err(format!("{f}.tls.certificates[{j}].certFile"), "must not be empty"));
+                }
+                if c.key_file.is_empty() {
+                    errors.push(err(format!("{f}.tls.certificates[{j}].keyFile"), "must not be empty"));
+                }
+            }
+        }
+    }
+    if config.admin.address.parse::<SocketAddr>().is_err() {
+        errors.push(err("admin.address", format!("{:?} is not an IP:port address", config.admin.address)));
+    } else if let Ok(a) = config.admin.address.parse::<SocketAddr>() {
+        if addresses.contains(&a.port()) {
+            errors.push(err("admin.address", format!("port {} is used by a listener", a.port())));
+        }
+    }
+
+    let mut upstream_names = HashSet::new();
+    for (i, u) in config.upstreams.iter().enumerate() {
+        let f = format!("upstreams[{i}]");
+        if !upstream_names.insert(u.name.as_str()) {
+            errors.push(err(format!("{f}.name"), format!("duplicate upstream name {:?}", u.name)));
+        }
+        match (u.endpoints.is_empty(), &u.dns) {
+            (true, None) => errors.push(err(format!("{f}.endpoints"), "give endpoints or dns")),
+            (false, Some(_)) => errors.push(err(format!("{f}.dns"), "give either endpoints or dns, not both")),
+            _ => {}
+        }
+        for (j, e) in u.endpoints.iter().enumerate() {
+            if !is_host_port(e) {
+                errors.push(err(format!("{f}.endpoints[{j}]"), format!("{e:?} is not host:port")));
+            }
+        }
+        if let Some(dns) = &u.dns {
+            if !is_valid_server_name(&dns.name) || dns.name.starts_with("*.") {
+                errors.push(err(format!("{f}.dns.name"), format!("{:?} is not a DNS name", dns.name)));
+            }
+            if dns.refresh_interval.get().is_zero() {
+                errors.push(err(format!("{f}.dns.refreshInterval"), "must be positive"));
+            }
+        }
+        if u.pool.connect_timeout.get().is_zero() {
+            errors.push(err(format!("{f}.pool.connectTimeout"), "must be positive"));
+        }
+        if u.pool.idle_timeout.get().is_zero() {
+            errors.push(err(format!("{f}.pool.idleTimeout"), "must be positive"));
+        }
+        if u.pool.max_connections_per_endpoint == 0 {
+            errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
+        }
+        if let Some(hc) = &u.health_check {
+            if !hc.path.starts_with('/') {
+                errors.push(err(format!("{f}.healthCheck.path"), "must start with /"));
+            }
+            if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
+                errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
+            }
+        }
+        if let Some(tls) = &u.tls {
+            if let Some(sn) = &tls.server_name {
+                if !is_valid_server_name(sn) && sn.parse::<std::net::IpAddr>().is_err() {
+                    errors.push(err(format!("{f}.tls.serverName"), format!("{sn:?} is not a DNS name or IP")));
+                }
+            }
+        }
+    }
+
+    let mut route_names = HashSet::new();
+    for (i, r) in config.routes.iter().enumerate() {
+        let f = format!("routes[{i}]");
+        if !route_names.insert(&r.name) {
+            errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
+        }
+        if !upstream_names.contains(r.upstream.as_str()) {
+            errors.push(err(format!("{f}.upstream"), format!("unknown upstream {:?}; define it in upstreams", r.upstream)));
+        }
+        if !r.matches.path_prefix.starts_with('/') {
+            errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
+        }
+        if let Some(h) = &r.matches.host {
+            if !is_valid_server_name(h) {
+                errors.push(err(format!("{f}.match.host"), format!("{h:?} is not a host name or *.wildcard")));
+            }
+        }
+        if let Some(h) = &r.matches.header {
+            if http_token(&h.name).is_none() {
+                errors.push(err(format!("{f}.match.header.name"), format!("{:?} is not a header name", h.name)));
+            }
+        }
+        if r.timeout.get().is_zero() {
+            errors.push(err(format!("{f}.timeout"), "must be positive"));
+        }
+        if let Some(fault) = &r.fault {
+            if let Some(a) = &fault.abort {
+                if !(0.0..=100.0).contains(&a.percent) {
+                    errors.push(err(format!("{f}.fault.abort.percent"), "must be within 0-100"));
+                }
+                if !(200..=599).contains(&a.status) {
+                    errors.push(err(format!("{f}.fault.abort.status"), "must be within 200-599"));
+                }
+            }
+            if let Some(d) = &fault.delay {
+                if !(0.0..=100.0).contains(&d.percent) {
+                    errors.push(err(format!("{f}.fault.delay.percent"), "must be within 0-100"));
+                }
+            }
+        }
+        if let Some(rt) = &r.retries {
+            if rt.attempts > 5 {
+                errors.push(err(format!("{f}.retries.attempts"), "at most 5"));
+            }
+        }
+    }
+    if !config.listeners.is_empty() && config.routes.is_empty() {
+        errors.push(err("routes", "listeners are defined but no route; every request would get 404"));
+    }
+    if let Some(c) = &config.connect {
+        for (i, a) in c.allow.iter().enumerate() {
+            let ok = a.rsplit_once(':').is_some_and(|(h, p)| is_valid_server_name(h) && (p == "*" || p.parse::<u16>().is_ok()));
+            if !ok {
+                errors.push(err(format!("connect.allow[{i}]"), format!("{a:?} is not host:port (port may be *)")));
+            }
+        }
+    }
+    if config.limits.header_read_timeout.get().is_zero() {
+        errors.push(err("limits.headerReadTimeout", "must be positive"));
+    }
+    if config.worker_threads == Some(0) {
+        errors.push(err("workerThreads", "must be at least 1"));
+    }
+
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
+
+fn http_token(s: &str) -> Option<&str> {
+    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))).then_some(s)
+}

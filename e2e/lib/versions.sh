@@ -1,0 +1,7 @@
+# Pinned versions of the real cluster components (see docs/local-cluster.md for why v1.34).
+K8S_VERSION=v1.34.4
+K8S_STAGING_VERSION=v0.34.4
+ETCD_VERSION=v3.6.16
+HELM_VERSION=v3.19.0
+PROXYFLEET_CACHE=${PROXYFLEET_CACHE:-$HOME/.cache/proxyfleet}
+K8S_BIN=$PROXYFLEET_CACHE/k8s/$K8S_VERSION/bin
