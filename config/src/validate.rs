@@ -56,7 +56,8 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         }
         match l.address.parse::<SocketAddr>() {
             Ok(addr) => {
-                if !addresses.insert(addr.port()) {
+                // Port 0 (pick any) is for tests and may repeat.
+                if addr.port() != 0 && !addresses.insert(addr.port()) {
                     errors.push(err(format!("{f}.address"), format!("port {} is used by another listener", addr.port())));
                 }
             }
@@ -88,7 +89,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     if config.admin.address.parse::<SocketAddr>().is_err() {
         errors.push(err("admin.address", format!("{:?} is not an IP:port address", config.admin.address)));
     } else if let Ok(a) = config.admin.address.parse::<SocketAddr>() {
-        if addresses.contains(&a.port()) {
+        if a.port() != 0 && addresses.contains(&a.port()) {
             errors.push(err("admin.address", format!("port {} is used by a listener", a.port())));
         }
     }

@@ -49,8 +49,12 @@ if [ "$need_k8s" = 1 ]; then
 fi
 if [ ! -x "$K8S_BIN/etcd" ]; then
   log "building etcd $ETCD_VERSION"
-  GOBIN=$K8S_BIN CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "go.etcd.io/etcd/server/v3@$ETCD_VERSION"
-  [ -x "$K8S_BIN/server" ] && mv "$K8S_BIN/server" "$K8S_BIN/etcd"
+  # etcd's server module also uses replace directives: build it from a wrapper module.
+  esrc=$PROXYFLEET_CACHE/k8s/etcd-$ETCD_VERSION-src
+  mkdir -p "$esrc"
+  printf 'module proxyfleet.local/etcdbuild\n\ngo 1.24.0\n\nrequire go.etcd.io/etcd/server/v3 %s\n' "$ETCD_VERSION" > "$esrc/go.mod"
+  echo 'package etcdbuild' > "$esrc/doc.go"
+  (cd "$esrc" && go mod download go.etcd.io/etcd/server/v3 && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/etcd" go.etcd.io/etcd/server/v3)
 fi
 if [ ! -x "$K8S_BIN/helm" ]; then
   log "building helm $HELM_VERSION"

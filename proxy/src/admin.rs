@@ -1,0 +1,65 @@
+//! The admin listener: /metrics, /healthz, /readyz, /config.
+
+use std::convert::Infallible;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use http::{Request, Response, StatusCode};
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::net::TcpListener;
+
+use crate::server::Shared;
+
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body.into()));
+    *r.status_mut() = status;
+    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r
+}
+
+/// The running configuration as served on /config. It holds file paths, never key material;
+/// loaded certificates are described by serial and expiry only.
+pub fn config_report(shared: &Shared) -> String {
+    let state = shared.state.load();
+    let mut out = String::from("# running configuration\n");
+    out.push_str(&state.config.to_yaml());
+    out.push_str("---\n# loaded certificates\ncertificates:\n");
+    for (listener, c) in &state.certificates {
+        out.push_str(&format!(
+            "  - listener: {listener}\n    serial: \"{}\"\n    subject: \"{}\"\n    notAfter: {}\n",
+            c.serial, c.subject, c.not_after_unix
+        ));
+    }
+    out.push_str(&format!("trustBundleSha256: {}\n", state.trust_bundle_sha256.as_deref().unwrap_or("null")));
+    out
+}
+
+async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
+    Ok(match req.uri().path() {
+        "/metrics" => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", shared.metrics.encode()),
+        "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
+        "/readyz" => {
+            if shared.ready.load(Ordering::Relaxed) {
+                text(StatusCode::OK, "text/plain", "ready\n")
+            } else {
+                text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
+            }
+        }
+        "/config" => text(StatusCode::OK, "text/yaml", config_report(&shared)),
+        _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
+    })
+}
+
+pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    loop {
+        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| route(req, shared.clone()));
+            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc).await;
+        });
+    }
+}

@@ -1,0 +1,276 @@
+//! The request path, in phases: request filter → route → fault → upstream (with retries) →
+//! response filter → metrics.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Method, Request, Response, StatusCode, Version};
+use http_body::Body as _;
+use hyper::body::Incoming;
+
+use crate::body::{self, ClientBody, UpstreamBody};
+use crate::router::{self, CompiledRoute};
+use crate::server::Shared;
+use crate::upstream::{self, ConnectionFreshness};
+
+/// Where a request came from.
+#[derive(Clone, Copy, Debug)]
+pub struct ClientInfo {
+    pub remote: SocketAddr,
+    pub tls: bool,
+}
+
+fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
+    let mut r = Response::new(body::full(text));
+    *r.status_mut() = status;
+    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r
+}
+
+const HOP_BY_HOP: [HeaderName; 7] = [
+    header::CONNECTION,
+    HeaderName::from_static("keep-alive"),
+    header::PROXY_AUTHENTICATE,
+    header::PROXY_AUTHORIZATION,
+    header::TE,
+    header::TRANSFER_ENCODING,
+    header::UPGRADE,
+];
+
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Headers named in Connection are hop-by-hop too.
+    if let Some(conn) = headers.get(header::CONNECTION).and_then(|v| v.to_str().ok()).map(str::to_owned) {
+        for name in conn.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+            if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
+                headers.remove(n);
+            }
+        }
+    }
+    for h in &HOP_BY_HOP {
+        headers.remove(h);
+    }
+    headers.remove("proxy-connection");
+}
+
+fn is_idempotent(m: &Method) -> bool {
+    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+}
+
+pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, client: ClientInfo) -> Result<Response<ClientBody>, Infallible> {
+    if req.method() == Method::CONNECT {
+        return Ok(crate::connect::handle_connect(req, &shared));
+    }
+    let state = shared.state.load_full();
+    let limits = &state.config.limits;
+
+    // Request filter.
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
+        match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(n) if n > limits.max_request_body_bytes => {
+                return Ok(finish(&shared, None, status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"), Instant::now()));
+            }
+            Some(_) => {}
+            None => {
+                shared.metrics.malformed_requests.inc();
+                return Ok(finish(&shared, None, status_response(StatusCode::BAD_REQUEST, "invalid content-length\n"), Instant::now()));
+            }
+        }
+    }
+    if req.uri().path_and_query().is_none() || !req.uri().path().starts_with('/') {
+        shared.metrics.malformed_requests.inc();
+        return Ok(finish(&shared, None, status_response(StatusCode::BAD_REQUEST, "request target must be an absolute path\n"), Instant::now()));
+    }
+
+    let started = Instant::now();
+    let host = router::request_host(req.uri(), req.headers());
+    let Some(route) = router::select(&state.routes, host, req.uri().path(), req.headers()) else {
+        return Ok(finish(&shared, None, status_response(StatusCode::NOT_FOUND, "no route\n"), started));
+    };
+    let span = tracing::debug_span!("request", route = %route.name, method = %req.method(), path = %req.uri().path());
+    let _e = span.enter();
+
+    // Fault injection.
+    if let Some(fault) = &route.fault {
+        if let Some(d) = &fault.delay {
+            if d.percent > 0.0 && fastrand::f64() * 100.0 < d.percent {
+                route.metrics.fault_delay.inc();
+                tokio::time::sleep(d.duration.get()).await;
+            }
+        }
+        if let Some(a) = &fault.abort {
+            if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
+                route.metrics.fault_abort.inc();
+                let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                return Ok(finish(&shared, Some(route), status_response(status, "fault injected\n"), started));
+            }
+        }
+    }
+
+    let resp = forward(route, req, client, limits.max_request_body_bytes).await;
+    Ok(finish(&shared, Some(route), resp, started))
+}
+
+fn finish(shared: &Shared, route: Option<&CompiledRoute>, resp: Response<ClientBody>, started: Instant) -> Response<ClientBody> {
+    let secs = started.elapsed().as_secs_f64();
+    match route {
+        Some(r) => r.metrics.observe(resp.status().as_u16(), secs),
+        None => shared.no_route_metrics.observe(resp.status().as_u16(), secs),
+    }
+    resp
+}
+
+enum Attempt {
+    Done(Response<Incoming>),
+    /// Failed in a way that may be retried (connect failure or 502/503/504).
+    Retryable(Response<ClientBody>),
+    Final(Response<ClientBody>),
+}
+
+async fn forward(route: &CompiledRoute, req: Request<Incoming>, client: ClientInfo, body_limit: u64) -> Response<ClientBody> {
+    let (mut parts, incoming) = req.into_parts();
+    route.retry_budget.on_request();
+    let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
+    let mut body = Some(if incoming.is_end_stream() { UpstreamBody::Empty } else { UpstreamBody::streaming(incoming, body_limit) });
+
+    if parts.headers.get(header::HOST).is_none() {
+        if let Some(a) = parts.uri.authority() {
+            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+                parts.headers.insert(header::HOST, v);
+            }
+        }
+    }
+    strip_hop_by_hop(&mut parts.headers);
+    append_forwarded(&mut parts.headers, client);
+
+    let deadline = Instant::now() + route.timeout;
+    let mut attempt = 0u8;
+    loop {
+        let req_body = body.take().unwrap_or(UpstreamBody::Empty);
+        let outcome = attempt_once(route, &parts, req_body, deadline).await;
+        match outcome {
+            Attempt::Done(resp) => return client_response(resp),
+            Attempt::Final(resp) => return resp,
+            Attempt::Retryable(resp) => {
+                if retryable && attempt < route.retry_attempts && Instant::now() < deadline && route.retry_budget.try_withdraw() {
+                    attempt += 1;
+                    route.metrics.retries.inc();
+                    continue;
+                }
+                return resp;
+            }
+        }
+    }
+}
+
+fn append_forwarded(headers: &mut HeaderMap, client: ClientInfo) {
+    let ip = client.remote.ip().to_string();
+    let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
+        Some(prev) => format!("{prev}, {ip}"),
+        None => ip,
+    };
+    if let Ok(v) = HeaderValue::from_str(&value) {
+        headers.insert("x-forwarded-for", v);
+    }
+    headers.insert("x-forwarded-proto", HeaderValue::from_static(if client.tls { "https" } else { "http" }));
+}
+
+async fn attempt_once(route: &CompiledRoute, parts: &http::request::Parts, body: UpstreamBody, deadline: Instant) -> Attempt {
+    let cluster = &route.upstream;
+    let endpoints = cluster.endpoints.load();
+    let Some(endpoint) = upstream::pick(&endpoints) else {
+        return Attempt::Retryable(status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n"));
+    };
+    let endpoint = endpoint.clone();
+    drop(endpoints);
+
+    let uri = {
+        let mut b = http::Uri::builder().scheme(cluster.scheme.clone()).authority(endpoint.authority.clone());
+        if let Some(pq) = parts.uri.path_and_query() {
+            b = b.path_and_query(pq.clone());
+        }
+        match b.build() {
+            Ok(u) => u,
+            Err(_) => return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n")),
+        }
+    };
+    let mut req = Request::new(body);
+    *req.method_mut() = parts.method.clone();
+    *req.uri_mut() = uri;
+    *req.version_mut() = Version::HTTP_11;
+    *req.headers_mut() = parts.headers.clone();
+
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let Ok(_permit) = tokio::time::timeout(remaining, endpoint.permits.acquire()).await else {
+        return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"));
+    };
+    endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+    let started = Instant::now();
+    let result = tokio::time::timeout(deadline.saturating_duration_since(started), cluster.client.request(req)).await;
+    endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+    let od = &cluster.config.outlier_detection;
+    let eject = |e: &upstream::Endpoint| {
+        if e.record_failure(od.consecutive_failures, od.ejection_time.get()) {
+            cluster.metrics.ejections.inc();
+            tracing::warn!(upstream = %cluster.name, endpoint = %e.authority, "endpoint ejected after consecutive failures");
+        }
+    };
+    match result {
+        Err(_) => {
+            endpoint.observe_latency(started.elapsed());
+            eject(&endpoint);
+            Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
+        }
+        Ok(Err(e)) => {
+            if let Some(src) = std::error::Error::source(&e) {
+                if body::is_body_too_large(src) {
+                    return Attempt::Final(status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"));
+                }
+            }
+            eject(&endpoint);
+            tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&e), "upstream request failed");
+            if e.is_connect() {
+                Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
+            } else {
+                Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
+            }
+        }
+        Ok(Ok(resp)) => {
+            endpoint.observe_latency(started.elapsed());
+            match resp.extensions().get::<ConnectionFreshness>() {
+                Some(f) if !f.take_fresh() => cluster.metrics.request_reused.inc(),
+                _ => cluster.metrics.request_new.inc(),
+            };
+            let status = resp.status();
+            if status.is_server_error() {
+                eject(&endpoint);
+            } else {
+                endpoint.record_success();
+            }
+            if matches!(status.as_u16(), 502..=504) {
+                return Attempt::Retryable(client_response(resp));
+            }
+            Attempt::Done(resp)
+        }
+    }
+}
+
+fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
+    let (mut parts, body) = resp.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    Response::from_parts(parts, http_body_util::Either::Left(body))
+}
+
+fn error_chain(e: &dyn std::error::Error) -> String {
+    let mut s = e.to_string();
+    let mut cur = e.source();
+    while let Some(c) = cur {
+        s.push_str(": ");
+        s.push_str(&c.to_string());
+        cur = c.source();
+    }
+    s
+}

@@ -1,0 +1,18 @@
+//! proxyfleet-proxy: a pooled-TLS reverse proxy.
+//!
+//! Reading order: `server` (process, listeners, drain) → `handler` (the request phases) →
+//! `router` → `upstream` (balancer, pool) → `tls` → `state` / `reload` → `metrics` / `admin`.
+
+pub mod admin;
+pub mod body;
+pub mod connect;
+pub mod handler;
+pub mod metrics;
+pub mod reload;
+pub mod router;
+pub mod server;
+pub mod state;
+pub mod tls;
+pub mod upstream;
+
+pub use server::{read_config, run, start, RunningProxy};

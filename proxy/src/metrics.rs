@@ -1,0 +1,268 @@
+//! The proxy's Prometheus metrics (names documented in docs/metrics.md). Handles used on the
+//! request path are resolved once per route/upstream when the configuration is loaded, so a
+//! request only touches atomics.
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+/// Request duration buckets: 100 µs to 10 s, fine enough for sub-millisecond P99.
+pub const DURATION_BUCKETS: [f64; 24] = [
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
+    0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+];
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    pub route: String,
+    pub upstream: String,
+}
+
+/// Status classes, in the order of `RouteMetrics::responses_by_class`.
+pub const CODE_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
+
+fn class_index(status: u16) -> usize {
+    match status {
+        100..=199 => 0,
+        200..=299 => 1,
+        300..=399 => 2,
+        400..=499 => 3,
+        _ => 4,
+    }
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResponseLabels {
+    pub route: String,
+    pub upstream: String,
+    pub code_class: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamResultLabels {
+    pub upstream: String,
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HandshakeLabels {
+    pub upstream: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolLabels {
+    pub upstream: String,
+    pub connection: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ListenerLabels {
+    pub listener: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ClientHandshakeLabels {
+    pub listener: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResultLabels {
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CertLabels {
+    pub listener: String,
+    pub serial: String,
+    pub subject: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FaultLabels {
+    pub route: String,
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteOnly {
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct UpstreamOnly {
+    pub upstream: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BundleLabels {
+    pub sha256: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: &'static str,
+}
+
+fn duration_histogram() -> Histogram {
+    Histogram::new(DURATION_BUCKETS)
+}
+
+type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
+
+/// Every metric family the proxy exports.
+pub struct Metrics {
+    pub registry: Registry,
+    pub request_duration: HistogramFamily,
+    pub responses: Family<ResponseLabels, Counter>,
+    pub upstream_connections: Family<UpstreamResultLabels, Counter>,
+    pub upstream_handshakes: Family<HandshakeLabels, Counter>,
+    pub upstream_requests: Family<PoolLabels, Counter>,
+    pub client_handshakes: Family<ClientHandshakeLabels, Counter>,
+    pub active_connections: Family<ListenerLabels, Gauge>,
+    pub reloads: Family<ResultLabels, Counter>,
+    pub certificate_not_after: Family<CertLabels, Gauge>,
+    pub faults: Family<FaultLabels, Counter>,
+    pub retries: Family<RouteOnly, Counter>,
+    pub ejections: Family<UpstreamOnly, Counter>,
+    pub trust_bundle: Family<BundleLabels, Gauge>,
+    pub malformed_requests: Counter,
+}
+
+impl Metrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("proxyfleet");
+        let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
+        registry.register(
+            "request_duration_seconds",
+            "Time from request received to upstream response headers sent to the client",
+            request_duration.clone(),
+        );
+        let responses = Family::default();
+        registry.register("responses", "Responses sent to clients by route, upstream and status class", responses.clone());
+        let upstream_connections = Family::default();
+        registry.register("upstream_connections", "Upstream connection attempts by result", upstream_connections.clone());
+        let upstream_handshakes = Family::default();
+        registry.register("upstream_tls_handshakes", "Upstream TLS handshakes by kind (full or resumed)", upstream_handshakes.clone());
+        let upstream_requests = Family::default();
+        registry.register("upstream_requests", "Upstream requests by whether they reused a pooled connection", upstream_requests.clone());
+        let client_handshakes = Family::default();
+        registry.register("client_tls_handshakes", "Client TLS handshakes by kind (full, resumed or failed)", client_handshakes.clone());
+        let active_connections = Family::default();
+        registry.register("active_connections", "Open client connections", active_connections.clone());
+        let reloads = Family::default();
+        registry.register("config_reloads", "Configuration and certificate reloads by result", reloads.clone());
+        let certificate_not_after = Family::default();
+        registry.register(
+            "certificate_not_after_timestamp_seconds",
+            "notAfter of each served certificate, Unix seconds",
+            certificate_not_after.clone(),
+        );
+        let faults = Family::default();
+        registry.register("fault_injections", "Faults injected by route and kind", faults.clone());
+        let retries = Family::default();
+        registry.register("upstream_retries", "Retried upstream requests by route", retries.clone());
+        let ejections = Family::default();
+        registry.register("outlier_ejections", "Endpoints ejected by outlier detection", ejections.clone());
+        let trust_bundle = Family::default();
+        registry.register("trust_bundle_info", "SHA-256 of the loaded trust bundle (value 1)", trust_bundle.clone());
+        let malformed_requests = Counter::default();
+        registry.register("malformed_requests", "Requests refused as malformed before routing", malformed_requests.clone());
+        let build_info: Family<BuildLabels, Gauge> = Family::default();
+        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        registry.register("build_info", "Proxy version (value 1)", build_info);
+        Self {
+            registry,
+            request_duration,
+            responses,
+            upstream_connections,
+            upstream_handshakes,
+            upstream_requests,
+            client_handshakes,
+            active_connections,
+            reloads,
+            certificate_not_after,
+            faults,
+            retries,
+            ejections,
+            trust_bundle,
+            malformed_requests,
+        }
+    }
+
+    /// Resolves the per-route handles once, so the request path only touches atomics.
+    pub fn route_handles(&self, route: &str, upstream: &str) -> RouteMetrics {
+        let labels = RouteLabels { route: route.to_string(), upstream: upstream.to_string() };
+        let by_class = CODE_CLASSES.map(|code_class| {
+            self.responses
+                .get_or_create(&ResponseLabels { route: route.to_string(), upstream: upstream.to_string(), code_class })
+                .clone()
+        });
+        RouteMetrics {
+            duration: self.request_duration.get_or_create(&labels).clone(),
+            responses_by_class: by_class,
+            fault_abort: self.faults.get_or_create(&FaultLabels { route: route.to_string(), kind: "abort" }).clone(),
+            fault_delay: self.faults.get_or_create(&FaultLabels { route: route.to_string(), kind: "delay" }).clone(),
+            retries: self.retries.get_or_create(&RouteOnly { route: route.to_string() }).clone(),
+        }
+    }
+
+    pub fn upstream_handles(&self, upstream: &str) -> UpstreamMetrics {
+        let u = || upstream.to_string();
+        UpstreamMetrics {
+            connect_ok: self.upstream_connections.get_or_create(&UpstreamResultLabels { upstream: u(), result: "ok" }).clone(),
+            connect_error: self.upstream_connections.get_or_create(&UpstreamResultLabels { upstream: u(), result: "error" }).clone(),
+            handshake_full: self.upstream_handshakes.get_or_create(&HandshakeLabels { upstream: u(), kind: "full" }).clone(),
+            handshake_resumed: self.upstream_handshakes.get_or_create(&HandshakeLabels { upstream: u(), kind: "resumed" }).clone(),
+            request_new: self.upstream_requests.get_or_create(&PoolLabels { upstream: u(), connection: "new" }).clone(),
+            request_reused: self.upstream_requests.get_or_create(&PoolLabels { upstream: u(), connection: "reused" }).clone(),
+            ejections: self.ejections.get_or_create(&UpstreamOnly { upstream: u() }).clone(),
+        }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::with_capacity(16 * 1024);
+        // Writing into a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+}
+
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Handles for one route.
+#[derive(Clone)]
+pub struct RouteMetrics {
+    pub duration: Histogram,
+    pub responses_by_class: [Counter; 5],
+    pub fault_abort: Counter,
+    pub fault_delay: Counter,
+    pub retries: Counter,
+}
+
+impl RouteMetrics {
+    pub fn observe(&self, status: u16, seconds: f64) {
+        self.duration.observe(seconds);
+        self.responses_by_class[class_index(status)].inc();
+    }
+}
+
+/// Handles for one upstream cluster.
+#[derive(Clone)]
+pub struct UpstreamMetrics {
+    pub connect_ok: Counter,
+    pub connect_error: Counter,
+    pub handshake_full: Counter,
+    pub handshake_resumed: Counter,
+    pub request_new: Counter,
+    pub request_reused: Counter,
+    pub ejections: Counter,
+}

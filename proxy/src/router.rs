@@ -1,0 +1,181 @@
+//! Route selection: a pure function of host, path and headers over the compiled routes.
+
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::header::{HeaderName, HeaderValue};
+use http::HeaderMap;
+
+use proxyfleet_config::{Fault, Route};
+
+use crate::metrics::RouteMetrics;
+use crate::upstream::UpstreamCluster;
+
+/// A host match: exact, or any subdomain of a suffix (`*.example.com`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HostMatch {
+    Exact(String),
+    Subdomain(String),
+}
+
+impl HostMatch {
+    pub fn parse(pattern: &str) -> Self {
+        let p = pattern.to_ascii_lowercase();
+        match p.strip_prefix("*.") {
+            Some(suffix) => Self::Subdomain(suffix.to_string()),
+            None => Self::Exact(p),
+        }
+    }
+
+    pub fn matches(&self, host: &str) -> bool {
+        match self {
+            Self::Exact(h) => h.eq_ignore_ascii_case(host),
+            Self::Subdomain(suffix) => {
+                host.len() > suffix.len() + 1
+                    && host[host.len() - suffix.len()..].eq_ignore_ascii_case(suffix)
+                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+            }
+        }
+    }
+}
+
+/// Retries may add at most `budget_percent` % on top of the route's requests: each request
+/// deposits `budget_percent` tokens, a retry costs 100, the balance is capped.
+pub struct RetryBudget {
+    tokens: AtomicI64,
+    deposit: i64,
+}
+
+impl RetryBudget {
+    const CAP: i64 = 100 * 100;
+
+    pub fn new(budget_percent: u8) -> Self {
+        // Start with room for a few retries so a quiet route can still retry.
+        Self { tokens: AtomicI64::new(300), deposit: budget_percent as i64 }
+    }
+
+    pub fn on_request(&self) {
+        let t = self.tokens.load(Ordering::Relaxed);
+        if t < Self::CAP {
+            self.tokens.fetch_add(self.deposit, Ordering::Relaxed);
+        }
+    }
+
+    pub fn try_withdraw(&self) -> bool {
+        if self.tokens.fetch_sub(100, Ordering::Relaxed) >= 100 {
+            true
+        } else {
+            self.tokens.fetch_add(100, Ordering::Relaxed);
+            false
+        }
+    }
+}
+
+pub struct CompiledRoute {
+    pub name: String,
+    pub host: Option<HostMatch>,
+    pub path_prefix: String,
+    pub header: Option<(HeaderName, HeaderValue)>,
+    pub upstream: Arc<UpstreamCluster>,
+    pub timeout: Duration,
+    pub retry_attempts: u8,
+    pub retry_budget: RetryBudget,
+    pub fault: Option<Fault>,
+    pub metrics: RouteMetrics,
+}
+
+impl CompiledRoute {
+    pub fn new(route: &Route, upstream: Arc<UpstreamCluster>, metrics: RouteMetrics) -> Self {
+        let header = route.matches.header.as_ref().and_then(|h| {
+            Some((HeaderName::from_bytes(h.name.as_bytes()).ok()?, HeaderValue::from_str(&h.value).ok()?))
+        });
+        Self {
+            name: route.name.clone(),
+            host: route.matches.host.as_deref().map(HostMatch::parse),
+            path_prefix: route.matches.path_prefix.clone(),
+            header,
+            upstream,
+            timeout: route.timeout.get(),
+            retry_attempts: route.retries.as_ref().map_or(0, |r| r.attempts),
+            retry_budget: RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent)),
+            fault: route.fault.clone(),
+            metrics,
+        }
+    }
+
+    fn matches(&self, host: Option<&str>, path: &str, headers: &HeaderMap) -> bool {
+        if let Some(hm) = &self.host {
+            match host {
+                Some(h) if hm.matches(h) => {}
+                _ => return false,
+            }
+        }
+        if !path.starts_with(self.path_prefix.as_str()) {
+            return false;
+        }
+        if let Some((name, value)) = &self.header {
+            if headers.get(name) != Some(value) {
+                return false;
+            }
+        }
+        true
+    }
+}
+
+/// The first route that matches, in configuration order.
+pub fn select<'a>(routes: &'a [CompiledRoute], host: Option<&str>, path: &str, headers: &HeaderMap) -> Option<&'a CompiledRoute> {
+    routes.iter().find(|r| r.matches(host, path, headers))
+}
+
+/// The request's host without port, from the URI (h2 :authority) or the Host header.
+pub fn request_host<'a>(uri: &'a http::Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    if let Some(h) = uri.host() {
+        return Some(h);
+    }
+    let raw = headers.get(http::header::HOST)?.to_str().ok()?;
+    // Strip a port; keep IPv6 literals intact.
+    if raw.starts_with('[') {
+        return raw.split_once(']').map(|(h, _)| &h[1..]);
+    }
+    Some(raw.split_once(':').map_or(raw, |(h, _)| h))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_patterns() {
+        assert!(HostMatch::parse("api.example.com").matches("API.example.com"));
+        assert!(!HostMatch::parse("api.example.com").matches("x.api.example.com"));
+        let w = HostMatch::parse("*.example.com");
+        assert!(w.matches("a.example.com"));
+        assert!(w.matches("a.b.example.com"));
+        assert!(!w.matches("example.com"));
+        assert!(!w.matches("badexample.com"));
+    }
+
+    #[test]
+    fn host_from_header_strips_port() {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::HOST, HeaderValue::from_static("a.example.com:8443"));
+        assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("a.example.com"));
+        h.insert(http::header::HOST, HeaderValue::from_static("[::1]:80"));
+        assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("::1"));
+    }
+
+    #[test]
+    fn retry_budget_limits_retries() {
+        let b = RetryBudget::new(20);
+        let mut allowed = 0;
+        for _ in 0..1000 {
+            b.on_request();
+            if b.try_withdraw() {
+                allowed += 1;
+            }
+        }
+        // 20% of 1000 plus the initial allowance of 3.
+        assert!((200..=203).contains(&allowed), "{allowed}");
+    }
+}

@@ -1,0 +1,258 @@
+//! The proxy process: shared state, listeners, admin, reload, and graceful drain.
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use tokio::net::TcpListener;
+use tokio::sync::{watch, Semaphore};
+
+use proxyfleet_config::{Listener, ProxyConfig};
+
+use crate::handler::{self, ClientInfo};
+use crate::metrics::{ClientHandshakeLabels, ListenerLabels, Metrics, RouteMetrics};
+use crate::state::{ProxyState, StateError};
+use crate::tls::ServerResumption;
+
+/// What every connection and request shares.
+pub struct Shared {
+    pub state: ArcSwap<ProxyState>,
+    pub metrics: Metrics,
+    /// False from SIGTERM on: /readyz fails so endpoints are removed before we stop accepting.
+    pub ready: AtomicBool,
+    pub resumption: HashMap<String, Arc<ServerResumption>>,
+    pub config_path: Option<PathBuf>,
+    pub no_route_metrics: RouteMetrics,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServerError {
+    #[error("reading configuration {path}: {source}")]
+    ReadConfig { path: String, source: std::io::Error },
+    #[error("configuration {path}: {source}")]
+    Config { path: String, source: proxyfleet_config::ConfigError },
+    #[error(transparent)]
+    State(#[from] StateError),
+    #[error("binding {what} {address}: {source}")]
+    Bind { what: String, address: String, source: std::io::Error },
+}
+
+pub fn read_config(path: &std::path::Path) -> Result<ProxyConfig, ServerError> {
+    let display = path.display().to_string();
+    let text = std::fs::read_to_string(path).map_err(|source| ServerError::ReadConfig { path: display.clone(), source })?;
+    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config { path: display, source })
+}
+
+/// A started proxy: its bound addresses and a handle to drain it.
+pub struct RunningProxy {
+    pub listener_addrs: HashMap<String, SocketAddr>,
+    pub admin_addr: SocketAddr,
+    pub shared: Arc<Shared>,
+    shutdown_tx: watch::Sender<bool>,
+    pub done: tokio::task::JoinHandle<()>,
+}
+
+impl RunningProxy {
+    /// Starts the SIGTERM-style drain (readiness off, grace, stop accepting, finish in-flight).
+    pub fn drain(&self) {
+        let _ = self.shutdown_tx.send(true);
+    }
+}
+
+pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
+    let metrics = Metrics::new();
+    let resumption: HashMap<_, _> =
+        config.listeners.iter().map(|l| (l.name.clone(), Arc::new(ServerResumption::new()))).collect();
+    let state = ProxyState::build(config.clone(), None, &metrics, &resumption)?;
+    state.publish_metrics(&metrics);
+    if std::env::var_os("SSLKEYLOGFILE").is_some() {
+        tracing::warn!("SSLKEYLOGFILE is set: TLS session secrets are being written to it. Never do this in production.");
+    }
+    let no_route_metrics = metrics.route_handles("", "");
+    let shared = Arc::new(Shared {
+        state: ArcSwap::from_pointee(state),
+        metrics,
+        ready: AtomicBool::new(true),
+        resumption,
+        config_path,
+        no_route_metrics,
+    });
+
+    let admin = TcpListener::bind(&config.admin.address)
+        .await
+        .map_err(|source| ServerError::Bind { what: "admin".into(), address: config.admin.address.clone(), source })?;
+    let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind { what: "admin".into(), address: config.admin.address.clone(), source })?;
+    tokio::spawn(crate::admin::serve(admin, shared.clone()));
+
+    let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
+    let graceful = Arc::new(GracefulShutdown::new());
+    let conn_limit = Arc::new(Semaphore::new(config.limits.max_connections as usize));
+    let mut listener_addrs = HashMap::new();
+    let mut accept_tasks = Vec::new();
+    for l in &config.listeners {
+        let tcp = bind(&l.address)
+            .map_err(|source| ServerError::Bind { what: format!("listener {}", l.name), address: l.address.clone(), source })?;
+        listener_addrs.insert(l.name.clone(), tcp.local_addr().map_err(|source| ServerError::Bind { what: l.name.clone(), address: l.address.clone(), source })?);
+        accept_tasks.push(tokio::spawn(accept_loop(
+            l.clone(),
+            tcp,
+            shared.clone(),
+            graceful.clone(),
+            conn_limit.clone(),
+            stop_accepting_rx.clone(),
+        )));
+    }
+    tokio::spawn(crate::reload::watch(shared.clone()));
+
+    let drain_shared = shared.clone();
+    let mut rx = shutdown_rx.clone();
+    let done = tokio::spawn(async move {
+        while !*rx.borrow() {
+            if rx.changed().await.is_err() {
+                break;
+            }
+        }
+        let drain = drain_shared.state.load().config.drain.clone();
+        drain_shared.ready.store(false, Ordering::Relaxed);
+        tracing::info!(grace = %drain.grace_period, "draining: readiness off, still accepting during the grace period");
+        tokio::time::sleep(drain.grace_period.get()).await;
+        let _ = stop_accepting_tx.send(true);
+        for t in accept_tasks {
+            let _ = t.await;
+        }
+        let Ok(graceful) = Arc::try_unwrap(graceful) else {
+            tracing::warn!("connections still referenced; exiting without waiting");
+            return;
+        };
+        tracing::info!(deadline = %drain.deadline, "stopped accepting; waiting for in-flight requests");
+        if tokio::time::timeout(drain.deadline.get(), graceful.shutdown()).await.is_err() {
+            tracing::warn!("drain deadline reached with requests still in flight");
+        }
+        tracing::info!("drained");
+    });
+
+    Ok(RunningProxy { listener_addrs, admin_addr, shared, shutdown_tx, done })
+}
+
+fn bind(address: &str) -> std::io::Result<TcpListener> {
+    let addr: SocketAddr = address.parse().map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))?;
+    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    socket.set_reuseaddr(true)?;
+    socket.set_nodelay(true)?;
+    socket.bind(addr)?;
+    socket.listen(4096)
+}
+
+async fn accept_loop(
+    listener: Listener,
+    tcp: TcpListener,
+    shared: Arc<Shared>,
+    graceful: Arc<GracefulShutdown>,
+    conn_limit: Arc<Semaphore>,
+    mut stop_accepting: watch::Receiver<bool>,
+) {
+    let active = shared.metrics.active_connections.get_or_create(&ListenerLabels { listener: listener.name.clone() }).clone();
+    let hs = |kind| shared.metrics.client_handshakes.get_or_create(&ClientHandshakeLabels { listener: listener.name.clone(), kind }).clone();
+    let (hs_full, hs_resumed, hs_failed) = (hs("full"), hs("resumed"), hs("failed"));
+    let limits = shared.state.load().config.limits.clone();
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_read_timeout.get())
+        .max_buf_size((limits.max_header_bytes as usize).max(8192))
+        .keep_alive(true);
+    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes).max_concurrent_streams(256);
+    let builder = Arc::new(builder);
+    let is_tls = listener.tls.is_some();
+    loop {
+        let Ok(permit) = conn_limit.clone().acquire_owned().await else { return };
+        let accepted = tokio::select! {
+            a = tcp.accept() => a,
+            _ = stop_accepting.changed() => return,
+        };
+        let (stream, remote) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(listener = %listener.name, error = %e, "accept failed");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        let _ = stream.set_nodelay(true);
+        let shared = shared.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        let active = active.clone();
+        let (hs_full, hs_resumed, hs_failed) = (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
+        let name = listener.name.clone();
+        let handshake_timeout = limits.header_read_timeout.get();
+        tokio::spawn(async move {
+            active.inc();
+            let client = ClientInfo { remote, tls: is_tls };
+            let svc = {
+                let shared = shared.clone();
+                hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client))
+            };
+            if is_tls {
+                let Some(tls_config) = shared.state.load().listener_tls.get(&name).cloned() else {
+                    active.dec();
+                    return;
+                };
+                let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
+                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
+                    Ok(Ok(tls)) => {
+                        match tls.get_ref().1.handshake_kind() {
+                            Some(rustls::HandshakeKind::Resumed) => hs_resumed.inc(),
+                            _ => hs_full.inc(),
+                        };
+                        serve(&builder, watcher, TokioIo::new(tls), svc).await;
+                    }
+                    _ => {
+                        hs_failed.inc();
+                    }
+                }
+            } else {
+                serve(&builder, watcher, TokioIo::new(stream), svc).await;
+            }
+            active.dec();
+            drop(permit);
+        });
+    }
+}
+
+async fn serve<I, S>(builder: &auto::Builder<TokioExecutor>, watcher: hyper_util::server::graceful::Watcher, io: TokioIo<I>, svc: S)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<crate::body::ClientBody>, Error = std::convert::Infallible>
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+{
+    let conn = builder.serve_connection_with_upgrades(io, svc);
+    let _ = watcher.watch(conn).await;
+}
+
+/// Runs a proxy from a config file until `shutdown` completes, then drains and returns.
+pub async fn run(config_path: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+    let config = read_config(&config_path)?;
+    let running = start(config, Some(config_path)).await?;
+    for (name, addr) in &running.listener_addrs {
+        tracing::info!(listener = %name, %addr, "listening");
+    }
+    tracing::info!(addr = %running.admin_addr, "admin listening");
+    shutdown.await;
+    running.drain();
+    let _ = running.done.await;
+    Ok(())
+}
+

@@ -1,0 +1,135 @@
+//! The running state built from one configuration: compiled routes, upstream clusters,
+//! listener TLS configs. Built whole, then swapped atomically; a failed build changes nothing.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use rustls::ServerConfig;
+use sha2::{Digest, Sha256};
+
+use proxyfleet_config::{ProxyConfig, Upstream};
+
+use crate::metrics::{BundleLabels, CertLabels, Metrics};
+use crate::router::CompiledRoute;
+use crate::tls::{self, CertificateInfo, ServerResumption, SniCertificates, TlsError};
+use crate::upstream::{UpstreamCluster, UpstreamError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum StateError {
+    #[error("listener {listener}: {source}")]
+    ListenerTls { listener: String, source: TlsError },
+    #[error(transparent)]
+    Upstream(#[from] UpstreamError),
+    #[error("route {route}: unknown upstream {upstream}")]
+    UnknownUpstream { route: String, upstream: String },
+    #[error("trust bundle: {0}")]
+    TrustBundle(TlsError),
+}
+
+pub struct ProxyState {
+    pub config: ProxyConfig,
+    pub routes: Vec<CompiledRoute>,
+    pub upstreams: HashMap<String, Arc<UpstreamCluster>>,
+    /// Current TLS config of each TLS listener, by listener name.
+    pub listener_tls: HashMap<String, Arc<ServerConfig>>,
+    pub certificates: Vec<(String, CertificateInfo)>,
+    pub trust_bundle_sha256: Option<String>,
+}
+
+/// Fingerprint of an upstream's TLS files: a cluster is reused across reloads only when
+/// both its configuration and these files are unchanged.
+fn upstream_material(u: &Upstream) -> String {
+    let mut h = Sha256::new();
+    if let Some(t) = &u.tls {
+        let files = t
+            .ca_file
+            .iter()
+            .chain(t.client_certificate.iter().flat_map(|c| [&c.cert_file, &c.key_file]));
+        for f in files {
+            h.update(f.as_bytes());
+            h.update(std::fs::read(f).unwrap_or_default());
+        }
+    }
+    tls::hex(&h.finalize())
+}
+
+impl ProxyState {
+    pub fn build(
+        config: ProxyConfig,
+        previous: Option<&ProxyState>,
+        metrics: &Metrics,
+        resumption: &HashMap<String, Arc<ServerResumption>>,
+    ) -> Result<Self, StateError> {
+        let mut listener_tls = HashMap::new();
+        let mut certificates = Vec::new();
+        for l in &config.listeners {
+            let Some(t) = &l.tls else { continue };
+            let loaded = t
+                .certificates
+                .iter()
+                .map(tls::load_certificate)
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|source| StateError::ListenerTls { listener: l.name.clone(), source })?;
+            for c in &loaded {
+                certificates.push((l.name.clone(), c.info.clone()));
+            }
+            let sni = Arc::new(SniCertificates::new(&loaded));
+            let fallback;
+            let res = match resumption.get(&l.name) {
+                Some(r) => r.as_ref(),
+                None => {
+                    fallback = ServerResumption::new();
+                    &fallback
+                }
+            };
+            let server = tls::server_config(&l.name, t, sni, res)
+                .map_err(|source| StateError::ListenerTls { listener: l.name.clone(), source })?;
+            listener_tls.insert(l.name.clone(), server);
+        }
+
+        let mut upstreams = HashMap::new();
+        for u in &config.upstreams {
+            let material = upstream_material(u);
+            let reused = previous
+                .and_then(|p| p.upstreams.get(&u.name))
+                .filter(|old| old.config == *u && old.material == material)
+                .cloned();
+            let cluster = match reused {
+                Some(c) => c,
+                None => UpstreamCluster::build(u, material, metrics.upstream_handles(&u.name))?,
+            };
+            upstreams.insert(u.name.clone(), cluster);
+        }
+
+        let routes = config
+            .routes
+            .iter()
+            .map(|r| {
+                let upstream = upstreams
+                    .get(&r.upstream)
+                    .cloned()
+                    .ok_or_else(|| StateError::UnknownUpstream { route: r.name.clone(), upstream: r.upstream.clone() })?;
+                Ok(CompiledRoute::new(r, upstream, metrics.route_handles(&r.name, &r.upstream)))
+            })
+            .collect::<Result<Vec<_>, StateError>>()?;
+
+        let trust_bundle_sha256 = tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
+
+        Ok(Self { config, routes, upstreams, listener_tls, certificates, trust_bundle_sha256 })
+    }
+
+    /// Publishes the state's certificate and trust-bundle gauges (old label sets are cleared).
+    pub fn publish_metrics(&self, metrics: &Metrics) {
+        metrics.certificate_not_after.clear();
+        for (listener, c) in &self.certificates {
+            metrics
+                .certificate_not_after
+                .get_or_create(&CertLabels { listener: listener.clone(), serial: c.serial.clone(), subject: c.subject.clone() })
+                .set(c.not_after_unix);
+        }
+        metrics.trust_bundle.clear();
+        if let Some(sha) = &self.trust_bundle_sha256 {
+            metrics.trust_bundle.get_or_create(&BundleLabels { sha256: sha.clone() }).set(1);
+        }
+    }
+}

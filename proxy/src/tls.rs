@@ -1,0 +1,362 @@
+//! TLS on both sides: the listeners' server configs (SNI certificate selection, mTLS,
+//! resumption) and the upstreams' client configs (verification, client certs, resumption).
+
+use std::collections::HashMap;
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions, WebPkiClientVerifier};
+use rustls::sign::CertifiedKey;
+use rustls::{ClientConfig, RootCertStore, ServerConfig};
+use sha2::{Digest, Sha256};
+
+use proxyfleet_config::{CertificateFiles, ListenerTls, UpstreamTls};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("reading {what} {path}: {source}")]
+    Read { what: &'static str, path: String, source: std::io::Error },
+    #[error("{what} {path} holds no PEM {expected}")]
+    Empty { what: &'static str, path: String, expected: &'static str },
+    #[error("private key {path} is not usable: {source}")]
+    Key { path: String, source: rustls::Error },
+    #[error("certificate {path} does not match its private key {key_path}")]
+    Mismatch { path: String, key_path: String },
+    #[error("building TLS config for {what}: {source}")]
+    Build { what: String, source: rustls::Error },
+    #[error("client CA {path}: {message}")]
+    ClientCa { path: String, message: String },
+}
+
+fn read(what: &'static str, path: &str) -> Result<Vec<u8>, TlsError> {
+    std::fs::read(path).map_err(|source| TlsError::Read { what, path: path.to_string(), source })
+}
+
+pub fn load_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+    let pem = read(what, path)?;
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice()).filter_map(Result::ok).collect();
+    if certs.is_empty() {
+        return Err(TlsError::Empty { what, path: path.to_string(), expected: "CERTIFICATE" });
+    }
+    Ok(certs)
+}
+
+fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
+    // The key's bytes never reach a log or an error message: only its path does.
+    let pem = read("private key", path)?;
+    rustls_pemfile::private_key(&mut pem.as_slice())
+        .ok()
+        .flatten()
+        .ok_or_else(|| TlsError::Empty { what: "private key", path: path.to_string(), expected: "PRIVATE KEY" })
+}
+
+fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// What the proxy reports about a served certificate.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CertificateInfo {
+    pub subject: String,
+    pub serial: String,
+    pub not_after_unix: i64,
+    pub dns_names: Vec<String>,
+}
+
+pub fn describe(cert: &CertificateDer<'_>) -> Option<CertificateInfo> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let dns_names = parsed
+        .subject_alternative_name()
+        .ok()
+        .flatten()
+        .map(|san| {
+            san.value
+                .general_names
+                .iter()
+                .filter_map(|n| match n {
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                    _ => None,
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    Some(CertificateInfo {
+        subject: parsed.subject().to_string(),
+        serial: parsed.raw_serial_as_string().replace(':', ""),
+        not_after_unix: parsed.validity().not_after.timestamp(),
+        dns_names,
+    })
+}
+
+/// One loaded certificate with the names it serves.
+pub struct LoadedCertificate {
+    pub key: Arc<CertifiedKey>,
+    pub info: CertificateInfo,
+    pub names: Vec<String>,
+    pub default: bool,
+}
+
+pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, TlsError> {
+    let chain = load_certs("certificate", &files.cert_file)?;
+    let key = load_key(&files.key_file)?;
+    let signing_key = provider()
+        .key_provider
+        .load_private_key(key)
+        .map_err(|source| TlsError::Key { path: files.key_file.clone(), source })?;
+    let certified = CertifiedKey::new(chain, signing_key);
+    if certified.keys_match().is_err() {
+        return Err(TlsError::Mismatch { path: files.cert_file.clone(), key_path: files.key_file.clone() });
+    }
+    let info = describe(&certified.cert[0]).unwrap_or(CertificateInfo {
+        subject: String::new(),
+        serial: String::new(),
+        not_after_unix: 0,
+        dns_names: Vec::new(),
+    });
+    // Explicit serverNames win; otherwise the certificate's own DNS SANs are its names.
+    let names = if files.server_names.is_empty() { info.dns_names.clone() } else { files.server_names.iter().map(|n| n.to_ascii_lowercase()).collect() };
+    Ok(LoadedCertificate { key: Arc::new(certified), info, names, default: files.default })
+}
+
+/// Certificates of one listener, selected by SNI: exact name, then the wildcard of the
+/// parent domain, then the default.
+#[derive(Default)]
+pub struct SniCertificates {
+    exact: HashMap<String, Arc<CertifiedKey>>,
+    wildcard: HashMap<String, Arc<CertifiedKey>>,
+    default: Option<Arc<CertifiedKey>>,
+}
+
+impl fmt::Debug for SniCertificates {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SniCertificates")
+            .field("exact", &self.exact.keys().collect::<Vec<_>>())
+            .field("wildcard", &self.wildcard.keys().collect::<Vec<_>>())
+            .field("default", &self.default.is_some())
+            .finish()
+    }
+}
+
+impl SniCertificates {
+    pub fn new(certs: &[LoadedCertificate]) -> Self {
+        let mut s = Self::default();
+        for c in certs {
+            for n in &c.names {
+                match n.strip_prefix("*.") {
+                    Some(suffix) => s.wildcard.entry(suffix.to_string()).or_insert_with(|| c.key.clone()),
+                    None => s.exact.entry(n.clone()).or_insert_with(|| c.key.clone()),
+                };
+            }
+            if c.default {
+                s.default = Some(c.key.clone());
+            }
+        }
+        // With a single certificate and no explicit default, serve it to everyone.
+        if s.default.is_none() && certs.len() == 1 {
+            s.default = Some(certs[0].key.clone());
+        }
+        s
+    }
+
+    pub fn select(&self, server_name: Option<&str>) -> Option<Arc<CertifiedKey>> {
+        if let Some(name) = server_name {
+            let name = name.trim_end_matches('.');
+            let lower;
+            let name = if name.bytes().any(|b| b.is_ascii_uppercase()) {
+                lower = name.to_ascii_lowercase();
+                lower.as_str()
+            } else {
+                name
+            };
+            if let Some(k) = self.exact.get(name) {
+                return Some(k.clone());
+            }
+            if let Some((_, parent)) = name.split_once('.') {
+                if let Some(k) = self.wildcard.get(parent) {
+                    return Some(k.clone());
+                }
+            }
+        }
+        self.default.clone()
+    }
+}
+
+impl ResolvesServerCert for SniCertificates {
+    fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
+        self.select(hello.server_name())
+    }
+}
+
+/// State shared by every rebuild of a listener's ServerConfig, so a reload keeps client
+/// sessions resumable.
+pub struct ServerResumption {
+    pub cache: Arc<dyn StoresServerSessions>,
+    pub ticketer: Option<Arc<dyn rustls::server::ProducesTickets>>,
+}
+
+impl ServerResumption {
+    pub fn new() -> Self {
+        Self {
+            cache: rustls::server::ServerSessionMemoryCache::new(16 * 1024),
+            ticketer: rustls::crypto::ring::Ticketer::new().ok(),
+        }
+    }
+}
+
+impl Default for ServerResumption {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+pub fn key_log() -> Option<Arc<dyn rustls::KeyLog>> {
+    std::env::var_os("SSLKEYLOGFILE").map(|_| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn rustls::KeyLog>)
+}
+
+/// Builds a listener's ServerConfig: TLS 1.2 + 1.3 only, ALPN h2 + http/1.1.
+pub fn server_config(
+    listener: &str,
+    tls: &ListenerTls,
+    certs: Arc<SniCertificates>,
+    resumption: &ServerResumption,
+) -> Result<Arc<ServerConfig>, TlsError> {
+    let builder = ServerConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|source| TlsError::Build { what: listener.to_string(), source })?;
+    let builder = match &tls.client_ca_file {
+        Some(path) => {
+            let mut roots = RootCertStore::empty();
+            for c in load_certs("client CA", path)? {
+                roots.add(c).map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+            }
+            let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                .build()
+                .map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+            builder.with_client_cert_verifier(verifier)
+        }
+        None => builder.with_no_client_auth(),
+    };
+    let mut config = builder.with_cert_resolver(certs);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    if tls.session_resumption {
+        config.session_storage = resumption.cache.clone();
+        if let Some(t) = &resumption.ticketer {
+            config.ticketer = t.clone();
+            config.send_tls13_tickets = 2;
+        }
+    } else {
+        config.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+        config.send_tls13_tickets = 0;
+    }
+    if let Some(k) = key_log() {
+        config.key_log = k;
+    }
+    Ok(Arc::new(config))
+}
+
+/// Accepts any upstream certificate. Only with `insecureSkipVerify`, for tests.
+#[derive(Debug)]
+struct NoVerification(Arc<rustls::crypto::CryptoProvider>);
+
+impl rustls::client::danger::ServerCertVerifier for NoVerification {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &rustls::pki_types::ServerName<'_>,
+        _: &[u8],
+        _: rustls::pki_types::UnixTime,
+    ) -> Result<rustls::client::danger::ServerCertVerified, rustls::Error> {
+        Ok(rustls::client::danger::ServerCertVerified::assertion())
+    }
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &rustls::DigitallySignedStruct,
+    ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+    }
+    fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
+        self.0.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+/// Builds an upstream's ClientConfig. Its session store (resumption per server name)
+/// lives as long as the upstream's configuration.
+pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
+    let builder = ClientConfig::builder_with_provider(provider())
+        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .map_err(|source| TlsError::Build { what: upstream.to_string(), source })?;
+    let builder = if tls.insecure_skip_verify {
+        tracing::warn!(upstream, "upstream TLS verification is DISABLED (insecureSkipVerify)");
+        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
+    } else {
+        let mut roots = RootCertStore::empty();
+        if let Some(path) = &tls.ca_file {
+            for c in load_certs("upstream CA", path)? {
+                roots.add(c).map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+            }
+        }
+        builder.with_root_certificates(roots)
+    };
+    let mut config = match &tls.client_certificate {
+        Some(files) => {
+            let chain = load_certs("client certificate", &files.cert_file)?;
+            let key = load_key(&files.key_file)?;
+            builder
+                .with_client_auth_cert(chain, key)
+                .map_err(|source| TlsError::Key { path: files.key_file.clone(), source })?
+        }
+        None => builder.with_no_client_auth(),
+    };
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config.resumption = if tls.session_resumption {
+        rustls::client::Resumption::in_memory_sessions(1024)
+    } else {
+        rustls::client::Resumption::disabled()
+    };
+    if let Some(k) = key_log() {
+        config.key_log = k;
+    }
+    Ok(Arc::new(config))
+}
+
+/// SHA-256 of the concatenated trust bundle files, hex, for confirming CA rotation.
+pub fn bundle_fingerprint(paths: &[String]) -> Result<Option<String>, TlsError> {
+    if paths.is_empty() {
+        return Ok(None);
+    }
+    let mut h = Sha256::new();
+    for p in paths {
+        h.update(read("trust bundle", p)?);
+    }
+    Ok(Some(hex(&h.finalize())))
+}
+
+pub fn hex(bytes: &[u8]) -> String {
+    use std::fmt::Write;
+    let mut s = String::with_capacity(bytes.len() * 2);
+    for b in bytes {
+        let _ = write!(s, "{b:02x}");
+    }
+    s
+}
+
+/// The directories to watch for a set of files (Kubernetes swaps a symlink in the directory).
+pub fn parent_dirs<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<std::path::PathBuf> {
+    let mut dirs: Vec<_> = paths.filter_map(|p| Path::new(p).parent().map(|d| d.to_path_buf())).collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
+}

@@ -1,0 +1,166 @@
+//! One upstream endpoint and what the balancer and outlier detection know about it.
+
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use tokio::sync::Semaphore;
+
+/// Milliseconds since the process started: a cheap monotonic clock for atomics.
+pub fn now_ms() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    START.get_or_init(Instant::now).elapsed().as_millis() as u64
+}
+
+/// Peak-EWMA decay time constant: a latency spike is believed at once and forgotten over ~10 s.
+const EWMA_TAU_MS: f64 = 10_000.0;
+
+pub struct Endpoint {
+    /// `host:port`, the request URI's authority and the pool key.
+    pub authority: http::uri::Authority,
+    ewma_us: AtomicU64,
+    ewma_stamp_ms: AtomicU64,
+    pub in_flight: AtomicU32,
+    consecutive_failures: AtomicU32,
+    ejected_until_ms: AtomicU64,
+    pub healthy: AtomicBool,
+    /// Bounds connections (= concurrent requests over HTTP/1.1) to this endpoint.
+    pub permits: Semaphore,
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("authority", &self.authority).finish()
+    }
+}
+
+impl Endpoint {
+    pub fn new(authority: http::uri::Authority, max_connections: u32) -> Self {
+        Self {
+            authority,
+            ewma_us: AtomicU64::new(0f64.to_bits()),
+            ewma_stamp_ms: AtomicU64::new(now_ms()),
+            in_flight: AtomicU32::new(0),
+            consecutive_failures: AtomicU32::new(0),
+            ejected_until_ms: AtomicU64::new(0),
+            healthy: AtomicBool::new(true),
+            permits: Semaphore::new(max_connections as usize),
+        }
+    }
+
+    pub fn available(&self, now: u64) -> bool {
+        self.healthy.load(Ordering::Relaxed) && self.ejected_until_ms.load(Ordering::Relaxed) <= now
+    }
+
+    /// Load estimate used by power-of-two-choices: latency × outstanding requests.
+    pub fn cost(&self) -> f64 {
+        let ewma = f64::from_bits(self.ewma_us.load(Ordering::Relaxed)).max(1.0);
+        ewma * (self.in_flight.load(Ordering::Relaxed) as f64 + 1.0)
+    }
+
+    /// Peak EWMA: a slower sample replaces the estimate, faster ones pull it down with decay.
+    pub fn observe_latency(&self, latency: Duration) {
+        let sample = latency.as_micros() as f64;
+        let now = now_ms();
+        let prev_stamp = self.ewma_stamp_ms.swap(now, Ordering::Relaxed);
+        let prev = f64::from_bits(self.ewma_us.load(Ordering::Relaxed));
+        let next = if sample > prev {
+            sample
+        } else {
+            let w = (-((now.saturating_sub(prev_stamp)) as f64) / EWMA_TAU_MS).exp();
+            prev * w + sample * (1.0 - w)
+        };
+        self.ewma_us.store(next.to_bits(), Ordering::Relaxed);
+    }
+
+    pub fn record_success(&self) {
+        if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+    }
+
+    /// Counts a 5xx or connect failure; returns true when this failure ejects the endpoint.
+    pub fn record_failure(&self, threshold: u32, ejection: Duration) -> bool {
+        if threshold == 0 {
+            return false;
+        }
+        let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
+        if n >= threshold {
+            self.consecutive_failures.store(0, Ordering::Relaxed);
+            self.ejected_until_ms.store(now_ms() + ejection.as_millis() as u64, Ordering::Relaxed);
+            return true;
+        }
+        false
+    }
+}
+
+/// Power of two choices over the available endpoints; when none is available (all ejected or
+/// unhealthy) every endpoint is a candidate, as a fail-open.
+pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<Endpoint>> {
+    match endpoints.len() {
+        0 => None,
+        1 => endpoints.first(),
+        n => {
+            let now = now_ms();
+            let a = fastrand::usize(..n);
+            let mut b = fastrand::usize(..n - 1);
+            if b >= a {
+                b += 1;
+            }
+            let (ea, eb) = (&endpoints[a], &endpoints[b]);
+            match (ea.available(now), eb.available(now)) {
+                (true, false) => Some(ea),
+                (false, true) => Some(eb),
+                (false, false) => endpoints.iter().find(|e| e.available(now)).or(Some(ea)),
+                (true, true) => Some(if ea.cost() <= eb.cost() { ea } else { eb }),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn ep(port: u16) -> Arc<Endpoint> {
+        Arc::new(Endpoint::new(format!("127.0.0.1:{port}").parse().unwrap(), 10))
+    }
+
+    #[test]
+    fn prefers_the_faster_endpoint() {
+        let eps = vec![ep(1), ep(2)];
+        eps[0].observe_latency(Duration::from_millis(50));
+        eps[1].observe_latency(Duration::from_millis(1));
+        for _ in 0..50 {
+            assert_eq!(pick(&eps).unwrap().authority.port_u16(), Some(2));
+        }
+    }
+
+    #[test]
+    fn ejects_after_consecutive_failures_and_skips() {
+        let eps = vec![ep(1), ep(2)];
+        assert!(!eps[0].record_failure(3, Duration::from_secs(60)));
+        assert!(!eps[0].record_failure(3, Duration::from_secs(60)));
+        assert!(eps[0].record_failure(3, Duration::from_secs(60)));
+        for _ in 0..50 {
+            assert_eq!(pick(&eps).unwrap().authority.port_u16(), Some(2));
+        }
+    }
+
+    #[test]
+    fn success_resets_the_failure_streak() {
+        let e = ep(1);
+        e.record_failure(2, Duration::from_secs(60));
+        e.record_success();
+        assert!(!e.record_failure(2, Duration::from_secs(60)));
+    }
+
+    #[test]
+    fn fails_open_when_everything_is_ejected() {
+        let eps = vec![ep(1), ep(2)];
+        eps[0].record_failure(1, Duration::from_secs(60));
+        eps[1].record_failure(1, Duration::from_secs(60));
+        assert!(pick(&eps).is_some());
+    }
+}

@@ -1,0 +1,188 @@
+//! An upstream cluster: its endpoints (static or from DNS), the balancer, outlier detection,
+//! health checks and the pooled client that carries requests to them.
+
+mod endpoint;
+mod pool;
+
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use arc_swap::ArcSwap;
+use hyper_util::client::legacy::Client;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::pki_types::ServerName;
+
+use proxyfleet_config::{Upstream, UpstreamProtocol};
+
+pub use endpoint::{now_ms, pick, Endpoint};
+pub use pool::{ConnectionFreshness, UpstreamConnector};
+
+use crate::body::UpstreamBody;
+use crate::metrics::UpstreamMetrics;
+use crate::tls::{client_config, TlsError};
+
+pub struct UpstreamCluster {
+    pub name: String,
+    pub config: Upstream,
+    /// Fingerprint of the TLS files this cluster was built from, so a reload can tell
+    /// whether it may keep the cluster (and its warm pool).
+    pub material: String,
+    pub endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
+    pub client: Client<UpstreamConnector, UpstreamBody>,
+    pub scheme: http::uri::Scheme,
+    pub metrics: UpstreamMetrics,
+}
+
+impl std::fmt::Debug for UpstreamCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("UpstreamCluster").field("name", &self.name).finish()
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum UpstreamError {
+    #[error("upstream {upstream}: {source}")]
+    Tls { upstream: String, source: TlsError },
+    #[error("upstream {upstream}: endpoint {endpoint:?} is not host:port")]
+    Endpoint { upstream: String, endpoint: String },
+    #[error("upstream {upstream}: TLS server name {name:?} is invalid")]
+    ServerName { upstream: String, name: String },
+}
+
+impl UpstreamCluster {
+    pub fn build(config: &Upstream, material: String, metrics: UpstreamMetrics) -> Result<Arc<Self>, UpstreamError> {
+        let name = config.name.clone();
+        let alpn: &[&[u8]] = match config.protocol {
+            UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
+            UpstreamProtocol::Http1 => &[b"http/1.1"],
+            UpstreamProtocol::H2 => &[b"h2"],
+        };
+        let tls = match &config.tls {
+            None => None,
+            Some(t) => {
+                let cfg = client_config(&name, t, alpn).map_err(|source| UpstreamError::Tls { upstream: name.clone(), source })?;
+                let sn = match &t.server_name {
+                    Some(n) => Some(
+                        ServerName::try_from(n.clone())
+                            .map_err(|_| UpstreamError::ServerName { upstream: name.clone(), name: n.clone() })?,
+                    ),
+                    None => None,
+                };
+                Some((cfg, sn))
+            }
+        };
+        let scheme = if tls.is_some() { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
+        let connector = UpstreamConnector { tls, connect_timeout: config.pool.connect_timeout.get(), metrics: metrics.clone() };
+        let mut builder = Client::builder(TokioExecutor::new());
+        builder
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(config.pool.idle_timeout.get())
+            .pool_max_idle_per_host(config.pool.max_idle_per_endpoint as usize)
+            .http2_only(config.protocol == UpstreamProtocol::H2)
+            .http2_keep_alive_interval(Some(Duration::from_secs(30)))
+            .retry_canceled_requests(true)
+            .set_host(false);
+        let client = builder.build(connector);
+        let endpoints = config
+            .endpoints
+            .iter()
+            .map(|e| {
+                e.parse::<http::uri::Authority>()
+                    .map(|a| Arc::new(Endpoint::new(a, config.pool.max_connections_per_endpoint)))
+                    .map_err(|_| UpstreamError::Endpoint { upstream: name.clone(), endpoint: e.clone() })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let cluster = Arc::new(Self {
+            name,
+            config: config.clone(),
+            material,
+            endpoints: ArcSwap::from_pointee(endpoints),
+            client,
+            scheme,
+            metrics,
+        });
+        if config.dns.is_some() {
+            tokio::spawn(refresh_dns(Arc::downgrade(&cluster)));
+        }
+        if config.health_check.is_some() {
+            tokio::spawn(health_check(Arc::downgrade(&cluster)));
+        }
+        Ok(cluster)
+    }
+
+    /// Replaces the endpoint set, keeping the state of endpoints that remain.
+    pub fn set_endpoints(&self, authorities: Vec<http::uri::Authority>) {
+        let current = self.endpoints.load();
+        let next: Vec<_> = authorities
+            .into_iter()
+            .map(|a| {
+                current
+                    .iter()
+                    .find(|e| e.authority == a)
+                    .cloned()
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(a, self.config.pool.max_connections_per_endpoint)))
+            })
+            .collect();
+        let changed = next.len() != current.len() || next.iter().zip(current.iter()).any(|(a, b)| a.authority != b.authority);
+        if changed {
+            tracing::info!(upstream = %self.name, endpoints = ?next.iter().map(|e| e.authority.as_str()).collect::<Vec<_>>(), "upstream endpoints changed");
+            self.endpoints.store(Arc::new(next));
+        }
+    }
+}
+
+/// Re-resolves the cluster's DNS name until the cluster is dropped (replaced by a reload).
+async fn refresh_dns(cluster: Weak<UpstreamCluster>) {
+    loop {
+        let Some(c) = cluster.upgrade() else { return };
+        let Some(dns) = c.config.dns.clone() else { return };
+        match tokio::net::lookup_host((dns.name.as_str(), dns.port)).await {
+            Ok(addrs) => {
+                let mut authorities: Vec<http::uri::Authority> =
+                    addrs.filter_map(|a| a.to_string().parse().ok()).collect();
+                authorities.sort_by(|a, b| a.as_str().cmp(b.as_str()));
+                authorities.dedup();
+                // An empty answer is kept out: better stale endpoints than none on a DNS hiccup.
+                if !authorities.is_empty() {
+                    c.set_endpoints(authorities);
+                }
+            }
+            Err(e) => tracing::warn!(upstream = %c.name, name = %dns.name, error = %e, "DNS refresh failed; keeping endpoints"),
+        }
+        drop(c);
+        tokio::time::sleep(dns.refresh_interval.get()).await;
+    }
+}
+
+/// Active HTTP health checks of every endpoint until the cluster is dropped.
+async fn health_check(cluster: Weak<UpstreamCluster>) {
+    loop {
+        let Some(c) = cluster.upgrade() else { return };
+        let Some(hc) = c.config.health_check.clone() else { return };
+        let endpoints = c.endpoints.load_full();
+        for e in endpoints.iter() {
+            let uri = http::Uri::builder()
+                .scheme(c.scheme.clone())
+                .authority(e.authority.clone())
+                .path_and_query(hc.path.as_str())
+                .build();
+            let Ok(uri) = uri else { continue };
+            let mut req = http::Request::new(UpstreamBody::Empty);
+            *req.uri_mut() = uri;
+            if let Ok(host) = http::HeaderValue::from_str(e.authority.as_str()) {
+                req.headers_mut().insert(http::header::HOST, host);
+            }
+            let healthy = matches!(
+                tokio::time::timeout(hc.timeout.get(), c.client.request(req)).await,
+                Ok(Ok(resp)) if resp.status().is_success()
+            );
+            let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
+            if was != healthy {
+                tracing::warn!(upstream = %c.name, endpoint = %e.authority, healthy, "health check changed");
+            }
+        }
+        drop(c);
+        tokio::time::sleep(hc.interval.get()).await;
+    }
+}
