@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
 
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-all=("${k8s_cmds[@]}" etcd helm)
+all=("${k8s_cmds[@]}" etcd helm crictl)
 missing=0
 for b in "${all[@]}"; do [ -x "$K8S_BIN/$b" ] || missing=1; done
 [ "$missing" = 0 ] && exit 0
@@ -61,5 +61,14 @@ if [ ! -x "$K8S_BIN/helm" ]; then
   GOBIN=$K8S_BIN CGO_ENABLED=0 go install -trimpath \
     -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION -X helm.sh/helm/v3/internal/version.gitTreeState=clean" \
     "helm.sh/helm/v3/cmd/helm@$HELM_VERSION"
+fi
+if [ ! -x "$K8S_BIN/crictl" ]; then
+  log "building crictl $CRICTL_VERSION"
+  csrc=$PROXYFLEET_CACHE/k8s/crictl-$CRICTL_VERSION-src
+  mkdir -p "$csrc"
+  printf 'module proxyfleet.local/crictlbuild\n\ngo 1.24.0\n\nrequire sigs.k8s.io/cri-tools %s\n' "$CRICTL_VERSION" > "$csrc/go.mod"
+  echo 'package crictlbuild' > "$csrc/doc.go"
+  (cd "$csrc" && go mod download sigs.k8s.io/cri-tools && CGO_ENABLED=0 go build -trimpath \
+    -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" -o "$K8S_BIN/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
 fi
 log "done in $(( $(date +%s) - start ))s"

@@ -1,0 +1,42 @@
+# The two commands of the README: `make demo` (run) and `make test` (all tests).
+SHELL := /bin/bash
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/proxyfleet/target
+export PATH := $(HOME)/.cargo/bin:$(PATH)
+
+.PHONY: demo test lint unit e2e images cluster-up cluster-down crds bench setup
+
+## Run: local cluster + operator + a sample ProxyDeployment serving traffic + a canary.
+demo: setup
+	@bash scripts/demo.sh
+
+## Test: formatting, lint, unit + integration tests, then e2e on the real local cluster.
+test: setup lint unit e2e
+
+setup:
+	@bash scripts/setup.sh
+
+lint:
+	cargo fmt --all -- --check
+	cargo clippy --workspace --all-targets --locked -- -D warnings
+
+unit:
+	cargo test --workspace --locked
+
+e2e:
+	bash e2e/run-tests
+
+images:
+	bash e2e/images/build
+
+cluster-up:
+	bash e2e/cluster up
+
+cluster-down:
+	bash e2e/cluster down --all
+
+crds:
+	cargo run -q -p proxyfleet-operator --bin crdgen > crds/proxydeployments.proxyfleet.io.yaml
+	cp crds/proxydeployments.proxyfleet.io.yaml charts/proxyfleet/crds/
+
+bench:
+	bash bench/run.sh

@@ -1,0 +1,29 @@
+# Helpers for e2e test scripts (sourced). Each test script exits non-zero on failure.
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+. "$root/e2e/lib/versions.sh"
+export PATH="$K8S_BIN:$PATH"
+VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
+export KUBECONFIG=${KUBECONFIG:-/var/lib/proxyfleet/clusters/main/admin.kubeconfig}
+
+say() { printf '  [%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+fail() { printf '  FAIL: %s\n' "$*" >&2; exit 1; }
+
+# retry SECONDS COMMAND... — until the command succeeds.
+retry() {
+  local t=$1; shift
+  local end=$(( $(date +%s) + t ))
+  until "$@" >/dev/null 2>&1; do
+    [ "$(date +%s)" -lt "$end" ] || { "$@" >&2 || true; fail "timed out after ${t}s: $*"; }
+    sleep 1
+  done
+}
+
+# A namespace per test, deleted at exit.
+test_namespace() {
+  local ns=$1
+  kubectl delete ns "$ns" --ignore-not-found --wait=true >/dev/null 2>&1 || true
+  kubectl create ns "$ns" >/dev/null
+  retry 30 kubectl get sa default -n "$ns"
+  echo "$ns"
+}
