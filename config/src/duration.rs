@@ -33,7 +33,9 @@ impl FromStr for HumanDuration {
     type Err = DurationParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || DurationParseError { input: s.to_string() };
+        let err = || DurationParseError {
+            input: s.to_string(),
+        };
         if s.is_empty() {
             return Err(err());
         }
@@ -118,10 +120,22 @@ mod tests {
 
     #[test]
     fn parses_units_and_compounds() {
-        assert_eq!("250ms".parse::<HumanDuration>().unwrap().0, Duration::from_millis(250));
-        assert_eq!("1m30s".parse::<HumanDuration>().unwrap().0, Duration::from_secs(90));
-        assert_eq!("1.5s".parse::<HumanDuration>().unwrap().0, Duration::from_millis(1500));
-        assert_eq!("2h".parse::<HumanDuration>().unwrap().0, Duration::from_secs(7200));
+        assert_eq!(
+            "250ms".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(250)
+        );
+        assert_eq!(
+            "1m30s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(90)
+        );
+        assert_eq!(
+            "1.5s".parse::<HumanDuration>().unwrap().0,
+            Duration::from_millis(1500)
+        );
+        assert_eq!(
+            "2h".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(7200)
+        );
     }
 
     #[test]

@@ -13,12 +13,15 @@ use crate::HumanDuration;
 pub struct ProxyConfig {
     /// Listeners accepting client traffic.
     #[serde(default)]
+    #[schemars(length(max = 16))]
     pub listeners: Vec<Listener>,
     /// Routes, matched in order; the first match wins.
     #[serde(default)]
+    #[schemars(length(max = 256))]
     pub routes: Vec<Route>,
     /// Upstream clusters the routes send traffic to.
     #[serde(default)]
+    #[schemars(length(max = 128))]
     pub upstreams: Vec<Upstream>,
     /// The admin listener serving /metrics, /healthz, /readyz and /config.
     #[serde(default)]
@@ -60,7 +63,7 @@ pub struct Listener {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ListenerTls {
     /// Certificates chosen by SNI.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 16))]
     pub certificates: Vec<CertificateFiles>,
     /// PEM CA bundle; when set, clients must present a certificate signed by it (mTLS).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -97,6 +100,7 @@ pub struct Route {
     #[serde(default, rename = "match")]
     pub matches: RouteMatch,
     /// Name of the upstream cluster, one of `upstreams[].name`.
+    #[schemars(length(min = 1, max = 63))]
     pub upstream: String,
     /// Whole-request timeout (to the last response header). Default 15s.
     #[serde(default = "default_route_timeout")]
@@ -115,9 +119,11 @@ pub struct Route {
 pub struct RouteMatch {
     /// Host (without port): exact or `*.suffix`. Any host when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 253))]
     pub host: Option<String>,
     /// Path prefix, starting with `/`. Default `/`.
     #[serde(default = "default_path_prefix")]
+    #[schemars(length(min = 1, max = 1024), pattern(r"^/"))]
     pub path_prefix: String,
     /// A header that must be present with exactly this value.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -189,8 +195,9 @@ pub struct Upstream {
     /// Name, unique, referenced by routes.
     #[schemars(length(min = 1, max = 63))]
     pub name: String,
-    /// Static `host:port` endpoints (IP addresses or names resolved once).
+    /// Static `host:port` endpoints (IP addresses or names resolved at connect time).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
     pub endpoints: Vec<String>,
     /// A DNS name re-resolved periodically (e.g. a headless Service); all its addresses become endpoints.
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -352,7 +359,7 @@ pub struct Drain {
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct ConnectProxy {
     /// `host:port` targets allowed; a `*.` prefix allows subdomains, port `*` any port.
-    #[schemars(length(min = 1))]
+    #[schemars(length(min = 1, max = 64))]
     pub allow: Vec<String>,
 }
 
@@ -432,12 +439,17 @@ impl Default for Pool {
 }
 impl Default for OutlierDetection {
     fn default() -> Self {
-        Self { consecutive_failures: default_consecutive_failures(), ejection_time: default_ejection_time() }
+        Self {
+            consecutive_failures: default_consecutive_failures(),
+            ejection_time: default_ejection_time(),
+        }
     }
 }
 impl Default for Admin {
     fn default() -> Self {
-        Self { address: default_admin_address() }
+        Self {
+            address: default_admin_address(),
+        }
     }
 }
 impl Default for Limits {
@@ -452,11 +464,18 @@ impl Default for Limits {
 }
 impl Default for Drain {
     fn default() -> Self {
-        Self { grace_period: default_drain_grace(), deadline: default_drain_deadline() }
+        Self {
+            grace_period: default_drain_grace(),
+            deadline: default_drain_deadline(),
+        }
     }
 }
 impl Default for RouteMatch {
     fn default() -> Self {
-        Self { host: None, path_prefix: default_path_prefix(), header: None }
+        Self {
+            host: None,
+            path_prefix: default_path_prefix(),
+            header: None,
+        }
     }
 }

@@ -71,16 +71,40 @@ upstreams: [{name: u, endpoints: ["127.0.0.1:1"]}]
 #[test]
 fn bad_values_are_named() {
     let cases = [
-        (MINIMAL.replace("0.0.0.0:8443", "nowhere"), "listeners[0].address"),
-        (MINIMAL.replace("127.0.0.1:8080", "no port"), "upstreams[0].endpoints[0]"),
-        (MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: 0s"), "routes[0].timeout"),
-        (MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: soon"), "invalid duration"),
         (
-            MINIMAL.replace("upstream: echo", "upstream: echo\n    fault: {abort: {status: 503, percent: 150}}"),
+            MINIMAL.replace("0.0.0.0:8443", "nowhere"),
+            "listeners[0].address",
+        ),
+        (
+            MINIMAL.replace("127.0.0.1:8080", "no port"),
+            "upstreams[0].endpoints[0]",
+        ),
+        (
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: 0s"),
+            "routes[0].timeout",
+        ),
+        (
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: soon"),
+            "invalid duration",
+        ),
+        (
+            MINIMAL.replace(
+                "upstream: echo",
+                "upstream: echo\n    fault: {abort: {status: 503, percent: 150}}",
+            ),
             "routes[0].fault.abort.percent",
         ),
-        (MINIMAL.replace("upstream: echo", "upstream: echo\n    match: {pathPrefix: api}"), "routes[0].match.pathPrefix"),
-        (MINIMAL.replace("default: true", "serverNames: [\"bad name\"]"), "serverNames[0]"),
+        (
+            MINIMAL.replace(
+                "upstream: echo",
+                "upstream: echo\n    match: {pathPrefix: api}",
+            ),
+            "routes[0].match.pathPrefix",
+        ),
+        (
+            MINIMAL.replace("default: true", "serverNames: [\"bad name\"]"),
+            "serverNames[0]",
+        ),
     ];
     for (yaml, field) in cases {
         let e = refused(&yaml);

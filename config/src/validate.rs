@@ -15,7 +15,10 @@ pub struct FieldError {
 }
 
 fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-    FieldError { field: field.into(), message: message.into() }
+    FieldError {
+        field: field.into(),
+        message: message.into(),
+    }
 }
 
 /// Whether a DNS name or a `*.`-wildcard name is well formed.
@@ -26,7 +29,9 @@ pub fn is_valid_server_name(name: &str) -> bool {
         && bare.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -38,7 +43,9 @@ fn is_host_port(s: &str) -> bool {
         return true;
     }
     match s.rsplit_once(':') {
-        Some((host, port)) => is_valid_server_name(host) && port.parse::<u16>().is_ok_and(|p| p > 0),
+        Some((host, port)) => {
+            is_valid_server_name(host) && port.parse::<u16>().is_ok_and(|p| p > 0)
+        }
         None => false,
     }
 }
@@ -52,45 +59,75 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     for (i, l) in config.listeners.iter().enumerate() {
         let f = format!("listeners[{i}]");
         if !listener_names.insert(&l.name) {
-            errors.push(err(format!("{f}.name"), format!("duplicate listener name {:?}", l.name)));
+            errors.push(err(
+                format!("{f}.name"),
+                format!("duplicate listener name {:?}", l.name),
+            ));
         }
         match l.address.parse::<SocketAddr>() {
             Ok(addr) => {
                 // Port 0 (pick any) is for tests and may repeat.
                 if addr.port() != 0 && !addresses.insert(addr.port()) {
-                    errors.push(err(format!("{f}.address"), format!("port {} is used by another listener", addr.port())));
+                    errors.push(err(
+                        format!("{f}.address"),
+                        format!("port {} is used by another listener", addr.port()),
+                    ));
                 }
             }
-            Err(_) => errors.push(err(format!("{f}.address"), format!("{:?} is not an IP:port address", l.address))),
+            Err(_) => errors.push(err(
+                format!("{f}.address"),
+                format!("{:?} is not an IP:port address", l.address),
+            )),
         }
         if let Some(tls) = &l.tls {
             if tls.certificates.is_empty() {
-                errors.push(err(format!("{f}.tls.certificates"), "at least one certificate is required"));
+                errors.push(err(
+                    format!("{f}.tls.certificates"),
+                    "at least one certificate is required",
+                ));
             }
             let defaults = tls.certificates.iter().filter(|c| c.default).count();
             if defaults > 1 {
-                errors.push(err(format!("{f}.tls.certificates"), format!("{defaults} certificates are marked default; at most one may be")));
+                errors.push(err(
+                    format!("{f}.tls.certificates"),
+                    format!("{defaults} certificates are marked default; at most one may be"),
+                ));
             }
             for (j, c) in tls.certificates.iter().enumerate() {
                 for (k, n) in c.server_names.iter().enumerate() {
                     if !is_valid_server_name(n) {
-                        errors.push(err(format!("{f}.tls.certificates[{j}].serverNames[{k}]"), format!("{n:?} is not a DNS name or *.wildcard")));
+                        errors.push(err(
+                            format!("{f}.tls.certificates[{j}].serverNames[{k}]"),
+                            format!("{n:?} is not a DNS name or *.wildcard"),
+                        ));
                     }
                 }
                 if c.cert_file.is_empty() {
-                    errors.push(err(format!("{f}.tls.certificates[{j}].certFile"), "must not be empty"));
+                    errors.push(err(
+                        format!("{f}.tls.certificates[{j}].certFile"),
+                        "must not be empty",
+                    ));
                 }
                 if c.key_file.is_empty() {
-                    errors.push(err(format!("{f}.tls.certificates[{j}].keyFile"), "must not be empty"));
+                    errors.push(err(
+                        format!("{f}.tls.certificates[{j}].keyFile"),
+                        "must not be empty",
+                    ));
                 }
             }
         }
     }
     if config.admin.address.parse::<SocketAddr>().is_err() {
-        errors.push(err("admin.address", format!("{:?} is not an IP:port address", config.admin.address)));
+        errors.push(err(
+            "admin.address",
+            format!("{:?} is not an IP:port address", config.admin.address),
+        ));
     } else if let Ok(a) = config.admin.address.parse::<SocketAddr>() {
         if a.port() != 0 && addresses.contains(&a.port()) {
-            errors.push(err("admin.address", format!("port {} is used by a listener", a.port())));
+            errors.push(err(
+                "admin.address",
+                format!("port {} is used by a listener", a.port()),
+            ));
         }
     }
 
@@ -98,21 +135,33 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     for (i, u) in config.upstreams.iter().enumerate() {
         let f = format!("upstreams[{i}]");
         if !upstream_names.insert(u.name.as_str()) {
-            errors.push(err(format!("{f}.name"), format!("duplicate upstream name {:?}", u.name)));
+            errors.push(err(
+                format!("{f}.name"),
+                format!("duplicate upstream name {:?}", u.name),
+            ));
         }
         match (u.endpoints.is_empty(), &u.dns) {
             (true, None) => errors.push(err(format!("{f}.endpoints"), "give endpoints or dns")),
-            (false, Some(_)) => errors.push(err(format!("{f}.dns"), "give either endpoints or dns, not both")),
+            (false, Some(_)) => errors.push(err(
+                format!("{f}.dns"),
+                "give either endpoints or dns, not both",
+            )),
             _ => {}
         }
         for (j, e) in u.endpoints.iter().enumerate() {
             if !is_host_port(e) {
-                errors.push(err(format!("{f}.endpoints[{j}]"), format!("{e:?} is not host:port")));
+                errors.push(err(
+                    format!("{f}.endpoints[{j}]"),
+                    format!("{e:?} is not host:port"),
+                ));
             }
         }
         if let Some(dns) = &u.dns {
             if !is_valid_server_name(&dns.name) || dns.name.starts_with("*.") {
-                errors.push(err(format!("{f}.dns.name"), format!("{:?} is not a DNS name", dns.name)));
+                errors.push(err(
+                    format!("{f}.dns.name"),
+                    format!("{:?} is not a DNS name", dns.name),
+                ));
             }
             if dns.refresh_interval.get().is_zero() {
                 errors.push(err(format!("{f}.dns.refreshInterval"), "must be positive"));
@@ -125,20 +174,29 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
             errors.push(err(format!("{f}.pool.idleTimeout"), "must be positive"));
         }
         if u.pool.max_connections_per_endpoint == 0 {
-            errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
+            errors.push(err(
+                format!("{f}.pool.maxConnectionsPerEndpoint"),
+                "must be at least 1",
+            ));
         }
         if let Some(hc) = &u.health_check {
             if !hc.path.starts_with('/') {
                 errors.push(err(format!("{f}.healthCheck.path"), "must start with /"));
             }
             if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
-                errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
+                errors.push(err(
+                    format!("{f}.healthCheck"),
+                    "interval and timeout must be positive",
+                ));
             }
         }
         if let Some(tls) = &u.tls {
             if let Some(sn) = &tls.server_name {
                 if !is_valid_server_name(sn) && sn.parse::<std::net::IpAddr>().is_err() {
-                    errors.push(err(format!("{f}.tls.serverName"), format!("{sn:?} is not a DNS name or IP")));
+                    errors.push(err(
+                        format!("{f}.tls.serverName"),
+                        format!("{sn:?} is not a DNS name or IP"),
+                    ));
                 }
             }
         }
@@ -148,22 +206,34 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     for (i, r) in config.routes.iter().enumerate() {
         let f = format!("routes[{i}]");
         if !route_names.insert(&r.name) {
-            errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
+            errors.push(err(
+                format!("{f}.name"),
+                format!("duplicate route name {:?}", r.name),
+            ));
         }
         if !upstream_names.contains(r.upstream.as_str()) {
-            errors.push(err(format!("{f}.upstream"), format!("unknown upstream {:?}; define it in upstreams", r.upstream)));
+            errors.push(err(
+                format!("{f}.upstream"),
+                format!("unknown upstream {:?}; define it in upstreams", r.upstream),
+            ));
         }
         if !r.matches.path_prefix.starts_with('/') {
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }
         if let Some(h) = &r.matches.host {
             if !is_valid_server_name(h) {
-                errors.push(err(format!("{f}.match.host"), format!("{h:?} is not a host name or *.wildcard")));
+                errors.push(err(
+                    format!("{f}.match.host"),
+                    format!("{h:?} is not a host name or *.wildcard"),
+                ));
             }
         }
         if let Some(h) = &r.matches.header {
             if http_token(&h.name).is_none() {
-                errors.push(err(format!("{f}.match.header.name"), format!("{:?} is not a header name", h.name)));
+                errors.push(err(
+                    format!("{f}.match.header.name"),
+                    format!("{:?} is not a header name", h.name),
+                ));
             }
         }
         if r.timeout.get().is_zero() {
@@ -172,15 +242,24 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         if let Some(fault) = &r.fault {
             if let Some(a) = &fault.abort {
                 if !(0.0..=100.0).contains(&a.percent) {
-                    errors.push(err(format!("{f}.fault.abort.percent"), "must be within 0-100"));
+                    errors.push(err(
+                        format!("{f}.fault.abort.percent"),
+                        "must be within 0-100",
+                    ));
                 }
                 if !(200..=599).contains(&a.status) {
-                    errors.push(err(format!("{f}.fault.abort.status"), "must be within 200-599"));
+                    errors.push(err(
+                        format!("{f}.fault.abort.status"),
+                        "must be within 200-599",
+                    ));
                 }
             }
             if let Some(d) = &fault.delay {
                 if !(0.0..=100.0).contains(&d.percent) {
-                    errors.push(err(format!("{f}.fault.delay.percent"), "must be within 0-100"));
+                    errors.push(err(
+                        format!("{f}.fault.delay.percent"),
+                        "must be within 0-100",
+                    ));
                 }
             }
         }
@@ -191,13 +270,21 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         }
     }
     if !config.listeners.is_empty() && config.routes.is_empty() {
-        errors.push(err("routes", "listeners are defined but no route; every request would get 404"));
+        errors.push(err(
+            "routes",
+            "listeners are defined but no route; every request would get 404",
+        ));
     }
     if let Some(c) = &config.connect {
         for (i, a) in c.allow.iter().enumerate() {
-            let ok = a.rsplit_once(':').is_some_and(|(h, p)| is_valid_server_name(h) && (p == "*" || p.parse::<u16>().is_ok()));
+            let ok = a.rsplit_once(':').is_some_and(|(h, p)| {
+                is_valid_server_name(h) && (p == "*" || p.parse::<u16>().is_ok())
+            });
             if !ok {
-                errors.push(err(format!("connect.allow[{i}]"), format!("{a:?} is not host:port (port may be *)")));
+                errors.push(err(
+                    format!("connect.allow[{i}]"),
+                    format!("{a:?} is not host:port (port may be *)"),
+                ));
             }
         }
     }
@@ -216,5 +303,8 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
 }
 
 fn http_token(s: &str) -> Option<&str> {
-    (!s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))).then_some(s)
+    (!s.is_empty()
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
+    .then_some(s)
 }

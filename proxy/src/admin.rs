@@ -13,10 +13,17 @@ use tokio::net::TcpListener;
 
 use crate::server::Shared;
 
-fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
+fn text(
+    status: StatusCode,
+    content_type: &'static str,
+    body: impl Into<Bytes>,
+) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    r.headers_mut().insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
+    r.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
     r
 }
 
@@ -33,13 +40,23 @@ pub fn config_report(shared: &Shared) -> String {
             c.serial, c.subject, c.not_after_unix
         ));
     }
-    out.push_str(&format!("trustBundleSha256: {}\n", state.trust_bundle_sha256.as_deref().unwrap_or("null")));
+    out.push_str(&format!(
+        "trustBundleSha256: {}\n",
+        state.trust_bundle_sha256.as_deref().unwrap_or("null")
+    ));
     out
 }
 
-async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn route(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match req.uri().path() {
-        "/metrics" => text(StatusCode::OK, "application/openmetrics-text; version=1.0.0; charset=utf-8", shared.metrics.encode()),
+        "/metrics" => text(
+            StatusCode::OK,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+            shared.metrics.encode(),
+        ),
         "/healthz" => text(StatusCode::OK, "text/plain", "ok\n"),
         "/readyz" => {
             if shared.ready.load(Ordering::Relaxed) {
@@ -55,11 +72,15 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
 
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     loop {
-        let Ok((tcp, _)) = listener.accept().await else { continue };
+        let Ok((tcp, _)) = listener.accept().await else {
+            continue;
+        };
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| route(req, shared.clone()));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
         });
     }
 }

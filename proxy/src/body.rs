@@ -27,7 +27,11 @@ pin_project_lite::pin_project! {
 
 impl UpstreamBody {
     pub fn streaming(inner: Incoming, limit: u64) -> Self {
-        Self::Streaming { inner, remaining: limit, limit }
+        Self::Streaming {
+            inner,
+            remaining: limit,
+            limit,
+        }
     }
 }
 
@@ -35,15 +39,24 @@ impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
-    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {
             UpstreamBodyProj::Empty => Poll::Ready(None),
-            UpstreamBodyProj::Streaming { inner, remaining, limit } => match inner.poll_frame(cx) {
+            UpstreamBodyProj::Streaming {
+                inner,
+                remaining,
+                limit,
+            } => match inner.poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
                     if let Some(data) = frame.data_ref() {
                         let len = data.len() as u64;
                         if len > *remaining {
-                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: *limit }))));
+                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge {
+                                limit: *limit,
+                            }))));
                         }
                         *remaining -= len;
                     }
@@ -75,7 +88,9 @@ impl Body for UpstreamBody {
 pub type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
 
 pub fn full(text: &'static str) -> ClientBody {
-    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from_static(text.as_bytes())))
+    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from_static(
+        text.as_bytes(),
+    )))
 }
 
 pub fn full_owned(text: String) -> ClientBody {

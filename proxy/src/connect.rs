@@ -9,12 +9,20 @@ use crate::server::Shared;
 
 /// Whether `target` (host:port) is allowed by a pattern list (`*.` prefix, `*` port).
 pub fn allowed(patterns: &[String], target: &str) -> bool {
-    let Some((host, port)) = target.rsplit_once(':') else { return false };
+    let Some((host, port)) = target.rsplit_once(':') else {
+        return false;
+    };
     patterns.iter().any(|p| {
-        let Some((ph, pp)) = p.rsplit_once(':') else { return false };
+        let Some((ph, pp)) = p.rsplit_once(':') else {
+            return false;
+        };
         let port_ok = pp == "*" || pp == port;
         let host_ok = match ph.strip_prefix("*.") {
-            Some(suffix) => host.len() > suffix.len() && host.ends_with(suffix) && host.as_bytes()[host.len() - suffix.len() - 1] == b'.',
+            Some(suffix) => {
+                host.len() > suffix.len()
+                    && host.ends_with(suffix)
+                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
+            }
             None => ph.eq_ignore_ascii_case(host),
         };
         port_ok && host_ok
@@ -64,7 +72,10 @@ mod tests {
 
     #[test]
     fn allow_list_patterns() {
-        let p = vec!["api.example.com:443".to_string(), "*.internal:*".to_string()];
+        let p = vec![
+            "api.example.com:443".to_string(),
+            "*.internal:*".to_string(),
+        ];
         assert!(allowed(&p, "api.example.com:443"));
         assert!(!allowed(&p, "api.example.com:80"));
         assert!(allowed(&p, "db.internal:5432"));

@@ -27,7 +27,10 @@ pub struct ClientInfo {
 fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
     let mut r = Response::new(body::full(text));
     *r.status_mut() = status;
-    r.headers_mut().insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
+    r.headers_mut().insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
     r
 }
 
@@ -43,7 +46,11 @@ const HOP_BY_HOP: [HeaderName; 7] = [
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // Headers named in Connection are hop-by-hop too.
-    if let Some(conn) = headers.get(header::CONNECTION).and_then(|v| v.to_str().ok()).map(str::to_owned) {
+    if let Some(conn) = headers
+        .get(header::CONNECTION)
+        .and_then(|v| v.to_str().ok())
+        .map(str::to_owned)
+    {
         for name in conn.split(',').map(str::trim).filter(|n| !n.is_empty()) {
             if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
                 headers.remove(n);
@@ -57,10 +64,17 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 fn is_idempotent(m: &Method) -> bool {
-    matches!(*m, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE)
+    matches!(
+        *m,
+        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
+    )
 }
 
-pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, client: ClientInfo) -> Result<Response<ClientBody>, Infallible> {
+pub async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    client: ClientInfo,
+) -> Result<Response<ClientBody>, Infallible> {
     if req.method() == Method::CONNECT {
         return Ok(crate::connect::handle_connect(req, &shared));
     }
@@ -71,24 +85,47 @@ pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, client: ClientI
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
         match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
             Some(n) if n > limits.max_request_body_bytes => {
-                return Ok(finish(&shared, None, status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"), Instant::now()));
+                return Ok(finish(
+                    &shared,
+                    None,
+                    status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
+                    Instant::now(),
+                ));
             }
             Some(_) => {}
             None => {
                 shared.metrics.malformed_requests.inc();
-                return Ok(finish(&shared, None, status_response(StatusCode::BAD_REQUEST, "invalid content-length\n"), Instant::now()));
+                return Ok(finish(
+                    &shared,
+                    None,
+                    status_response(StatusCode::BAD_REQUEST, "invalid content-length\n"),
+                    Instant::now(),
+                ));
             }
         }
     }
     if req.uri().path_and_query().is_none() || !req.uri().path().starts_with('/') {
         shared.metrics.malformed_requests.inc();
-        return Ok(finish(&shared, None, status_response(StatusCode::BAD_REQUEST, "request target must be an absolute path\n"), Instant::now()));
+        return Ok(finish(
+            &shared,
+            None,
+            status_response(
+                StatusCode::BAD_REQUEST,
+                "request target must be an absolute path\n",
+            ),
+            Instant::now(),
+        ));
     }
 
     let started = Instant::now();
     let host = router::request_host(req.uri(), req.headers());
     let Some(route) = router::select(&state.routes, host, req.uri().path(), req.headers()) else {
-        return Ok(finish(&shared, None, status_response(StatusCode::NOT_FOUND, "no route\n"), started));
+        return Ok(finish(
+            &shared,
+            None,
+            status_response(StatusCode::NOT_FOUND, "no route\n"),
+            started,
+        ));
     };
     let span = tracing::debug_span!("request", route = %route.name, method = %req.method(), path = %req.uri().path());
     let _e = span.enter();
@@ -104,8 +141,14 @@ pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, client: ClientI
         if let Some(a) = &fault.abort {
             if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
                 route.metrics.fault_abort.inc();
-                let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                return Ok(finish(&shared, Some(route), status_response(status, "fault injected\n"), started));
+                let status =
+                    StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                return Ok(finish(
+                    &shared,
+                    Some(route),
+                    status_response(status, "fault injected\n"),
+                    started,
+                ));
             }
         }
     }
@@ -114,11 +157,18 @@ pub async fn handle(req: Request<Incoming>, shared: Arc<Shared>, client: ClientI
     Ok(finish(&shared, Some(route), resp, started))
 }
 
-fn finish(shared: &Shared, route: Option<&CompiledRoute>, resp: Response<ClientBody>, started: Instant) -> Response<ClientBody> {
+fn finish(
+    shared: &Shared,
+    route: Option<&CompiledRoute>,
+    resp: Response<ClientBody>,
+    started: Instant,
+) -> Response<ClientBody> {
     let secs = started.elapsed().as_secs_f64();
     match route {
         Some(r) => r.metrics.observe(resp.status().as_u16(), secs),
-        None => shared.no_route_metrics.observe(resp.status().as_u16(), secs),
+        None => shared
+            .no_route_metrics
+            .observe(resp.status().as_u16(), secs),
     }
     resp
 }
@@ -130,11 +180,21 @@ enum Attempt {
     Final(Response<ClientBody>),
 }
 
-async fn forward(route: &CompiledRoute, req: Request<Incoming>, client: ClientInfo, body_limit: u64) -> Response<ClientBody> {
+async fn forward(
+    route: &CompiledRoute,
+    req: Request<Incoming>,
+    client: ClientInfo,
+    body_limit: u64,
+) -> Response<ClientBody> {
     let (mut parts, incoming) = req.into_parts();
     route.retry_budget.on_request();
-    let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
-    let mut body = Some(if incoming.is_end_stream() { UpstreamBody::Empty } else { UpstreamBody::streaming(incoming, body_limit) });
+    let retryable =
+        route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
+    let mut body = Some(if incoming.is_end_stream() {
+        UpstreamBody::Empty
+    } else {
+        UpstreamBody::streaming(incoming, body_limit)
+    });
 
     if parts.headers.get(header::HOST).is_none() {
         if let Some(a) = parts.uri.authority() {
@@ -155,7 +215,11 @@ async fn forward(route: &CompiledRoute, req: Request<Incoming>, client: ClientIn
             Attempt::Done(resp) => return client_response(resp),
             Attempt::Final(resp) => return resp,
             Attempt::Retryable(resp) => {
-                if retryable && attempt < route.retry_attempts && Instant::now() < deadline && route.retry_budget.try_withdraw() {
+                if retryable
+                    && attempt < route.retry_attempts
+                    && Instant::now() < deadline
+                    && route.retry_budget.try_withdraw()
+                {
                     attempt += 1;
                     route.metrics.retries.inc();
                     continue;
@@ -175,26 +239,44 @@ fn append_forwarded(headers: &mut HeaderMap, client: ClientInfo) {
     if let Ok(v) = HeaderValue::from_str(&value) {
         headers.insert("x-forwarded-for", v);
     }
-    headers.insert("x-forwarded-proto", HeaderValue::from_static(if client.tls { "https" } else { "http" }));
+    headers.insert(
+        "x-forwarded-proto",
+        HeaderValue::from_static(if client.tls { "https" } else { "http" }),
+    );
 }
 
-async fn attempt_once(route: &CompiledRoute, parts: &http::request::Parts, body: UpstreamBody, deadline: Instant) -> Attempt {
+async fn attempt_once(
+    route: &CompiledRoute,
+    parts: &http::request::Parts,
+    body: UpstreamBody,
+    deadline: Instant,
+) -> Attempt {
     let cluster = &route.upstream;
     let endpoints = cluster.endpoints.load();
     let Some(endpoint) = upstream::pick(&endpoints) else {
-        return Attempt::Retryable(status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n"));
+        return Attempt::Retryable(status_response(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "no upstream endpoints\n",
+        ));
     };
     let endpoint = endpoint.clone();
     drop(endpoints);
 
     let uri = {
-        let mut b = http::Uri::builder().scheme(cluster.scheme.clone()).authority(endpoint.authority.clone());
+        let mut b = http::Uri::builder()
+            .scheme(cluster.scheme.clone())
+            .authority(endpoint.authority.clone());
         if let Some(pq) = parts.uri.path_and_query() {
             b = b.path_and_query(pq.clone());
         }
         match b.build() {
             Ok(u) => u,
-            Err(_) => return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n")),
+            Err(_) => {
+                return Attempt::Final(status_response(
+                    StatusCode::BAD_REQUEST,
+                    "bad request target\n",
+                ))
+            }
         }
     };
     let mut req = Request::new(body);
@@ -205,11 +287,18 @@ async fn attempt_once(route: &CompiledRoute, parts: &http::request::Parts, body:
 
     let remaining = deadline.saturating_duration_since(Instant::now());
     let Ok(_permit) = tokio::time::timeout(remaining, endpoint.permits.acquire()).await else {
-        return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"));
+        return Attempt::Final(status_response(
+            StatusCode::GATEWAY_TIMEOUT,
+            "upstream timeout\n",
+        ));
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let result = tokio::time::timeout(deadline.saturating_duration_since(started), cluster.client.request(req)).await;
+    let result = tokio::time::timeout(
+        deadline.saturating_duration_since(started),
+        cluster.client.request(req),
+    )
+    .await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
@@ -222,20 +311,32 @@ async fn attempt_once(route: &CompiledRoute, parts: &http::request::Parts, body:
         Err(_) => {
             endpoint.observe_latency(started.elapsed());
             eject(&endpoint);
-            Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
+            Attempt::Final(status_response(
+                StatusCode::GATEWAY_TIMEOUT,
+                "upstream timeout\n",
+            ))
         }
         Ok(Err(e)) => {
             if let Some(src) = std::error::Error::source(&e) {
                 if body::is_body_too_large(src) {
-                    return Attempt::Final(status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"));
+                    return Attempt::Final(status_response(
+                        StatusCode::PAYLOAD_TOO_LARGE,
+                        "request body too large\n",
+                    ));
                 }
             }
             eject(&endpoint);
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&e), "upstream request failed");
             if e.is_connect() {
-                Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
+                Attempt::Retryable(status_response(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream connect failed\n",
+                ))
             } else {
-                Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
+                Attempt::Final(status_response(
+                    StatusCode::BAD_GATEWAY,
+                    "upstream request failed\n",
+                ))
             }
         }
         Ok(Ok(resp)) => {

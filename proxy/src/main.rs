@@ -20,9 +20,14 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     if args.log_format == "json" {
-        tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(false).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_current_span(false)
+            .init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
@@ -33,11 +38,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let workers = config
-        .worker_threads
-        .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let runtime = match tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build() {
+    let workers = config.worker_threads.map(usize::from).unwrap_or_else(|| {
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+    });
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+    {
         Ok(r) => r,
         Err(e) => {
             eprintln!("starting the runtime: {e}");
@@ -47,7 +57,12 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         if args.check {
             let metrics = proxyfleet_proxy::metrics::Metrics::new();
-            return match proxyfleet_proxy::state::ProxyState::build(config, None, &metrics, &Default::default()) {
+            return match proxyfleet_proxy::state::ProxyState::build(
+                config,
+                None,
+                &metrics,
+                &Default::default(),
+            ) {
                 Ok(_) => {
                     println!("configuration OK");
                     ExitCode::SUCCESS
@@ -58,7 +73,11 @@ fn main() -> ExitCode {
                 }
             };
         }
-        tracing::info!(workers, version = env!("CARGO_PKG_VERSION"), "starting proxyfleet-proxy");
+        tracing::info!(
+            workers,
+            version = env!("CARGO_PKG_VERSION"),
+            "starting proxyfleet-proxy"
+        );
         match proxyfleet_proxy::run(args.config, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -73,7 +92,9 @@ fn main() -> ExitCode {
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
+        let Ok(mut term) =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        else {
             let _ = tokio::signal::ctrl_c().await;
             return;
         };

@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 
 /// Request duration buckets: 100 µs to 10 s, fine enough for sub-millisecond P99.
 pub const DURATION_BUCKETS: [f64; 24] = [
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05,
-    0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
+    0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -136,26 +136,55 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("proxyfleet");
-        let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let request_duration =
+            HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
         registry.register(
             "request_duration_seconds",
             "Time from request received to upstream response headers sent to the client",
             request_duration.clone(),
         );
         let responses = Family::default();
-        registry.register("responses", "Responses sent to clients by route, upstream and status class", responses.clone());
+        registry.register(
+            "responses",
+            "Responses sent to clients by route, upstream and status class",
+            responses.clone(),
+        );
         let upstream_connections = Family::default();
-        registry.register("upstream_connections", "Upstream connection attempts by result", upstream_connections.clone());
+        registry.register(
+            "upstream_connections",
+            "Upstream connection attempts by result",
+            upstream_connections.clone(),
+        );
         let upstream_handshakes = Family::default();
-        registry.register("upstream_tls_handshakes", "Upstream TLS handshakes by kind (full or resumed)", upstream_handshakes.clone());
+        registry.register(
+            "upstream_tls_handshakes",
+            "Upstream TLS handshakes by kind (full or resumed)",
+            upstream_handshakes.clone(),
+        );
         let upstream_requests = Family::default();
-        registry.register("upstream_requests", "Upstream requests by whether they reused a pooled connection", upstream_requests.clone());
+        registry.register(
+            "upstream_requests",
+            "Upstream requests by whether they reused a pooled connection",
+            upstream_requests.clone(),
+        );
         let client_handshakes = Family::default();
-        registry.register("client_tls_handshakes", "Client TLS handshakes by kind (full, resumed or failed)", client_handshakes.clone());
+        registry.register(
+            "client_tls_handshakes",
+            "Client TLS handshakes by kind (full, resumed or failed)",
+            client_handshakes.clone(),
+        );
         let active_connections = Family::default();
-        registry.register("active_connections", "Open client connections", active_connections.clone());
+        registry.register(
+            "active_connections",
+            "Open client connections",
+            active_connections.clone(),
+        );
         let reloads = Family::default();
-        registry.register("config_reloads", "Configuration and certificate reloads by result", reloads.clone());
+        registry.register(
+            "config_reloads",
+            "Configuration and certificate reloads by result",
+            reloads.clone(),
+        );
         let certificate_not_after = Family::default();
         registry.register(
             "certificate_not_after_timestamp_seconds",
@@ -163,17 +192,41 @@ impl Metrics {
             certificate_not_after.clone(),
         );
         let faults = Family::default();
-        registry.register("fault_injections", "Faults injected by route and kind", faults.clone());
+        registry.register(
+            "fault_injections",
+            "Faults injected by route and kind",
+            faults.clone(),
+        );
         let retries = Family::default();
-        registry.register("upstream_retries", "Retried upstream requests by route", retries.clone());
+        registry.register(
+            "upstream_retries",
+            "Retried upstream requests by route",
+            retries.clone(),
+        );
         let ejections = Family::default();
-        registry.register("outlier_ejections", "Endpoints ejected by outlier detection", ejections.clone());
+        registry.register(
+            "outlier_ejections",
+            "Endpoints ejected by outlier detection",
+            ejections.clone(),
+        );
         let trust_bundle = Family::default();
-        registry.register("trust_bundle_info", "SHA-256 of the loaded trust bundle (value 1)", trust_bundle.clone());
+        registry.register(
+            "trust_bundle_info",
+            "SHA-256 of the loaded trust bundle (value 1)",
+            trust_bundle.clone(),
+        );
         let malformed_requests = Counter::default();
-        registry.register("malformed_requests", "Requests refused as malformed before routing", malformed_requests.clone());
+        registry.register(
+            "malformed_requests",
+            "Requests refused as malformed before routing",
+            malformed_requests.clone(),
+        );
         let build_info: Family<BuildLabels, Gauge> = Family::default();
-        build_info.get_or_create(&BuildLabels { version: env!("CARGO_PKG_VERSION") }).set(1);
+        build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION"),
+            })
+            .set(1);
         registry.register("build_info", "Proxy version (value 1)", build_info);
         Self {
             registry,
@@ -196,31 +249,94 @@ impl Metrics {
 
     /// Resolves the per-route handles once, so the request path only touches atomics.
     pub fn route_handles(&self, route: &str, upstream: &str) -> RouteMetrics {
-        let labels = RouteLabels { route: route.to_string(), upstream: upstream.to_string() };
+        let labels = RouteLabels {
+            route: route.to_string(),
+            upstream: upstream.to_string(),
+        };
         let by_class = CODE_CLASSES.map(|code_class| {
             self.responses
-                .get_or_create(&ResponseLabels { route: route.to_string(), upstream: upstream.to_string(), code_class })
+                .get_or_create(&ResponseLabels {
+                    route: route.to_string(),
+                    upstream: upstream.to_string(),
+                    code_class,
+                })
                 .clone()
         });
         RouteMetrics {
             duration: self.request_duration.get_or_create(&labels).clone(),
             responses_by_class: by_class,
-            fault_abort: self.faults.get_or_create(&FaultLabels { route: route.to_string(), kind: "abort" }).clone(),
-            fault_delay: self.faults.get_or_create(&FaultLabels { route: route.to_string(), kind: "delay" }).clone(),
-            retries: self.retries.get_or_create(&RouteOnly { route: route.to_string() }).clone(),
+            fault_abort: self
+                .faults
+                .get_or_create(&FaultLabels {
+                    route: route.to_string(),
+                    kind: "abort",
+                })
+                .clone(),
+            fault_delay: self
+                .faults
+                .get_or_create(&FaultLabels {
+                    route: route.to_string(),
+                    kind: "delay",
+                })
+                .clone(),
+            retries: self
+                .retries
+                .get_or_create(&RouteOnly {
+                    route: route.to_string(),
+                })
+                .clone(),
         }
     }
 
     pub fn upstream_handles(&self, upstream: &str) -> UpstreamMetrics {
         let u = || upstream.to_string();
         UpstreamMetrics {
-            connect_ok: self.upstream_connections.get_or_create(&UpstreamResultLabels { upstream: u(), result: "ok" }).clone(),
-            connect_error: self.upstream_connections.get_or_create(&UpstreamResultLabels { upstream: u(), result: "error" }).clone(),
-            handshake_full: self.upstream_handshakes.get_or_create(&HandshakeLabels { upstream: u(), kind: "full" }).clone(),
-            handshake_resumed: self.upstream_handshakes.get_or_create(&HandshakeLabels { upstream: u(), kind: "resumed" }).clone(),
-            request_new: self.upstream_requests.get_or_create(&PoolLabels { upstream: u(), connection: "new" }).clone(),
-            request_reused: self.upstream_requests.get_or_create(&PoolLabels { upstream: u(), connection: "reused" }).clone(),
-            ejections: self.ejections.get_or_create(&UpstreamOnly { upstream: u() }).clone(),
+            connect_ok: self
+                .upstream_connections
+                .get_or_create(&UpstreamResultLabels {
+                    upstream: u(),
+                    result: "ok",
+                })
+                .clone(),
+            connect_error: self
+                .upstream_connections
+                .get_or_create(&UpstreamResultLabels {
+                    upstream: u(),
+                    result: "error",
+                })
+                .clone(),
+            handshake_full: self
+                .upstream_handshakes
+                .get_or_create(&HandshakeLabels {
+                    upstream: u(),
+                    kind: "full",
+                })
+                .clone(),
+            handshake_resumed: self
+                .upstream_handshakes
+                .get_or_create(&HandshakeLabels {
+                    upstream: u(),
+                    kind: "resumed",
+                })
+                .clone(),
+            request_new: self
+                .upstream_requests
+                .get_or_create(&PoolLabels {
+                    upstream: u(),
+                    connection: "new",
+                })
+                .clone(),
+            request_reused: self
+                .upstream_requests
+                .get_or_create(&PoolLabels {
+                    upstream: u(),
+                    connection: "reused",
+                })
+                .clone(),
+            ejections: self
+                .ejections
+                .get_or_create(&UpstreamOnly { upstream: u() })
+                .clone(),
         }
     }
 

@@ -52,7 +52,10 @@ impl RetryBudget {
 
     pub fn new(budget_percent: u8) -> Self {
         // Start with room for a few retries so a quiet route can still retry.
-        Self { tokens: AtomicI64::new(300), deposit: budget_percent as i64 }
+        Self {
+            tokens: AtomicI64::new(300),
+            deposit: budget_percent as i64,
+        }
     }
 
     pub fn on_request(&self) {
@@ -88,7 +91,10 @@ pub struct CompiledRoute {
 impl CompiledRoute {
     pub fn new(route: &Route, upstream: Arc<UpstreamCluster>, metrics: RouteMetrics) -> Self {
         let header = route.matches.header.as_ref().and_then(|h| {
-            Some((HeaderName::from_bytes(h.name.as_bytes()).ok()?, HeaderValue::from_str(&h.value).ok()?))
+            Some((
+                HeaderName::from_bytes(h.name.as_bytes()).ok()?,
+                HeaderValue::from_str(&h.value).ok()?,
+            ))
         });
         Self {
             name: route.name.clone(),
@@ -124,7 +130,12 @@ impl CompiledRoute {
 }
 
 /// The first route that matches, in configuration order.
-pub fn select<'a>(routes: &'a [CompiledRoute], host: Option<&str>, path: &str, headers: &HeaderMap) -> Option<&'a CompiledRoute> {
+pub fn select<'a>(
+    routes: &'a [CompiledRoute],
+    host: Option<&str>,
+    path: &str,
+    headers: &HeaderMap,
+) -> Option<&'a CompiledRoute> {
     routes.iter().find(|r| r.matches(host, path, headers))
 }
 
@@ -159,8 +170,14 @@ mod tests {
     #[test]
     fn host_from_header_strips_port() {
         let mut h = HeaderMap::new();
-        h.insert(http::header::HOST, HeaderValue::from_static("a.example.com:8443"));
-        assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("a.example.com"));
+        h.insert(
+            http::header::HOST,
+            HeaderValue::from_static("a.example.com:8443"),
+        );
+        assert_eq!(
+            request_host(&"/x".parse().unwrap(), &h),
+            Some("a.example.com")
+        );
         h.insert(http::header::HOST, HeaderValue::from_static("[::1]:80"));
         assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("::1"));
     }

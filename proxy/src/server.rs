@@ -36,19 +36,35 @@ pub struct Shared {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("reading configuration {path}: {source}")]
-    ReadConfig { path: String, source: std::io::Error },
+    ReadConfig {
+        path: String,
+        source: std::io::Error,
+    },
     #[error("configuration {path}: {source}")]
-    Config { path: String, source: proxyfleet_config::ConfigError },
+    Config {
+        path: String,
+        source: proxyfleet_config::ConfigError,
+    },
     #[error(transparent)]
     State(#[from] StateError),
     #[error("binding {what} {address}: {source}")]
-    Bind { what: String, address: String, source: std::io::Error },
+    Bind {
+        what: String,
+        address: String,
+        source: std::io::Error,
+    },
 }
 
 pub fn read_config(path: &std::path::Path) -> Result<ProxyConfig, ServerError> {
     let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ServerError::ReadConfig { path: display.clone(), source })?;
-    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config { path: display, source })
+    let text = std::fs::read_to_string(path).map_err(|source| ServerError::ReadConfig {
+        path: display.clone(),
+        source,
+    })?;
+    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config {
+        path: display,
+        source,
+    })
 }
 
 /// A started proxy: its bound addresses and a handle to drain it.
@@ -67,10 +83,16 @@ impl RunningProxy {
     }
 }
 
-pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
+pub async fn start(
+    config: ProxyConfig,
+    config_path: Option<PathBuf>,
+) -> Result<RunningProxy, ServerError> {
     let metrics = Metrics::new();
-    let resumption: HashMap<_, _> =
-        config.listeners.iter().map(|l| (l.name.clone(), Arc::new(ServerResumption::new()))).collect();
+    let resumption: HashMap<_, _> = config
+        .listeners
+        .iter()
+        .map(|l| (l.name.clone(), Arc::new(ServerResumption::new())))
+        .collect();
     let state = ProxyState::build(config.clone(), None, &metrics, &resumption)?;
     state.publish_metrics(&metrics);
     if std::env::var_os("SSLKEYLOGFILE").is_some() {
@@ -88,8 +110,16 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
 
     let admin = TcpListener::bind(&config.admin.address)
         .await
-        .map_err(|source| ServerError::Bind { what: "admin".into(), address: config.admin.address.clone(), source })?;
-    let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind { what: "admin".into(), address: config.admin.address.clone(), source })?;
+        .map_err(|source| ServerError::Bind {
+            what: "admin".into(),
+            address: config.admin.address.clone(),
+            source,
+        })?;
+    let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind {
+        what: "admin".into(),
+        address: config.admin.address.clone(),
+        source,
+    })?;
     tokio::spawn(crate::admin::serve(admin, shared.clone()));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -99,9 +129,19 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     let mut listener_addrs = HashMap::new();
     let mut accept_tasks = Vec::new();
     for l in &config.listeners {
-        let tcp = bind(&l.address)
-            .map_err(|source| ServerError::Bind { what: format!("listener {}", l.name), address: l.address.clone(), source })?;
-        listener_addrs.insert(l.name.clone(), tcp.local_addr().map_err(|source| ServerError::Bind { what: l.name.clone(), address: l.address.clone(), source })?);
+        let tcp = bind(&l.address).map_err(|source| ServerError::Bind {
+            what: format!("listener {}", l.name),
+            address: l.address.clone(),
+            source,
+        })?;
+        listener_addrs.insert(
+            l.name.clone(),
+            tcp.local_addr().map_err(|source| ServerError::Bind {
+                what: l.name.clone(),
+                address: l.address.clone(),
+                source,
+            })?,
+        );
         accept_tasks.push(tokio::spawn(accept_loop(
             l.clone(),
             tcp,
@@ -134,18 +174,33 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
             return;
         };
         tracing::info!(deadline = %drain.deadline, "stopped accepting; waiting for in-flight requests");
-        if tokio::time::timeout(drain.deadline.get(), graceful.shutdown()).await.is_err() {
+        if tokio::time::timeout(drain.deadline.get(), graceful.shutdown())
+            .await
+            .is_err()
+        {
             tracing::warn!("drain deadline reached with requests still in flight");
         }
         tracing::info!("drained");
     });
 
-    Ok(RunningProxy { listener_addrs, admin_addr, shared, shutdown_tx, done })
+    Ok(RunningProxy {
+        listener_addrs,
+        admin_addr,
+        shared,
+        shutdown_tx,
+        done,
+    })
 }
 
 fn bind(address: &str) -> std::io::Result<TcpListener> {
-    let addr: SocketAddr = address.parse().map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))?;
-    let socket = if addr.is_ipv4() { tokio::net::TcpSocket::new_v4()? } else { tokio::net::TcpSocket::new_v6()? };
+    let addr: SocketAddr = address
+        .parse()
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))?;
+    let socket = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
     socket.set_reuseaddr(true)?;
     socket.set_nodelay(true)?;
     socket.bind(addr)?;
@@ -160,8 +215,23 @@ async fn accept_loop(
     conn_limit: Arc<Semaphore>,
     mut stop_accepting: watch::Receiver<bool>,
 ) {
-    let active = shared.metrics.active_connections.get_or_create(&ListenerLabels { listener: listener.name.clone() }).clone();
-    let hs = |kind| shared.metrics.client_handshakes.get_or_create(&ClientHandshakeLabels { listener: listener.name.clone(), kind }).clone();
+    let active = shared
+        .metrics
+        .active_connections
+        .get_or_create(&ListenerLabels {
+            listener: listener.name.clone(),
+        })
+        .clone();
+    let hs = |kind| {
+        shared
+            .metrics
+            .client_handshakes
+            .get_or_create(&ClientHandshakeLabels {
+                listener: listener.name.clone(),
+                kind,
+            })
+            .clone()
+    };
     let (hs_full, hs_resumed, hs_failed) = (hs("full"), hs("resumed"), hs("failed"));
     let limits = shared.state.load().config.limits.clone();
     let mut builder = auto::Builder::new(TokioExecutor::new());
@@ -171,11 +241,17 @@ async fn accept_loop(
         .header_read_timeout(limits.header_read_timeout.get())
         .max_buf_size((limits.max_header_bytes as usize).max(8192))
         .keep_alive(true);
-    builder.http2().timer(TokioTimer::new()).max_header_list_size(limits.max_header_bytes).max_concurrent_streams(256);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_header_list_size(limits.max_header_bytes)
+        .max_concurrent_streams(256);
     let builder = Arc::new(builder);
     let is_tls = listener.tls.is_some();
     loop {
-        let Ok(permit) = conn_limit.clone().acquire_owned().await else { return };
+        let Ok(permit) = conn_limit.clone().acquire_owned().await else {
+            return;
+        };
         let accepted = tokio::select! {
             a = tcp.accept() => a,
             _ = stop_accepting.changed() => return,
@@ -193,12 +269,16 @@ async fn accept_loop(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let active = active.clone();
-        let (hs_full, hs_resumed, hs_failed) = (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
+        let (hs_full, hs_resumed, hs_failed) =
+            (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
         let name = listener.name.clone();
         let handshake_timeout = limits.header_read_timeout.get();
         tokio::spawn(async move {
             active.inc();
-            let client = ClientInfo { remote, tls: is_tls };
+            let client = ClientInfo {
+                remote,
+                tls: is_tls,
+            };
             let svc = {
                 let shared = shared.clone();
                 hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client))
@@ -230,11 +310,18 @@ async fn accept_loop(
     }
 }
 
-async fn serve<I, S>(builder: &auto::Builder<TokioExecutor>, watcher: hyper_util::server::graceful::Watcher, io: TokioIo<I>, svc: S)
-where
+async fn serve<I, S>(
+    builder: &auto::Builder<TokioExecutor>,
+    watcher: hyper_util::server::graceful::Watcher,
+    io: TokioIo<I>,
+    svc: S,
+) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
-    S: hyper::service::Service<http::Request<hyper::body::Incoming>, Response = http::Response<crate::body::ClientBody>, Error = std::convert::Infallible>
-        + Send
+    S: hyper::service::Service<
+            http::Request<hyper::body::Incoming>,
+            Response = http::Response<crate::body::ClientBody>,
+            Error = std::convert::Infallible,
+        > + Send
         + 'static,
     S::Future: Send + 'static,
 {
@@ -243,7 +330,10 @@ where
 }
 
 /// Runs a proxy from a config file until `shutdown` completes, then drains and returns.
-pub async fn run(config_path: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+pub async fn run(
+    config_path: PathBuf,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
     let config = read_config(&config_path)?;
     let running = start(config, Some(config_path)).await?;
     for (name, addr) in &running.listener_addrs {
@@ -255,4 +345,3 @@ pub async fn run(config_path: PathBuf, shutdown: impl Future<Output = ()>) -> Re
     let _ = running.done.await;
     Ok(())
 }
-

@@ -41,10 +41,11 @@ pub struct ProxyState {
 fn upstream_material(u: &Upstream) -> String {
     let mut h = Sha256::new();
     if let Some(t) = &u.tls {
-        let files = t
-            .ca_file
-            .iter()
-            .chain(t.client_certificate.iter().flat_map(|c| [&c.cert_file, &c.key_file]));
+        let files = t.ca_file.iter().chain(
+            t.client_certificate
+                .iter()
+                .flat_map(|c| [&c.cert_file, &c.key_file]),
+        );
         for f in files {
             h.update(f.as_bytes());
             h.update(std::fs::read(f).unwrap_or_default());
@@ -69,7 +70,10 @@ impl ProxyState {
                 .iter()
                 .map(tls::load_certificate)
                 .collect::<Result<Vec<_>, _>>()
-                .map_err(|source| StateError::ListenerTls { listener: l.name.clone(), source })?;
+                .map_err(|source| StateError::ListenerTls {
+                    listener: l.name.clone(),
+                    source,
+                })?;
             for c in &loaded {
                 certificates.push((l.name.clone(), c.info.clone()));
             }
@@ -82,8 +86,12 @@ impl ProxyState {
                     &fallback
                 }
             };
-            let server = tls::server_config(&l.name, t, sni, res)
-                .map_err(|source| StateError::ListenerTls { listener: l.name.clone(), source })?;
+            let server = tls::server_config(&l.name, t, sni, res).map_err(|source| {
+                StateError::ListenerTls {
+                    listener: l.name.clone(),
+                    source,
+                }
+            })?;
             listener_tls.insert(l.name.clone(), server);
         }
 
@@ -105,17 +113,31 @@ impl ProxyState {
             .routes
             .iter()
             .map(|r| {
-                let upstream = upstreams
-                    .get(&r.upstream)
-                    .cloned()
-                    .ok_or_else(|| StateError::UnknownUpstream { route: r.name.clone(), upstream: r.upstream.clone() })?;
-                Ok(CompiledRoute::new(r, upstream, metrics.route_handles(&r.name, &r.upstream)))
+                let upstream = upstreams.get(&r.upstream).cloned().ok_or_else(|| {
+                    StateError::UnknownUpstream {
+                        route: r.name.clone(),
+                        upstream: r.upstream.clone(),
+                    }
+                })?;
+                Ok(CompiledRoute::new(
+                    r,
+                    upstream,
+                    metrics.route_handles(&r.name, &r.upstream),
+                ))
             })
             .collect::<Result<Vec<_>, StateError>>()?;
 
-        let trust_bundle_sha256 = tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
+        let trust_bundle_sha256 =
+            tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
 
-        Ok(Self { config, routes, upstreams, listener_tls, certificates, trust_bundle_sha256 })
+        Ok(Self {
+            config,
+            routes,
+            upstreams,
+            listener_tls,
+            certificates,
+            trust_bundle_sha256,
+        })
     }
 
     /// Publishes the state's certificate and trust-bundle gauges (old label sets are cleared).
@@ -124,12 +146,21 @@ impl ProxyState {
         for (listener, c) in &self.certificates {
             metrics
                 .certificate_not_after
-                .get_or_create(&CertLabels { listener: listener.clone(), serial: c.serial.clone(), subject: c.subject.clone() })
+                .get_or_create(&CertLabels {
+                    listener: listener.clone(),
+                    serial: c.serial.clone(),
+                    subject: c.subject.clone(),
+                })
                 .set(c.not_after_unix);
         }
         metrics.trust_bundle.clear();
         if let Some(sha) = &self.trust_bundle_sha256 {
-            metrics.trust_bundle.get_or_create(&BundleLabels { sha256: sha.clone() }).set(1);
+            metrics
+                .trust_bundle
+                .get_or_create(&BundleLabels {
+                    sha256: sha.clone(),
+                })
+                .set(1);
         }
     }
 }

@@ -17,9 +17,17 @@ use proxyfleet_config::{CertificateFiles, ListenerTls, UpstreamTls};
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
     #[error("reading {what} {path}: {source}")]
-    Read { what: &'static str, path: String, source: std::io::Error },
+    Read {
+        what: &'static str,
+        path: String,
+        source: std::io::Error,
+    },
     #[error("{what} {path} holds no PEM {expected}")]
-    Empty { what: &'static str, path: String, expected: &'static str },
+    Empty {
+        what: &'static str,
+        path: String,
+        expected: &'static str,
+    },
     #[error("private key {path} is not usable: {source}")]
     Key { path: String, source: rustls::Error },
     #[error("certificate {path} does not match its private key {key_path}")]
@@ -31,14 +39,27 @@ pub enum TlsError {
 }
 
 fn read(what: &'static str, path: &str) -> Result<Vec<u8>, TlsError> {
-    std::fs::read(path).map_err(|source| TlsError::Read { what, path: path.to_string(), source })
+    std::fs::read(path).map_err(|source| TlsError::Read {
+        what,
+        path: path.to_string(),
+        source,
+    })
 }
 
-pub fn load_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub fn load_certs(
+    what: &'static str,
+    path: &str,
+) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(what, path)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice()).filter_map(Result::ok).collect();
+    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
+        .filter_map(Result::ok)
+        .collect();
     if certs.is_empty() {
-        return Err(TlsError::Empty { what, path: path.to_string(), expected: "CERTIFICATE" });
+        return Err(TlsError::Empty {
+            what,
+            path: path.to_string(),
+            expected: "CERTIFICATE",
+        });
     }
     Ok(certs)
 }
@@ -49,7 +70,11 @@ fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     rustls_pemfile::private_key(&mut pem.as_slice())
         .ok()
         .flatten()
-        .ok_or_else(|| TlsError::Empty { what: "private key", path: path.to_string(), expected: "PRIVATE KEY" })
+        .ok_or_else(|| TlsError::Empty {
+            what: "private key",
+            path: path.to_string(),
+            expected: "PRIVATE KEY",
+        })
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
@@ -76,7 +101,9 @@ pub fn describe(cert: &CertificateDer<'_>) -> Option<CertificateInfo> {
                 .general_names
                 .iter()
                 .filter_map(|n| match n {
-                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
+                    x509_parser::extensions::GeneralName::DNSName(d) => {
+                        Some(d.to_ascii_lowercase())
+                    }
                     _ => None,
                 })
                 .collect()
@@ -104,10 +131,16 @@ pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, T
     let signing_key = provider()
         .key_provider
         .load_private_key(key)
-        .map_err(|source| TlsError::Key { path: files.key_file.clone(), source })?;
+        .map_err(|source| TlsError::Key {
+            path: files.key_file.clone(),
+            source,
+        })?;
     let certified = CertifiedKey::new(chain, signing_key);
     if certified.keys_match().is_err() {
-        return Err(TlsError::Mismatch { path: files.cert_file.clone(), key_path: files.key_file.clone() });
+        return Err(TlsError::Mismatch {
+            path: files.cert_file.clone(),
+            key_path: files.key_file.clone(),
+        });
     }
     let info = describe(&certified.cert[0]).unwrap_or(CertificateInfo {
         subject: String::new(),
@@ -116,8 +149,21 @@ pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, T
         dns_names: Vec::new(),
     });
     // Explicit serverNames win; otherwise the certificate's own DNS SANs are its names.
-    let names = if files.server_names.is_empty() { info.dns_names.clone() } else { files.server_names.iter().map(|n| n.to_ascii_lowercase()).collect() };
-    Ok(LoadedCertificate { key: Arc::new(certified), info, names, default: files.default })
+    let names = if files.server_names.is_empty() {
+        info.dns_names.clone()
+    } else {
+        files
+            .server_names
+            .iter()
+            .map(|n| n.to_ascii_lowercase())
+            .collect()
+    };
+    Ok(LoadedCertificate {
+        key: Arc::new(certified),
+        info,
+        names,
+        default: files.default,
+    })
 }
 
 /// Certificates of one listener, selected by SNI: exact name, then the wildcard of the
@@ -145,7 +191,10 @@ impl SniCertificates {
         for c in certs {
             for n in &c.names {
                 match n.strip_prefix("*.") {
-                    Some(suffix) => s.wildcard.entry(suffix.to_string()).or_insert_with(|| c.key.clone()),
+                    Some(suffix) => s
+                        .wildcard
+                        .entry(suffix.to_string())
+                        .or_insert_with(|| c.key.clone()),
                     None => s.exact.entry(n.clone()).or_insert_with(|| c.key.clone()),
                 };
             }
@@ -212,7 +261,8 @@ impl Default for ServerResumption {
 }
 
 pub fn key_log() -> Option<Arc<dyn rustls::KeyLog>> {
-    std::env::var_os("SSLKEYLOGFILE").map(|_| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn rustls::KeyLog>)
+    std::env::var_os("SSLKEYLOGFILE")
+        .map(|_| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn rustls::KeyLog>)
 }
 
 /// Builds a listener's ServerConfig: TLS 1.2 + 1.3 only, ALPN h2 + http/1.1.
@@ -224,16 +274,25 @@ pub fn server_config(
 ) -> Result<Arc<ServerConfig>, TlsError> {
     let builder = ServerConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|source| TlsError::Build { what: listener.to_string(), source })?;
+        .map_err(|source| TlsError::Build {
+            what: listener.to_string(),
+            source,
+        })?;
     let builder = match &tls.client_ca_file {
         Some(path) => {
             let mut roots = RootCertStore::empty();
             for c in load_certs("client CA", path)? {
-                roots.add(c).map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+                roots.add(c).map_err(|e| TlsError::ClientCa {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
             }
             let verifier = WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                 .build()
-                .map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+                .map_err(|e| TlsError::ClientCa {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -277,7 +336,12 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls12_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
     fn verify_tls13_signature(
         &self,
@@ -285,7 +349,12 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
+        rustls::crypto::verify_tls13_signature(
+            message,
+            cert,
+            dss,
+            &self.0.signature_verification_algorithms,
+        )
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
@@ -294,18 +363,33 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 
 /// Builds an upstream's ClientConfig. Its session store (resumption per server name)
 /// lives as long as the upstream's configuration.
-pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn client_config(
+    upstream: &str,
+    tls: &UpstreamTls,
+    alpn: &[&[u8]],
+) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
-        .map_err(|source| TlsError::Build { what: upstream.to_string(), source })?;
+        .map_err(|source| TlsError::Build {
+            what: upstream.to_string(),
+            source,
+        })?;
     let builder = if tls.insecure_skip_verify {
-        tracing::warn!(upstream, "upstream TLS verification is DISABLED (insecureSkipVerify)");
-        builder.dangerous().with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
+        tracing::warn!(
+            upstream,
+            "upstream TLS verification is DISABLED (insecureSkipVerify)"
+        );
+        builder
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(NoVerification(provider())))
     } else {
         let mut roots = RootCertStore::empty();
         if let Some(path) = &tls.ca_file {
             for c in load_certs("upstream CA", path)? {
-                roots.add(c).map_err(|e| TlsError::ClientCa { path: path.clone(), message: e.to_string() })?;
+                roots.add(c).map_err(|e| TlsError::ClientCa {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
             }
         }
         builder.with_root_certificates(roots)
@@ -316,7 +400,10 @@ pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Resul
             let key = load_key(&files.key_file)?;
             builder
                 .with_client_auth_cert(chain, key)
-                .map_err(|source| TlsError::Key { path: files.key_file.clone(), source })?
+                .map_err(|source| TlsError::Key {
+                    path: files.key_file.clone(),
+                    source,
+                })?
         }
         None => builder.with_no_client_auth(),
     };
@@ -355,7 +442,9 @@ pub fn hex(bytes: &[u8]) -> String {
 
 /// The directories to watch for a set of files (Kubernetes swaps a symlink in the directory).
 pub fn parent_dirs<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<std::path::PathBuf> {
-    let mut dirs: Vec<_> = paths.filter_map(|p| Path::new(p).parent().map(|d| d.to_path_buf())).collect();
+    let mut dirs: Vec<_> = paths
+        .filter_map(|p| Path::new(p).parent().map(|d| d.to_path_buf()))
+        .collect();
     dirs.sort();
     dirs.dedup();
     dirs

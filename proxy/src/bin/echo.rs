@@ -12,17 +12,31 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-async fn answer(req: Request<Incoming>, who: &'static str) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    who: &'static str,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
     let mut status = StatusCode::OK;
-    if let Some(code) = path.strip_prefix("/status/").and_then(|c| c.parse::<u16>().ok()) {
+    if let Some(code) = path
+        .strip_prefix("/status/")
+        .and_then(|c| c.parse::<u16>().ok())
+    {
         status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     }
-    if let Some(ms) = path.strip_prefix("/delay/").and_then(|c| c.parse::<u64>().ok()) {
+    if let Some(ms) = path
+        .strip_prefix("/delay/")
+        .and_then(|c| c.parse::<u64>().ok())
+    {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     let method = req.method().clone();
-    let body_len = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+    let body_len = req
+        .into_body()
+        .collect()
+        .await
+        .map(|b| b.to_bytes().len())
+        .unwrap_or(0);
     let text = format!("{who} {method} {path} body={body_len}\n");
     let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = status;
@@ -31,7 +45,10 @@ async fn answer(req: Request<Incoming>, who: &'static str) -> Result<Response<Fu
 
 #[tokio::main]
 async fn main() -> std::io::Result<()> {
-    let addr: SocketAddr = std::env::var("ECHO_ADDR").unwrap_or_else(|_| "0.0.0.0:8080".into()).parse().map_err(std::io::Error::other)?;
+    let addr: SocketAddr = std::env::var("ECHO_ADDR")
+        .unwrap_or_else(|_| "0.0.0.0:8080".into())
+        .parse()
+        .map_err(std::io::Error::other)?;
     let who: &'static str = Box::leak(
         format!(
             "{}@{}",
@@ -47,7 +64,9 @@ async fn main() -> std::io::Result<()> {
         let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| answer(req, who));
-            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new()).serve_connection(TokioIo::new(tcp), svc).await;
+            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
         });
     }
 }

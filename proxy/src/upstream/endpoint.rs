@@ -30,7 +30,9 @@ pub struct Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint").field("authority", &self.authority).finish()
+        f.debug_struct("Endpoint")
+            .field("authority", &self.authority)
+            .finish()
     }
 }
 
@@ -87,7 +89,8 @@ impl Endpoint {
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= threshold {
             self.consecutive_failures.store(0, Ordering::Relaxed);
-            self.ejected_until_ms.store(now_ms() + ejection.as_millis() as u64, Ordering::Relaxed);
+            self.ejected_until_ms
+                .store(now_ms() + ejection.as_millis() as u64, Ordering::Relaxed);
             return true;
         }
         false
@@ -124,7 +127,10 @@ mod tests {
     use std::sync::Arc;
 
     fn ep(port: u16) -> Arc<Endpoint> {
-        Arc::new(Endpoint::new(format!("127.0.0.1:{port}").parse().unwrap(), 10))
+        Arc::new(Endpoint::new(
+            format!("127.0.0.1:{port}").parse().unwrap(),
+            10,
+        ))
     }
 
     #[test]

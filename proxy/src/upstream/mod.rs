@@ -35,7 +35,9 @@ pub struct UpstreamCluster {
 
 impl std::fmt::Debug for UpstreamCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamCluster").field("name", &self.name).finish()
+        f.debug_struct("UpstreamCluster")
+            .field("name", &self.name)
+            .finish()
     }
 }
 
@@ -50,7 +52,11 @@ pub enum UpstreamError {
 }
 
 impl UpstreamCluster {
-    pub fn build(config: &Upstream, material: String, metrics: UpstreamMetrics) -> Result<Arc<Self>, UpstreamError> {
+    pub fn build(
+        config: &Upstream,
+        material: String,
+        metrics: UpstreamMetrics,
+    ) -> Result<Arc<Self>, UpstreamError> {
         let name = config.name.clone();
         let alpn: &[&[u8]] = match config.protocol {
             UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
@@ -60,19 +66,32 @@ impl UpstreamCluster {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let cfg = client_config(&name, t, alpn).map_err(|source| UpstreamError::Tls { upstream: name.clone(), source })?;
+                let cfg = client_config(&name, t, alpn).map_err(|source| UpstreamError::Tls {
+                    upstream: name.clone(),
+                    source,
+                })?;
                 let sn = match &t.server_name {
-                    Some(n) => Some(
-                        ServerName::try_from(n.clone())
-                            .map_err(|_| UpstreamError::ServerName { upstream: name.clone(), name: n.clone() })?,
-                    ),
+                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| {
+                        UpstreamError::ServerName {
+                            upstream: name.clone(),
+                            name: n.clone(),
+                        }
+                    })?),
                     None => None,
                 };
                 Some((cfg, sn))
             }
         };
-        let scheme = if tls.is_some() { http::uri::Scheme::HTTPS } else { http::uri::Scheme::HTTP };
-        let connector = UpstreamConnector { tls, connect_timeout: config.pool.connect_timeout.get(), metrics: metrics.clone() };
+        let scheme = if tls.is_some() {
+            http::uri::Scheme::HTTPS
+        } else {
+            http::uri::Scheme::HTTP
+        };
+        let connector = UpstreamConnector {
+            tls,
+            connect_timeout: config.pool.connect_timeout.get(),
+            metrics: metrics.clone(),
+        };
         let mut builder = Client::builder(TokioExecutor::new());
         builder
             .pool_timer(TokioTimer::new())
@@ -90,7 +109,10 @@ impl UpstreamCluster {
             .map(|e| {
                 e.parse::<http::uri::Authority>()
                     .map(|a| Arc::new(Endpoint::new(a, config.pool.max_connections_per_endpoint)))
-                    .map_err(|_| UpstreamError::Endpoint { upstream: name.clone(), endpoint: e.clone() })
+                    .map_err(|_| UpstreamError::Endpoint {
+                        upstream: name.clone(),
+                        endpoint: e.clone(),
+                    })
             })
             .collect::<Result<Vec<_>, _>>()?;
         let cluster = Arc::new(Self {
@@ -121,10 +143,19 @@ impl UpstreamCluster {
                     .iter()
                     .find(|e| e.authority == a)
                     .cloned()
-                    .unwrap_or_else(|| Arc::new(Endpoint::new(a, self.config.pool.max_connections_per_endpoint)))
+                    .unwrap_or_else(|| {
+                        Arc::new(Endpoint::new(
+                            a,
+                            self.config.pool.max_connections_per_endpoint,
+                        ))
+                    })
             })
             .collect();
-        let changed = next.len() != current.len() || next.iter().zip(current.iter()).any(|(a, b)| a.authority != b.authority);
+        let changed = next.len() != current.len()
+            || next
+                .iter()
+                .zip(current.iter())
+                .any(|(a, b)| a.authority != b.authority);
         if changed {
             tracing::info!(upstream = %self.name, endpoints = ?next.iter().map(|e| e.authority.as_str()).collect::<Vec<_>>(), "upstream endpoints changed");
             self.endpoints.store(Arc::new(next));
@@ -136,7 +167,9 @@ impl UpstreamCluster {
 async fn refresh_dns(cluster: Weak<UpstreamCluster>) {
     loop {
         let Some(c) = cluster.upgrade() else { return };
-        let Some(dns) = c.config.dns.clone() else { return };
+        let Some(dns) = c.config.dns.clone() else {
+            return;
+        };
         match tokio::net::lookup_host((dns.name.as_str(), dns.port)).await {
             Ok(addrs) => {
                 let mut authorities: Vec<http::uri::Authority> =
@@ -148,7 +181,9 @@ async fn refresh_dns(cluster: Weak<UpstreamCluster>) {
                     c.set_endpoints(authorities);
                 }
             }
-            Err(e) => tracing::warn!(upstream = %c.name, name = %dns.name, error = %e, "DNS refresh failed; keeping endpoints"),
+            Err(e) => {
+                tracing::warn!(upstream = %c.name, name = %dns.name, error = %e, "DNS refresh failed; keeping endpoints")
+            }
         }
         drop(c);
         tokio::time::sleep(dns.refresh_interval.get()).await;
@@ -159,7 +194,9 @@ async fn refresh_dns(cluster: Weak<UpstreamCluster>) {
 async fn health_check(cluster: Weak<UpstreamCluster>) {
     loop {
         let Some(c) = cluster.upgrade() else { return };
-        let Some(hc) = c.config.health_check.clone() else { return };
+        let Some(hc) = c.config.health_check.clone() else {
+            return;
+        };
         let endpoints = c.endpoints.load_full();
         for e in endpoints.iter() {
             let uri = http::Uri::builder()
@@ -177,7 +214,9 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
                 tokio::time::timeout(hc.timeout.get(), c.client.request(req)).await,
                 Ok(Ok(resp)) if resp.status().is_success()
             );
-            let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
+            let was = e
+                .healthy
+                .swap(healthy, std::sync::atomic::Ordering::Relaxed);
             if was != healthy {
                 tracing::warn!(upstream = %c.name, endpoint = %e.authority, healthy, "health check changed");
             }

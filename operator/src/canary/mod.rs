@@ -1,0 +1,3 @@
+//! Canary rollouts gated on the proxies' P99 latency and 5xx rate.
+
+pub mod spec;

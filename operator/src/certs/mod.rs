@@ -1,0 +1,5 @@
+//! Certificates: the managed CA, leaf issuance and renewal, cert-manager and existing Secrets.
+
+pub mod issue;
+pub mod reconcile;
+pub mod spec;

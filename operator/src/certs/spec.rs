@@ -1,0 +1,139 @@
+//! `spec.tls` and the certificate parts of the status.
+
+use kube::KubeSchema;
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use proxyfleet_config::HumanDuration;
+
+/// Where the listeners' certificate comes from: the managed CA (default), cert-manager, or an
+/// existing Secret. At most one may be given.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("(has(self.managed) ? 1 : 0) + (has(self.certManager) ? 1 : 0) + (has(self.secretName) ? 1 : 0) <= 1").message("spec.tls: give at most one of managed, certManager or secretName"))]
+pub struct TlsSpec {
+    /// Certificates issued by the operator's own CA (the default when nothing is given).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub managed: Option<ManagedTls>,
+    /// Certificates issued by cert-manager through a Certificate the operator creates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cert_manager: Option<CertManagerTls>,
+    /// An existing `kubernetes.io/tls` Secret in the same namespace; only mounted and watched.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub secret_name: Option<String>,
+    /// Extra DNS names for the certificate, besides listener hostnames and the Service names.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub dns_names: Vec<String>,
+    /// Also issue a client certificate (mounted at /etc/proxyfleet/client) for mTLS to upstreams.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub upstream_client_certificate: bool,
+}
+
+/// Leaf certificates from the operator's CA.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
+#[serde(rename_all = "camelCase")]
+#[x_kube(validation = Rule::new("!has(self.renewBefore) || duration(self.duration) > duration(self.renewBefore)").message("spec.tls.managed.renewBefore must be shorter than duration").field_path(".renewBefore"))]
+#[x_kube(validation = Rule::new("duration(self.duration) >= duration('1m')").message("spec.tls.managed.duration must be at least 1m").field_path(".duration"))]
+pub struct ManagedTls {
+    /// Lifetime of a leaf certificate. Default 2160h (90 days).
+    #[serde(default = "default_leaf_duration")]
+    pub duration: HumanDuration,
+    /// Renew this long before expiry. Default: a third of `duration`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_before: Option<HumanDuration>,
+    /// Key algorithm of leaf certificates. Default ECDSAP256.
+    #[serde(default)]
+    pub key_algorithm: KeyAlgorithm,
+}
+
+impl Default for ManagedTls {
+    fn default() -> Self {
+        Self { duration: default_leaf_duration(), renew_before: None, key_algorithm: KeyAlgorithm::default() }
+    }
+}
+
+fn default_leaf_duration() -> HumanDuration {
+    HumanDuration::from_secs(90 * 24 * 3600)
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum KeyAlgorithm {
+    #[default]
+    ECDSAP256,
+    RSA2048,
+}
+
+/// A cert-manager issuer reference.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertManagerTls {
+    pub issuer_ref: IssuerRef,
+    /// Requested lifetime, passed to the Certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub duration: Option<HumanDuration>,
+    /// Requested renewal lead, passed to the Certificate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renew_before: Option<HumanDuration>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct IssuerRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    /// Issuer or ClusterIssuer.
+    #[serde(default)]
+    pub kind: IssuerKind,
+    /// API group of the issuer. Default cert-manager.io.
+    #[serde(default = "default_issuer_group")]
+    pub group: String,
+}
+
+fn default_issuer_group() -> String {
+    "cert-manager.io".to_string()
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum IssuerKind {
+    #[default]
+    Issuer,
+    ClusterIssuer,
+}
+
+/// One certificate the fleet uses.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CertificateStatus {
+    /// `serving`, `client` or `ca`.
+    pub kind: String,
+    pub secret_name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub issuer: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_before: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub not_after: Option<String>,
+    /// When the operator will renew it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub renewal_time: Option<String>,
+}
+
+/// Progress of a managed CA rotation.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct CaRotationStatus {
+    /// Stable, PublishingBundle, WaitingForBundle, Reissuing, Overlap.
+    pub phase: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub old_ca_serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub new_ca_serial: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub phase_started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+}

@@ -1,0 +1,300 @@
+//! The reconcile loop: ProxyDeployment → certificates → desired objects → apply → status.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, Resource, ResourceExt};
+use serde::de::DeserializeOwned;
+use tracing::{field, info_span, Instrument};
+
+use crate::apply::{Applier, ApplyError, Outcome};
+use crate::certs;
+use crate::crd::ProxyDeployment;
+use crate::desired::{desired_objects, desired_revision, SpecError, TrackPlan};
+use crate::labels::{self, Track};
+use crate::metrics::{Metrics, ReasonLabels};
+use crate::resources::deployment::deployment_name;
+use crate::resources::{OperatorSettings, Owner};
+use crate::status::{self, Observed, Problem};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("writing status of {namespace}/{name}: {source}")]
+    Status { namespace: String, name: String, source: kube::Error },
+    #[error("ProxyDeployment is missing {0}")]
+    Metadata(String),
+}
+
+impl Error {
+    pub fn metric_label(&self) -> String {
+        match self {
+            Error::Apply(ApplyError::Apply { kind, .. }) => format!("apply_{}", kind.to_lowercase()),
+            Error::Apply(ApplyError::Delete { kind, .. }) => format!("delete_{}", kind.to_lowercase()),
+            Error::Status { .. } => "status".into(),
+            Error::Metadata(_) => "metadata".into(),
+        }
+    }
+}
+
+/// Caches of what the operator owns (everything labelled managed-by=proxyfleet-operator).
+#[derive(Clone)]
+pub struct Stores {
+    pub deployments: Store<Deployment>,
+    pub config_maps: Store<ConfigMap>,
+    pub services: Store<Service>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub pdbs: Store<PodDisruptionBudget>,
+    pub secrets: Store<Secret>,
+}
+
+pub struct Context {
+    pub client: Client,
+    pub stores: Stores,
+    pub applier: Applier,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: OperatorSettings,
+}
+
+impl Context {
+    /// Publishes a Normal event on the ProxyDeployment.
+    pub async fn record(&self, owner: &Owner, reason: &str, note: &str) {
+        self.publish(owner, EventType::Normal, reason, note).await;
+    }
+
+    pub async fn warn(&self, owner: &Owner, reason: &str, note: &str) {
+        self.publish(owner, EventType::Warning, reason, note).await;
+    }
+
+    async fn publish(&self, owner: &Owner, type_: EventType, reason: &str, note: &str) {
+        let reference = ObjectReference {
+            api_version: Some(owner.reference.api_version.clone()),
+            kind: Some(owner.reference.kind.clone()),
+            name: Some(owner.name.clone()),
+            namespace: Some(owner.namespace.clone()),
+            uid: Some(owner.reference.uid.clone()),
+            ..Default::default()
+        };
+        let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1000).collect()), action: "Reconcile".into(), secondary: None };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, "event not published");
+        }
+    }
+}
+
+fn cached<K: Resource<DynamicType = ()> + Clone>(store: &Store<K>, namespace: &str, name: &str) -> Option<Arc<K>> {
+    store.get(&ObjectRef::new(name).within(namespace))
+}
+
+pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let started = Instant::now();
+    ctx.metrics.reconciles.inc();
+    let span = info_span!("reconcile", namespace = field::Empty, name = %pxd.name_any());
+    if let Some(ns) = pxd.namespace() {
+        span.record("namespace", ns.as_str());
+    }
+    let result = reconcile_inner(pxd, ctx.clone()).instrument(span).await;
+    ctx.metrics.reconcile_duration.observe(started.elapsed().as_secs_f64());
+    result
+}
+
+async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
+    if pxd.metadata.deletion_timestamp.is_some() {
+        // Owned objects go with it through their owner references.
+        return Ok(Action::await_change());
+    }
+    let certs = certs::reconcile::ensure(&pxd, &ctx).await;
+    let mut problem = None;
+    let mut requeue = certs.requeue_after.unwrap_or(Duration::from_secs(300)).min(Duration::from_secs(300));
+    let mut written_stable: Option<Deployment> = None;
+    let mut revision_name = None;
+    let mut image = None;
+
+    let revision = match (&certs.blocking, desired_revision(&pxd, &ctx.settings, &certs.secrets)) {
+        (Some(block), _) => Err(SpecError(block.clone())),
+        (None, r) => r,
+    };
+    match revision {
+        Err(SpecError(message)) => {
+            let reason = if certs.blocking.is_some() { certs.condition.reason.clone() } else { "InvalidSpec".to_string() };
+            let changed = pxd
+                .status
+                .as_ref()
+                .and_then(|s| s.conditions.iter().find(|c| c.type_ == crate::conditions::DEGRADED))
+                .is_none_or(|c| c.status != "True" || c.message != message);
+            if changed {
+                ctx.warn(&owner, &reason, &message).await;
+            }
+            tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
+            problem = Some(Problem { reason, message });
+            requeue = requeue.min(Duration::from_secs(60));
+        }
+        Ok(rev) => {
+            revision_name = Some(rev.pod.revision.clone());
+            image = Some(rev.pod.image.clone());
+            let plans = vec![TrackPlan { track: Track::Stable, replicas: pxd.spec.replicas, revision: rev }];
+            let desired = desired_objects(&pxd, &plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+            let mut changes = Vec::new();
+            if let Some(sa) = desired.service_account.clone() {
+                note(&mut changes, "ServiceAccount", ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0);
+            }
+            for cm in desired.config_maps.iter().cloned() {
+                note(&mut changes, "ConfigMap", ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0);
+            }
+            for d in desired.deployments.iter().cloned() {
+                let is_stable = status::track_of(&d) == Some(Track::Stable);
+                let (outcome, written) = ctx.applier.apply(d, &ctx.stores.deployments).await?;
+                if is_stable {
+                    written_stable = written;
+                }
+                note(&mut changes, "Deployment", outcome);
+            }
+            for s in desired.services.iter().cloned() {
+                note(&mut changes, "Service", ctx.applier.apply(s, &ctx.stores.services).await?.0);
+            }
+            if let Some(p) = desired.pdb.clone() {
+                note(&mut changes, "PodDisruptionBudget", ctx.applier.apply(p, &ctx.stores.pdbs).await?.0);
+            }
+            // Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after
+            // scaling to one, the headless Service when turned off, a finished canary.
+            let uid = owner.reference.uid.as_str();
+            let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
+            let deleted = [
+                ctx.applier.delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, &names(desired.config_maps.iter().map(|o| o.metadata.name.clone()).collect())).await?,
+                ctx.applier.delete_orphans(&ctx.stores.deployments, &owner.namespace, uid, &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect())).await?,
+                ctx.applier.delete_orphans(&ctx.stores.services, &owner.namespace, uid, &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect())).await?,
+                ctx.applier.delete_orphans(&ctx.stores.pdbs, &owner.namespace, uid, &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())])).await?,
+            ]
+            .concat();
+            if !deleted.is_empty() {
+                changes.push(format!("deleted {}", deleted.join(", ")));
+            }
+            if !changes.is_empty() {
+                ctx.record(&owner, "Applied", &changes.join("; ")).await;
+            }
+        }
+    }
+
+    let stable_cached = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Stable));
+    let stable = written_stable.as_ref().or(stable_cached.as_deref());
+    let canary_cached = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Canary));
+    let observed = Observed {
+        stable,
+        canary: canary_cached.as_deref(),
+        revision: revision_name,
+        image,
+        problem,
+        extra_conditions: vec![certs.condition.clone()],
+    };
+    let mut new_status = status::compute(&pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
+    new_status.certificates = certs.statuses.clone();
+    if pxd.status.as_ref() != Some(&new_status) {
+        let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+        let patch = serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1",
+            "kind": "ProxyDeployment",
+            "status": new_status,
+        });
+        api.patch_status(&owner.name, &PatchParams::apply(labels::FIELD_MANAGER).force(), &Patch::Apply(&patch))
+            .await
+            .map_err(|source| Error::Status { namespace: owner.namespace.clone(), name: owner.name.clone(), source })?;
+        ctx.metrics.api_write("ProxyDeployment/status", "apply");
+    }
+    if new_status.phase == Some(crate::crd::Phase::Progressing) || new_status.phase == Some(crate::crd::Phase::Pending) {
+        requeue = requeue.min(Duration::from_secs(10));
+    }
+    Ok(Action::requeue(requeue))
+}
+
+fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
+    match outcome {
+        Outcome::Unchanged => {}
+        Outcome::Created => changes.push(format!("created {kind}")),
+        Outcome::Updated => changes.push(format!("updated {kind}")),
+    }
+}
+
+pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
+    tracing::warn!(name = %pxd.name_any(), namespace = ?pxd.namespace(), %error, "reconcile failed; retrying");
+    ctx.metrics.reconcile_errors.get_or_create(&ReasonLabels { reason: error.metric_label() }).inc();
+    // kube-runtime's controller adds its own exponential backoff on repeated failures.
+    Action::requeue(Duration::from_secs(5))
+}
+
+/// A cache of one owned kind, limited to objects we manage, kept by a background task.
+fn owned_store<K>(client: &Client) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let api: Api<K> = Api::all(client.clone());
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default().labels(&labels::managed_selector()).any_semantic()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(|_| futures::future::ready(()));
+    (reader, stream)
+}
+
+/// Runs the controller until `stop` completes. Returns after the controller has shut down.
+pub async fn run(client: Client, metrics: Arc<Metrics>, settings: OperatorSettings, identity: String, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let (deployments, f1) = owned_store::<Deployment>(&client);
+    let (config_maps, f2) = owned_store::<ConfigMap>(&client);
+    let (services, f3) = owned_store::<Service>(&client);
+    let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
+    let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
+    let (secrets, f6) = owned_store::<Secret>(&client);
+    let caches = tokio::spawn(async move {
+        tokio::join!(f1, f2, f3, f4, f5, f6);
+    });
+    let stores = Stores { deployments, config_maps, services, service_accounts, pdbs, secrets };
+    // Decisions need complete caches: wait for every initial list.
+    let _ = tokio::join!(
+        stores.deployments.wait_until_ready(),
+        stores.config_maps.wait_until_ready(),
+        stores.services.wait_until_ready(),
+        stores.service_accounts.wait_until_ready(),
+        stores.pdbs.wait_until_ready(),
+        stores.secrets.wait_until_ready(),
+    );
+    tracing::info!("caches synced; starting the controller");
+    let recorder = Recorder::new(client.clone(), Reporter { controller: "proxyfleet-operator".into(), instance: Some(identity) });
+    let ctx = Arc::new(Context {
+        client: client.clone(),
+        stores,
+        applier: Applier::new(client.clone(), metrics.clone()),
+        recorder,
+        metrics: metrics.clone(),
+        settings,
+    });
+    let pxds: Api<ProxyDeployment> = Api::all(client.clone());
+    let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
+    let managed = metrics.managed_objects.clone();
+    Controller::new(pxds, watcher::Config::default().any_semantic())
+        .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
+        .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
+        .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx.clone())
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "controller event");
+            }
+            futures::future::ready(())
+        })
+        .await;
+    managed.set(0);
+    caches.abort();
+}

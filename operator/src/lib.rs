@@ -1,0 +1,21 @@
+//! proxyfleet-operator: reconciles ProxyDeployments into running proxy fleets.
+//!
+//! Reading order: `crd` (the API) → `controller` (the loop) → `desired` (what to own) →
+//! `resources` (pure builders) → `apply` (writes) → `status` / `conditions`; then the
+//! capabilities: `certs`, `canary`, `propagation`.
+
+pub mod admin;
+pub mod apply;
+pub mod canary;
+pub mod certs;
+pub mod conditions;
+pub mod controller;
+pub mod crd;
+pub mod desired;
+pub mod labels;
+pub mod leader;
+pub mod metrics;
+pub mod propagation;
+pub mod resources;
+pub mod schema;
+pub mod status;

@@ -1,0 +1,140 @@
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Parser;
+use kube::api::{Api, ListParams};
+use kube::Client;
+use tokio::sync::watch;
+
+use proxyfleet_operator::crd::ProxyDeployment;
+use proxyfleet_operator::metrics::Metrics;
+use proxyfleet_operator::resources::OperatorSettings;
+use proxyfleet_operator::{admin, controller, leader};
+
+/// proxyfleet-operator: reconciles ProxyDeployments into proxy fleets.
+#[derive(Parser)]
+#[command(version)]
+struct Args {
+    /// Address of /metrics, /healthz and /readyz.
+    #[arg(long, default_value = "0.0.0.0:8080", env = "PROXYFLEET_METRICS_ADDR")]
+    metrics_addr: std::net::SocketAddr,
+    /// Proxy image used when a ProxyDeployment names none.
+    #[arg(long, env = "PROXYFLEET_DEFAULT_PROXY_IMAGE")]
+    default_proxy_image: Option<String>,
+    /// Run only while holding the leader lease (for more than one replica).
+    #[arg(long, default_value_t = false, env = "PROXYFLEET_LEADER_ELECT")]
+    leader_elect: bool,
+    /// Namespace of the leader lease (defaults to the pod's namespace).
+    #[arg(long, env = "POD_NAMESPACE", default_value = "proxyfleet-system")]
+    lease_namespace: String,
+    /// This replica's identity in the lease (defaults to the pod name).
+    #[arg(long, env = "POD_NAME")]
+    identity: Option<String>,
+    /// Lifetime of newly created managed CAs.
+    #[arg(long, default_value = "8760h", env = "PROXYFLEET_CA_DURATION")]
+    ca_duration: proxyfleet_config::HumanDuration,
+    /// Log format: json or text.
+    #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
+    log_format: String,
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
+    if args.log_format == "json" {
+        tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(true).init();
+    } else {
+        tracing_subscriber::fmt().with_env_filter(filter).init();
+    }
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot reach the Kubernetes API: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    // The CRD must be installed before anything else makes sense.
+    let probe: Api<ProxyDeployment> = Api::all(client.clone());
+    if let Err(e) = probe.list(&ListParams::default().limit(1)).await {
+        eprintln!(
+            "cannot list ProxyDeployments ({e}).\nIs the CRD installed? kubectl apply -f crds/proxydeployments.proxyfleet.io.yaml (or helm install charts/proxyfleet)"
+        );
+        return std::process::ExitCode::FAILURE;
+    }
+    let identity = args.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
+    let mut settings = OperatorSettings { ca_duration: args.ca_duration.get(), ..Default::default() };
+    if let Some(img) = &args.default_proxy_image {
+        settings.default_proxy_image = img.clone();
+    }
+    let metrics = Arc::new(Metrics::new());
+    let ready = Arc::new(AtomicBool::new(true));
+    tokio::spawn({
+        let metrics = metrics.clone();
+        let ready = ready.clone();
+        let addr = args.metrics_addr;
+        async move {
+            if let Err(e) = admin::serve(addr, metrics, ready).await {
+                tracing::error!(error = %e, %addr, "metrics server failed");
+            }
+        }
+    });
+
+    let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
+    if args.leader_elect {
+        let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", &identity);
+        tokio::spawn(election.run(leader_tx));
+    }
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+            tracing::info!("shutting down");
+            shutdown.notify_waiters();
+        }
+    });
+
+    tracing::info!(%identity, leader_elect = args.leader_elect, version = env!("CARGO_PKG_VERSION"), "proxyfleet-operator starting");
+    loop {
+        // Stand by until we lead.
+        while !*leader_rx.borrow() {
+            tokio::select! {
+                r = leader_rx.changed() => if r.is_err() { return std::process::ExitCode::FAILURE },
+                _ = shutdown.notified() => return std::process::ExitCode::SUCCESS,
+            }
+        }
+        metrics.leader.set(1);
+        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+        let stop = async move {
+            let _ = stop_rx.await;
+        };
+        let mut controller = tokio::spawn(controller::run(client.clone(), metrics.clone(), settings.clone(), identity.clone(), stop));
+        let mut terminating = false;
+        tokio::select! {
+            _ = &mut controller => {}
+            _ = async { while *leader_rx.borrow() { if leader_rx.changed().await.is_err() { break; } } } => {
+                tracing::warn!("leadership lost: stopping the controller now");
+                controller.abort();
+            }
+            _ = shutdown.notified() => {
+                terminating = true;
+                let _ = stop_tx.send(());
+                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
+            }
+        }
+        metrics.leader.set(0);
+        ready.store(true, Ordering::Relaxed);
+        if terminating {
+            return std::process::ExitCode::SUCCESS;
+        }
+    }
+}

@@ -1,0 +1,3 @@
+//! Propagating ProxyDeployments to member clusters.
+
+pub mod spec;

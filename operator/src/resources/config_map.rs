@@ -1,0 +1,99 @@
+//! The proxy configuration rendered from the spec, and the ConfigMap carrying it. ConfigMaps
+//! are named by content hash and immutable, so a canary and its stable revision can each keep
+//! their own configuration.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use sha2::{Digest, Sha256};
+
+use proxyfleet_config::{Admin, CertificateFiles, Listener, ListenerTls, ProxyConfig};
+
+use super::Owner;
+use crate::crd::{ListenerProtocol, ProxyDeploymentSpec};
+
+pub const CONFIG_DIR: &str = "/etc/proxyfleet/config";
+pub const CONFIG_FILE: &str = "proxy.yaml";
+pub const TLS_DIR: &str = "/etc/proxyfleet/tls";
+pub const CLIENT_TLS_DIR: &str = "/etc/proxyfleet/client";
+pub const CLIENT_CA_DIR: &str = "/etc/proxyfleet/client-ca";
+pub const ADMIN_PORT: i32 = 9901;
+
+/// The proxy's configuration for a spec. `tls_mounted` says whether a serving certificate
+/// Secret is mounted at TLS_DIR (HTTPS listeners need one).
+pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> ProxyConfig {
+    let listeners = spec
+        .listeners
+        .iter()
+        .map(|l| Listener {
+            name: l.name.clone(),
+            address: format!("0.0.0.0:{}", l.port),
+            tls: (l.protocol == ListenerProtocol::HTTPS && tls_mounted).then(|| ListenerTls {
+                certificates: vec![CertificateFiles {
+                    cert_file: format!("{TLS_DIR}/tls.crt"),
+                    key_file: format!("{TLS_DIR}/tls.key"),
+                    server_names: Vec::new(),
+                    default: true,
+                }],
+                client_ca_file: l.client_ca_secret.as_ref().map(|_| format!("{CLIENT_CA_DIR}/{}/ca.crt", l.name)),
+                session_resumption: true,
+            }),
+        })
+        .collect();
+    ProxyConfig {
+        listeners,
+        routes: spec.routes.clone(),
+        upstreams: spec.upstreams.clone(),
+        admin: Admin { address: format!("0.0.0.0:{ADMIN_PORT}") },
+        limits: spec.limits.clone().unwrap_or_default(),
+        drain: spec.drain.clone().unwrap_or_default(),
+        connect: spec.connect.clone(),
+        worker_threads: spec.tuning.as_ref().and_then(|t| t.worker_threads),
+        trust_bundle_files: if tls_mounted { vec![format!("{TLS_DIR}/ca.crt")] } else { Vec::new() },
+    }
+}
+
+pub fn config_hash(yaml: &str) -> String {
+    let digest = Sha256::digest(yaml.as_bytes());
+    digest.iter().take(5).map(|b| format!("{b:02x}")).collect()
+}
+
+pub fn config_map_name(pxd: &str, hash: &str) -> String {
+    format!("{pxd}-config-{hash}")
+}
+
+/// The immutable ConfigMap holding one rendered configuration.
+pub fn desired_config_map(owner: &Owner, yaml: &str, hash: &str) -> ConfigMap {
+    ConfigMap {
+        metadata: owner.meta(config_map_name(&owner.name, hash)),
+        data: Some(BTreeMap::from([(CONFIG_FILE.to_string(), yaml.to_string())])),
+        immutable: Some(true),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::fixtures::basic;
+
+    #[test]
+    fn renders_a_valid_proxy_config() {
+        let pxd = basic();
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        assert_eq!(config.listeners[0].address, "0.0.0.0:8443");
+        assert!(config.listeners[0].tls.is_some());
+        assert_eq!(config.trust_bundle_files, vec!["/etc/proxyfleet/tls/ca.crt"]);
+    }
+
+    #[test]
+    fn hash_changes_with_content_and_names_the_map() {
+        let owner = Owner::of(&basic()).unwrap();
+        let a = config_hash("a");
+        assert_ne!(a, config_hash("b"));
+        let cm = desired_config_map(&owner, "a", &a);
+        assert_eq!(cm.metadata.name.unwrap(), format!("demo-config-{a}"));
+        assert_eq!(cm.immutable, Some(true));
+    }
+}

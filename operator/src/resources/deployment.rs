@@ -1,0 +1,236 @@
+//! The Deployment running one track (stable or canary) of the proxies.
+
+use k8s_openapi::api::apps::v1::{Deployment, DeploymentSpec, DeploymentStrategy, RollingUpdateDeployment};
+use k8s_openapi::api::core::v1::{
+    Capabilities, ConfigMapVolumeSource, Container, ContainerPort, HTTPGetAction, PodSecurityContext, PodSpec,
+    PodTemplateSpec, Probe, SeccompProfile, SecretVolumeSource, SecurityContext, Sysctl, Volume, VolumeMount,
+};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+use super::config_map::{ADMIN_PORT, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR};
+use super::service_account::service_account_name;
+use super::{OperatorSettings, Owner};
+use crate::crd::ProxyDeploymentSpec;
+use crate::labels::{self, Track};
+
+/// One revision of the pods: what they run and with which configuration.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PodRevision {
+    pub image: String,
+    pub config_map: String,
+    pub config_hash: String,
+    /// Short hash of everything that shapes the pods; shown in status and on the pods.
+    pub revision: String,
+}
+
+/// Secrets mounted into the proxy pods.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct MountedSecrets {
+    /// Serving certificate (`tls.crt`, `tls.key`, `ca.crt`).
+    pub serving: Option<String>,
+    /// Client certificate for mTLS to upstreams.
+    pub client: Option<String>,
+}
+
+pub fn deployment_name(pxd: &str, track: Track) -> String {
+    match track {
+        Track::Stable => pxd.to_string(),
+        Track::Canary => format!("{pxd}-canary"),
+    }
+}
+
+pub fn proxy_image(spec: &ProxyDeploymentSpec, settings: &OperatorSettings) -> String {
+    spec.image.clone().unwrap_or_else(|| settings.default_proxy_image.clone())
+}
+
+/// Seconds the kubelet waits after SIGTERM: the proxy's drain grace + deadline + margin.
+pub fn termination_grace_seconds(spec: &ProxyDeploymentSpec) -> i64 {
+    let drain = spec.drain.clone().unwrap_or_default();
+    (drain.grace_period.get() + drain.deadline.get()).as_secs() as i64 + 5
+}
+
+pub fn desired_deployment(
+    owner: &Owner,
+    spec: &ProxyDeploymentSpec,
+    track: Track,
+    replicas: i32,
+    pod: &PodRevision,
+    secrets: &MountedSecrets,
+    pull_policy: &str,
+) -> Deployment {
+    let selector = labels::track_selector(&owner.name, track);
+    let overrides = spec.pod.clone().unwrap_or_default();
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(selector.clone());
+    pod_labels.insert(labels::REVISION.to_string(), pod.revision.clone());
+    let mut annotations = overrides.annotations.clone();
+    annotations.insert(labels::CONFIG_HASH.to_string(), pod.config_hash.clone());
+    annotations.insert("prometheus.io/scrape".to_string(), "true".to_string());
+    annotations.insert("prometheus.io/port".to_string(), ADMIN_PORT.to_string());
+
+    let mut volumes = vec![Volume {
+        name: "config".into(),
+        config_map: Some(ConfigMapVolumeSource { name: pod.config_map.clone(), ..Default::default() }),
+        ..Default::default()
+    }];
+    let mut mounts = vec![VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() }];
+    let mut secret_volume = |name: &str, secret: &str, path: String| {
+        volumes.push(Volume {
+            name: name.to_string(),
+            secret: Some(SecretVolumeSource { secret_name: Some(secret.to_string()), default_mode: Some(0o440), ..Default::default() }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount { name: name.to_string(), mount_path: path, read_only: Some(true), ..Default::default() });
+    };
+    if let Some(s) = &secrets.serving {
+        secret_volume("tls", s, TLS_DIR.to_string());
+    }
+    if let Some(s) = &secrets.client {
+        secret_volume("client-tls", s, CLIENT_TLS_DIR.to_string());
+    }
+    for l in &spec.listeners {
+        if let Some(ca) = &l.client_ca_secret {
+            secret_volume(&format!("client-ca-{}", l.name), ca, format!("{CLIENT_CA_DIR}/{}", l.name));
+        }
+    }
+
+    let mut ports: Vec<ContainerPort> = spec
+        .listeners
+        .iter()
+        .map(|l| ContainerPort { name: Some(l.name.clone()), container_port: l.port, protocol: Some("TCP".into()), ..Default::default() })
+        .collect();
+    ports.push(ContainerPort { name: Some("admin".into()), container_port: ADMIN_PORT, protocol: Some("TCP".into()), ..Default::default() });
+
+    let probe = |path: &str, period: i32, failure: i32| Probe {
+        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("admin".into()), ..Default::default() }),
+        period_seconds: Some(period),
+        failure_threshold: Some(failure),
+        timeout_seconds: Some(2),
+        ..Default::default()
+    };
+
+    let container = Container {
+        name: "proxy".into(),
+        image: Some(pod.image.clone()),
+        image_pull_policy: Some(pull_policy.to_string()),
+        args: Some(vec!["--config".into(), format!("{CONFIG_DIR}/{CONFIG_FILE}")]),
+        ports: Some(ports),
+        volume_mounts: Some(mounts),
+        readiness_probe: Some(probe("/readyz", 2, 1)),
+        liveness_probe: Some(probe("/healthz", 10, 3)),
+        resources: spec.resources.clone(),
+        security_context: Some(SecurityContext {
+            allow_privilege_escalation: Some(false),
+            read_only_root_filesystem: Some(true),
+            run_as_non_root: Some(true),
+            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+
+    let sysctls: Vec<Sysctl> = spec
+        .tuning
+        .as_ref()
+        .map(|t| t.sysctls.iter().map(|s| Sysctl { name: s.name.clone(), value: s.value.clone() }).collect())
+        .unwrap_or_default();
+
+    let mut meta = owner.meta(deployment_name(&owner.name, track));
+    if let Some(l) = meta.labels.as_mut() {
+        l.insert(labels::TRACK.to_string(), track.as_str().to_string());
+    }
+    Deployment {
+        metadata: meta,
+        spec: Some(DeploymentSpec {
+            replicas: Some(replicas),
+            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
+            revision_history_limit: Some(3),
+            // Never fewer ready pods than asked for during a roll.
+            strategy: Some(DeploymentStrategy {
+                type_: Some("RollingUpdate".into()),
+                rolling_update: Some(RollingUpdateDeployment {
+                    max_unavailable: Some(IntOrString::Int(0)),
+                    max_surge: Some(IntOrString::Int(1)),
+                }),
+            }),
+            template: PodTemplateSpec {
+                metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(annotations), ..Default::default() }),
+                spec: Some(PodSpec {
+                    service_account_name: Some(service_account_name(&owner.name)),
+                    automount_service_account_token: Some(false),
+                    containers: vec![container],
+                    volumes: Some(volumes),
+                    termination_grace_period_seconds: Some(termination_grace_seconds(spec)),
+                    security_context: Some(PodSecurityContext {
+                        run_as_non_root: Some(true),
+                        run_as_user: Some(65532),
+                        run_as_group: Some(65532),
+                        fs_group: Some(65532),
+                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                        sysctls: (!sysctls.is_empty()).then_some(sysctls),
+                        ..Default::default()
+                    }),
+                    node_selector: (!overrides.node_selector.is_empty()).then(|| overrides.node_selector.clone()),
+                    tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
+                    affinity: overrides.affinity.clone(),
+                    topology_spread_constraints: (!overrides.topology_spread_constraints.is_empty())
+                        .then(|| overrides.topology_spread_constraints.clone()),
+                    priority_class_name: overrides.priority_class_name.clone(),
+                    enable_service_links: Some(false),
+                    ..Default::default()
+                }),
+            },
+            ..Default::default()
+        }),
+        status: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::fixtures::basic;
+
+    fn build() -> Deployment {
+        let pxd = basic();
+        let owner = Owner::of(&pxd).unwrap();
+        let rev = PodRevision { image: "img:1".into(), config_map: "demo-config-abc".into(), config_hash: "abc".into(), revision: "r1".into() };
+        desired_deployment(&owner, &pxd.spec, Track::Stable, 2, &rev, &MountedSecrets { serving: Some("demo-tls".into()), client: None }, "IfNotPresent")
+    }
+
+    #[test]
+    fn pods_are_locked_down() {
+        let d = build();
+        let pod = d.spec.unwrap().template.spec.unwrap();
+        let psc = pod.security_context.unwrap();
+        assert_eq!(psc.run_as_non_root, Some(true));
+        assert_eq!(psc.seccomp_profile.unwrap().type_, "RuntimeDefault");
+        let c = &pod.containers[0];
+        let sc = c.security_context.clone().unwrap();
+        assert_eq!(sc.read_only_root_filesystem, Some(true));
+        assert_eq!(sc.allow_privilege_escalation, Some(false));
+        assert_eq!(sc.capabilities.unwrap().drop.unwrap(), vec!["ALL"]);
+        assert_eq!(pod.automount_service_account_token, Some(false));
+        assert_eq!(c.readiness_probe.clone().unwrap().http_get.unwrap().path.as_deref(), Some("/readyz"));
+        assert_eq!(c.liveness_probe.clone().unwrap().http_get.unwrap().path.as_deref(), Some("/healthz"));
+    }
+
+    #[test]
+    fn grace_period_covers_the_drain() {
+        let d = build();
+        // Default drain: 5s grace + 20s deadline.
+        assert_eq!(d.spec.unwrap().template.spec.unwrap().termination_grace_period_seconds, Some(30));
+    }
+
+    #[test]
+    fn config_hash_rolls_pods_and_selector_is_per_track() {
+        let d = build();
+        let spec = d.spec.unwrap();
+        let ann = spec.template.metadata.unwrap().annotations.unwrap();
+        assert_eq!(ann.get(labels::CONFIG_HASH).map(String::as_str), Some("abc"));
+        let sel = spec.selector.match_labels.unwrap();
+        assert_eq!(sel.get(labels::TRACK).map(String::as_str), Some("stable"));
+        assert_eq!(spec.strategy.unwrap().rolling_update.unwrap().max_unavailable, Some(IntOrString::Int(0)));
+    }
+}

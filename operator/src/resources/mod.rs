@@ -1,0 +1,77 @@
+//! Pure builders of every object a ProxyDeployment owns. No I/O: spec in, objects out.
+
+pub mod config_map;
+pub mod deployment;
+pub mod pdb;
+pub mod service;
+pub mod service_account;
+
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference};
+use kube::Resource;
+
+use crate::crd::ProxyDeployment;
+use crate::labels;
+
+/// Operator-wide settings that shape owned objects.
+#[derive(Clone, Debug)]
+pub struct OperatorSettings {
+    /// Proxy image when the spec names none.
+    pub default_proxy_image: String,
+    /// Lifetime of newly created managed CAs.
+    pub ca_duration: std::time::Duration,
+}
+
+impl Default for OperatorSettings {
+    fn default() -> Self {
+        Self {
+            default_proxy_image: format!("proxyfleet.local/proxy:{}", env!("CARGO_PKG_VERSION")),
+            ca_duration: std::time::Duration::from_secs(365 * 24 * 3600),
+        }
+    }
+}
+
+/// Name, namespace and owner reference of a ProxyDeployment, for owned objects' metadata.
+#[derive(Clone, Debug)]
+pub struct Owner {
+    pub name: String,
+    pub namespace: String,
+    pub reference: OwnerReference,
+}
+
+#[derive(Debug, thiserror::Error)]
+#[error("ProxyDeployment has no {0} yet")]
+pub struct MissingMetadata(&'static str);
+
+impl Owner {
+    pub fn of(pxd: &ProxyDeployment) -> Result<Self, MissingMetadata> {
+        let name = pxd.metadata.name.clone().ok_or(MissingMetadata("name"))?;
+        let namespace = pxd.metadata.namespace.clone().ok_or(MissingMetadata("namespace"))?;
+        let uid = pxd.metadata.uid.clone().ok_or(MissingMetadata("uid"))?;
+        Ok(Self {
+            name: name.clone(),
+            namespace,
+            reference: OwnerReference {
+                api_version: ProxyDeployment::api_version(&()).to_string(),
+                kind: ProxyDeployment::kind(&()).to_string(),
+                name,
+                uid,
+                controller: Some(true),
+                block_owner_deletion: Some(true),
+            },
+        })
+    }
+
+    /// Metadata of an owned object: our labels, the owner reference.
+    pub fn meta(&self, name: impl Into<String>) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some(self.namespace.clone()),
+            labels: Some(labels::owned(&self.name)),
+            owner_references: Some(vec![self.reference.clone()]),
+            ..Default::default()
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod fixtures;
