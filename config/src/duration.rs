@@ -33,18 +33,14 @@ impl FromStr for HumanDuration {
     type Err = DurationParseError;
 
     fn from_str(s: &str) -> Result<Self, Self::Err> {
-        let err = || DurationParseError {
-            input: s.to_string(),
-        };
+        let err = || DurationParseError { input: s.to_string() };
         if s.is_empty() {
             return Err(err());
         }
         let mut total = 0f64;
         let mut rest = s;
         while !rest.is_empty() {
-            let num_end = rest
-                .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-                .ok_or_else(err)?;
+            let num_end = rest.find(|c: char| !(c.is_ascii_digit() || c == '.')).ok_or_else(err)?;
             if num_end == 0 {
                 return Err(err());
             }
@@ -120,22 +116,10 @@ mod tests {
 
     #[test]
     fn parses_units_and_compounds() {
-        assert_eq!(
-            "250ms".parse::<HumanDuration>().unwrap().0,
-            Duration::from_millis(250)
-        );
-        assert_eq!(
-            "1m30s".parse::<HumanDuration>().unwrap().0,
-            Duration::from_secs(90)
-        );
-        assert_eq!(
-            "1.5s".parse::<HumanDuration>().unwrap().0,
-            Duration::from_millis(1500)
-        );
-        assert_eq!(
-            "2h".parse::<HumanDuration>().unwrap().0,
-            Duration::from_secs(7200)
-        );
+        assert_eq!("250ms".parse::<HumanDuration>().unwrap().0, Duration::from_millis(250));
+        assert_eq!("1m30s".parse::<HumanDuration>().unwrap().0, Duration::from_secs(90));
+        assert_eq!("1.5s".parse::<HumanDuration>().unwrap().0, Duration::from_millis(1500));
+        assert_eq!("2h".parse::<HumanDuration>().unwrap().0, Duration::from_secs(7200));
     }
 
     #[test]

@@ -35,8 +35,7 @@ impl ProxyConfig {
 
 /// serde_yaml's messages already carry the path ("listeners[0].tls: unknown field `foo`").
 fn serde_path_to_error_free(de: serde_yaml::Deserializer<'_>) -> Result<ProxyConfig, ConfigError> {
-    serde::Deserialize::deserialize(de)
-        .map_err(|e: serde_yaml::Error| ConfigError::Parse(e.to_string()))
+    serde::Deserialize::deserialize(de).map_err(|e: serde_yaml::Error| ConfigError::Parse(e.to_string()))
 }
 
 #[cfg(test)]

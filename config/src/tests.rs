@@ -71,10 +71,7 @@ upstreams: [{name: u, endpoints: ["127.0.0.1:1"]}]
 #[test]
 fn bad_values_are_named() {
     let cases = [
-        (
-            MINIMAL.replace("0.0.0.0:8443", "nowhere"),
-            "listeners[0].address",
-        ),
+        (MINIMAL.replace("0.0.0.0:8443", "nowhere"), "listeners[0].address"),
         (
             MINIMAL.replace("127.0.0.1:8080", "no port"),
             "upstreams[0].endpoints[0]",
@@ -95,10 +92,7 @@ fn bad_values_are_named() {
             "routes[0].fault.abort.percent",
         ),
         (
-            MINIMAL.replace(
-                "upstream: echo",
-                "upstream: echo\n    match: {pathPrefix: api}",
-            ),
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    match: {pathPrefix: api}"),
             "routes[0].match.pathPrefix",
         ),
         (

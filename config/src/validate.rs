@@ -29,9 +29,7 @@ pub fn is_valid_server_name(name: &str) -> bool {
         && bare.split('.').all(|label| {
             !label.is_empty()
                 && label.len() <= 63
-                && label
-                    .bytes()
-                    .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
                 && !label.starts_with('-')
                 && !label.ends_with('-')
         })
@@ -43,9 +41,7 @@ fn is_host_port(s: &str) -> bool {
         return true;
     }
     match s.rsplit_once(':') {
-        Some((host, port)) => {
-            is_valid_server_name(host) && port.parse::<u16>().is_ok_and(|p| p > 0)
-        }
+        Some((host, port)) => is_valid_server_name(host) && port.parse::<u16>().is_ok_and(|p| p > 0),
         None => false,
     }
 }
@@ -103,16 +99,10 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
                     }
                 }
                 if c.cert_file.is_empty() {
-                    errors.push(err(
-                        format!("{f}.tls.certificates[{j}].certFile"),
-                        "must not be empty",
-                    ));
+                    errors.push(err(format!("{f}.tls.certificates[{j}].certFile"), "must not be empty"));
                 }
                 if c.key_file.is_empty() {
-                    errors.push(err(
-                        format!("{f}.tls.certificates[{j}].keyFile"),
-                        "must not be empty",
-                    ));
+                    errors.push(err(format!("{f}.tls.certificates[{j}].keyFile"), "must not be empty"));
                 }
             }
         }
@@ -124,10 +114,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         ));
     } else if let Ok(a) = config.admin.address.parse::<SocketAddr>() {
         if a.port() != 0 && addresses.contains(&a.port()) {
-            errors.push(err(
-                "admin.address",
-                format!("port {} is used by a listener", a.port()),
-            ));
+            errors.push(err("admin.address", format!("port {} is used by a listener", a.port())));
         }
     }
 
@@ -142,18 +129,12 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         }
         match (u.endpoints.is_empty(), &u.dns) {
             (true, None) => errors.push(err(format!("{f}.endpoints"), "give endpoints or dns")),
-            (false, Some(_)) => errors.push(err(
-                format!("{f}.dns"),
-                "give either endpoints or dns, not both",
-            )),
+            (false, Some(_)) => errors.push(err(format!("{f}.dns"), "give either endpoints or dns, not both")),
             _ => {}
         }
         for (j, e) in u.endpoints.iter().enumerate() {
             if !is_host_port(e) {
-                errors.push(err(
-                    format!("{f}.endpoints[{j}]"),
-                    format!("{e:?} is not host:port"),
-                ));
+                errors.push(err(format!("{f}.endpoints[{j}]"), format!("{e:?} is not host:port")));
             }
         }
         if let Some(dns) = &u.dns {
@@ -174,20 +155,14 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
             errors.push(err(format!("{f}.pool.idleTimeout"), "must be positive"));
         }
         if u.pool.max_connections_per_endpoint == 0 {
-            errors.push(err(
-                format!("{f}.pool.maxConnectionsPerEndpoint"),
-                "must be at least 1",
-            ));
+            errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
         }
         if let Some(hc) = &u.health_check {
             if !hc.path.starts_with('/') {
                 errors.push(err(format!("{f}.healthCheck.path"), "must start with /"));
             }
             if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
-                errors.push(err(
-                    format!("{f}.healthCheck"),
-                    "interval and timeout must be positive",
-                ));
+                errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
             }
         }
         if let Some(tls) = &u.tls {
@@ -206,10 +181,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     for (i, r) in config.routes.iter().enumerate() {
         let f = format!("routes[{i}]");
         if !route_names.insert(&r.name) {
-            errors.push(err(
-                format!("{f}.name"),
-                format!("duplicate route name {:?}", r.name),
-            ));
+            errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
         }
         if !upstream_names.contains(r.upstream.as_str()) {
             errors.push(err(
@@ -242,24 +214,15 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         if let Some(fault) = &r.fault {
             if let Some(a) = &fault.abort {
                 if !(0.0..=100.0).contains(&a.percent) {
-                    errors.push(err(
-                        format!("{f}.fault.abort.percent"),
-                        "must be within 0-100",
-                    ));
+                    errors.push(err(format!("{f}.fault.abort.percent"), "must be within 0-100"));
                 }
                 if !(200..=599).contains(&a.status) {
-                    errors.push(err(
-                        format!("{f}.fault.abort.status"),
-                        "must be within 200-599",
-                    ));
+                    errors.push(err(format!("{f}.fault.abort.status"), "must be within 200-599"));
                 }
             }
             if let Some(d) = &fault.delay {
                 if !(0.0..=100.0).contains(&d.percent) {
-                    errors.push(err(
-                        format!("{f}.fault.delay.percent"),
-                        "must be within 0-100",
-                    ));
+                    errors.push(err(format!("{f}.fault.delay.percent"), "must be within 0-100"));
                 }
             }
         }
@@ -277,9 +240,9 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     }
     if let Some(c) = &config.connect {
         for (i, a) in c.allow.iter().enumerate() {
-            let ok = a.rsplit_once(':').is_some_and(|(h, p)| {
-                is_valid_server_name(h) && (p == "*" || p.parse::<u16>().is_ok())
-            });
+            let ok = a
+                .rsplit_once(':')
+                .is_some_and(|(h, p)| is_valid_server_name(h) && (p == "*" || p.parse::<u16>().is_ok()));
             if !ok {
                 errors.push(err(
                     format!("connect.allow[{i}]"),

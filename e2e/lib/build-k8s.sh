@@ -7,7 +7,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 . "$here/versions.sh"
 
 k8s_cmds=(kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy kubectl)
-all=("${k8s_cmds[@]}" etcd helm crictl)
+all=("${k8s_cmds[@]}" etcd helm crictl coredns)
 missing=0
 for b in "${all[@]}"; do [ -x "$K8S_BIN/$b" ] || missing=1; done
 [ "$missing" = 0 ] && exit 0
@@ -70,5 +70,13 @@ if [ ! -x "$K8S_BIN/crictl" ]; then
   echo 'package crictlbuild' > "$csrc/doc.go"
   (cd "$csrc" && go mod download sigs.k8s.io/cri-tools && CGO_ENABLED=0 go build -trimpath \
     -ldflags "-s -w -X sigs.k8s.io/cri-tools/pkg/version.Version=$CRICTL_VERSION" -o "$K8S_BIN/crictl" sigs.k8s.io/cri-tools/cmd/crictl)
+fi
+if [ ! -x "$K8S_BIN/coredns" ]; then
+  log "building coredns $COREDNS_VERSION (the cluster DNS)"
+  dsrc=$PROXYFLEET_CACHE/k8s/coredns-$COREDNS_VERSION-src
+  mkdir -p "$dsrc"
+  printf 'module proxyfleet.local/corednsbuild\n\ngo 1.24.0\n\nrequire github.com/coredns/coredns %s\n' "$COREDNS_VERSION" > "$dsrc/go.mod"
+  echo 'package corednsbuild' > "$dsrc/doc.go"
+  (cd "$dsrc" && go mod download github.com/coredns/coredns && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$K8S_BIN/coredns" github.com/coredns/coredns)
 fi
 log "done in $(( $(date +%s) - start ))s"

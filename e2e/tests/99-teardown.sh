@@ -6,7 +6,7 @@ state=/var/lib/proxyfleet/clusters
 "$root/e2e/cluster" down --all
 left=""
 pgrep -af "$state" >/dev/null && left+=" processes: $(pgrep -af "$state" | head -3)"
-for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy containerd; do
+for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy containerd coredns; do
   pgrep -f "(^|/)$b( |$)" >/dev/null && left+=" process $b"
 done
 grep -q " $state" /proc/self/mounts && left+=" mounts"

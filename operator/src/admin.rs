@@ -33,7 +33,9 @@ pub async fn serve(addr: std::net::SocketAddr, metrics: Arc<Metrics>, ready: Arc
                     Ok::<_, Infallible>(resp)
                 }
             });
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), svc).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), svc)
+                .await;
         });
     }
 }

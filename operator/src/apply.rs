@@ -5,9 +5,9 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Mutex;
 
+use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, DeleteParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
-use k8s_openapi::NamespaceResourceScope;
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
@@ -19,9 +19,19 @@ use crate::metrics::Metrics;
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
     #[error("applying {kind} {namespace}/{name}: {source}")]
-    Apply { kind: String, namespace: String, name: String, source: kube::Error },
+    Apply {
+        kind: String,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("deleting {kind} {namespace}/{name}: {source}")]
-    Delete { kind: String, namespace: String, name: String, source: kube::Error },
+    Delete {
+        kind: String,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,30 +51,48 @@ pub struct Applier {
 
 fn desired_hash<K: Serialize>(obj: &K) -> String {
     let bytes = serde_json::to_vec(obj).unwrap_or_default();
-    Sha256::digest(&bytes).iter().take(8).map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .take(8)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 fn version_token<K: Resource>(obj: &K) -> Option<String> {
     let m = obj.meta();
-    m.generation.map(|g| format!("g{g}")).or_else(|| m.resource_version.clone())
+    m.generation
+        .map(|g| format!("g{g}"))
+        .or_else(|| m.resource_version.clone())
 }
 
 impl Applier {
     pub fn new(client: Client, metrics: std::sync::Arc<Metrics>) -> Self {
-        Self { client, applied: Mutex::new(HashMap::new()), metrics }
+        Self {
+            client,
+            applied: Mutex::new(HashMap::new()),
+            metrics,
+        }
     }
 
     /// Applies `obj` unless the cache shows it already applied and untouched since.
     /// Returns the outcome and, when written, the object as the API server returned it.
     pub async fn apply<K>(&self, mut obj: K, cache: &Store<K>) -> Result<(Outcome, Option<K>), ApplyError>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + Serialize + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + Serialize
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
     {
         let name = obj.name_any();
         let namespace = obj.namespace().unwrap_or_default();
         let kind = K::kind(&()).to_string();
         let hash = desired_hash(&obj);
-        obj.annotations_mut().insert(labels::DESIRED_HASH.to_string(), hash.clone());
+        obj.annotations_mut()
+            .insert(labels::DESIRED_HASH.to_string(), hash.clone());
         let key = format!("{kind}/{namespace}/{name}");
         let cached = cache.get(&ObjectRef::new(&name).within(&namespace));
         if let Some(current) = &cached {
@@ -83,12 +111,21 @@ impl Applier {
         let written = api
             .patch(&name, &params, &Patch::Apply(&obj))
             .await
-            .map_err(|source| ApplyError::Apply { kind: kind.clone(), namespace: namespace.clone(), name: name.clone(), source })?;
+            .map_err(|source| ApplyError::Apply {
+                kind: kind.clone(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+                source,
+            })?;
         self.metrics.api_write(&kind, "apply");
         if let (Ok(mut m), Some(t)) = (self.applied.lock(), version_token(&written)) {
             m.insert(key, t);
         }
-        let outcome = if cached.is_some() { Outcome::Updated } else { Outcome::Created };
+        let outcome = if cached.is_some() {
+            Outcome::Updated
+        } else {
+            Outcome::Created
+        };
         tracing::info!(%kind, %namespace, %name, ?outcome, "applied");
         Ok((outcome, Some(written)))
     }
@@ -96,9 +133,21 @@ impl Applier {
     /// Deletes objects of kind K that carry our labels, are controlled by `owner_uid`, and are
     /// not in `keep`. Only what the cache shows is considered, so a cache that failed to sync
     /// deletes nothing.
-    pub async fn delete_orphans<K>(&self, cache: &Store<K>, namespace: &str, owner_uid: &str, keep: &[String]) -> Result<Vec<String>, ApplyError>
+    pub async fn delete_orphans<K>(
+        &self,
+        cache: &Store<K>,
+        namespace: &str,
+        owner_uid: &str,
+        keep: &[String],
+    ) -> Result<Vec<String>, ApplyError>
     where
-        K: Resource<DynamicType = (), Scope = NamespaceResourceScope> + Clone + DeserializeOwned + Debug + Send + Sync + 'static,
+        K: Resource<DynamicType = (), Scope = NamespaceResourceScope>
+            + Clone
+            + DeserializeOwned
+            + Debug
+            + Send
+            + Sync
+            + 'static,
     {
         let kind = K::kind(&()).to_string();
         let mut deleted = Vec::new();
@@ -114,7 +163,14 @@ impl Applier {
             match api.delete(&name, &DeleteParams::background()).await {
                 Ok(_) => {}
                 Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(source) => return Err(ApplyError::Delete { kind, namespace: namespace.to_string(), name, source }),
+                Err(source) => {
+                    return Err(ApplyError::Delete {
+                        kind,
+                        namespace: namespace.to_string(),
+                        name,
+                        source,
+                    })
+                }
             }
             self.metrics.api_write(&kind, "delete");
             tracing::info!(%kind, %namespace, %name, "deleted object the spec no longer produces");
@@ -127,8 +183,14 @@ impl Applier {
 /// Ours: our managed-by label and a controller owner reference to this exact object.
 pub fn is_owned_by<K: Resource>(obj: &K, owner_uid: &str) -> bool {
     let m = obj.meta();
-    m.labels.as_ref().and_then(|l| l.get(labels::MANAGED_BY)).map(String::as_str) == Some(labels::MANAGER)
-        && m.owner_references.as_ref().is_some_and(|refs| refs.iter().any(|r| r.uid == owner_uid && r.controller == Some(true)))
+    m.labels
+        .as_ref()
+        .and_then(|l| l.get(labels::MANAGED_BY))
+        .map(String::as_str)
+        == Some(labels::MANAGER)
+        && m.owner_references
+            .as_ref()
+            .is_some_and(|refs| refs.iter().any(|r| r.uid == owner_uid && r.controller == Some(true)))
 }
 
 #[cfg(test)]
@@ -142,7 +204,11 @@ mod tests {
             metadata: ObjectMeta {
                 name: Some("x".into()),
                 labels: labels_.then(|| labels::owned("demo")),
-                owner_references: Some(vec![OwnerReference { uid: uid.into(), controller: Some(true), ..Default::default() }]),
+                owner_references: Some(vec![OwnerReference {
+                    uid: uid.into(),
+                    controller: Some(true),
+                    ..Default::default()
+                }]),
                 ..Default::default()
             },
             ..Default::default()

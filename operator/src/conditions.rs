@@ -20,13 +20,22 @@ pub struct Want {
 
 impl Want {
     pub fn new(type_: &'static str, status: bool, reason: impl Into<String>, message: impl Into<String>) -> Self {
-        Self { type_, status, reason: reason.into(), message: message.into() }
+        Self {
+            type_,
+            status,
+            reason: reason.into(),
+            message: message.into(),
+        }
     }
 }
 
 /// Merges wanted conditions into the existing list. Conditions of other types are kept.
 pub fn merge(existing: &[Condition], wanted: &[Want], generation: Option<i64>, now: &Time) -> Vec<Condition> {
-    let mut out: Vec<Condition> = existing.iter().filter(|c| !wanted.iter().any(|w| w.type_ == c.type_)).cloned().collect();
+    let mut out: Vec<Condition> = existing
+        .iter()
+        .filter(|c| !wanted.iter().any(|w| w.type_ == c.type_))
+        .cloned()
+        .collect();
     for w in wanted {
         let status = if w.status { "True" } else { "False" }.to_string();
         let previous = existing.iter().find(|c| c.type_ == w.type_);
@@ -63,7 +72,12 @@ mod tests {
     #[test]
     fn transition_time_moves_only_on_status_change() {
         let first = merge(&[], &[Want::new(READY, false, "Progressing", "0/2")], Some(1), &t(100));
-        let same = merge(&first, &[Want::new(READY, false, "Progressing", "1/2")], Some(1), &t(200));
+        let same = merge(
+            &first,
+            &[Want::new(READY, false, "Progressing", "1/2")],
+            Some(1),
+            &t(200),
+        );
         assert_eq!(same[0].last_transition_time, t(100));
         assert_eq!(same[0].message, "1/2");
         let flipped = merge(&same, &[Want::new(READY, true, "Ready", "2/2")], Some(1), &t(300));

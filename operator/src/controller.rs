@@ -32,7 +32,11 @@ pub enum Error {
     #[error(transparent)]
     Apply(#[from] ApplyError),
     #[error("writing status of {namespace}/{name}: {source}")]
-    Status { namespace: String, name: String, source: kube::Error },
+    Status {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("ProxyDeployment is missing {0}")]
     Metadata(String),
 }
@@ -87,7 +91,13 @@ impl Context {
             uid: Some(owner.reference.uid.clone()),
             ..Default::default()
         };
-        let ev = Event { type_, reason: reason.into(), note: Some(note.chars().take(1000).collect()), action: "Reconcile".into(), secondary: None };
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::debug!(error = %e, "event not published");
         }
@@ -118,7 +128,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     }
     let certs = certs::reconcile::ensure(&pxd, &ctx).await;
     let mut problem = None;
-    let mut requeue = certs.requeue_after.unwrap_or(Duration::from_secs(300)).min(Duration::from_secs(300));
+    let mut requeue = certs
+        .requeue_after
+        .unwrap_or(Duration::from_secs(300))
+        .min(Duration::from_secs(300));
     let mut written_stable: Option<Deployment> = None;
     let mut revision_name = None;
     let mut image = None;
@@ -129,7 +142,11 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     };
     match revision {
         Err(SpecError(message)) => {
-            let reason = if certs.blocking.is_some() { certs.condition.reason.clone() } else { "InvalidSpec".to_string() };
+            let reason = if certs.blocking.is_some() {
+                certs.condition.reason.clone()
+            } else {
+                "InvalidSpec".to_string()
+            };
             let changed = pxd
                 .status
                 .as_ref()
@@ -145,14 +162,26 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         Ok(rev) => {
             revision_name = Some(rev.pod.revision.clone());
             image = Some(rev.pod.image.clone());
-            let plans = vec![TrackPlan { track: Track::Stable, replicas: pxd.spec.replicas, revision: rev }];
+            let plans = vec![TrackPlan {
+                track: Track::Stable,
+                replicas: pxd.spec.replicas,
+                revision: rev,
+            }];
             let desired = desired_objects(&pxd, &plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
             let mut changes = Vec::new();
             if let Some(sa) = desired.service_account.clone() {
-                note(&mut changes, "ServiceAccount", ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0);
+                note(
+                    &mut changes,
+                    "ServiceAccount",
+                    ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0,
+                );
             }
             for cm in desired.config_maps.iter().cloned() {
-                note(&mut changes, "ConfigMap", ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0);
+                note(
+                    &mut changes,
+                    "ConfigMap",
+                    ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0,
+                );
             }
             for d in desired.deployments.iter().cloned() {
                 let is_stable = status::track_of(&d) == Some(Track::Stable);
@@ -163,20 +192,56 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
                 note(&mut changes, "Deployment", outcome);
             }
             for s in desired.services.iter().cloned() {
-                note(&mut changes, "Service", ctx.applier.apply(s, &ctx.stores.services).await?.0);
+                note(
+                    &mut changes,
+                    "Service",
+                    ctx.applier.apply(s, &ctx.stores.services).await?.0,
+                );
             }
             if let Some(p) = desired.pdb.clone() {
-                note(&mut changes, "PodDisruptionBudget", ctx.applier.apply(p, &ctx.stores.pdbs).await?.0);
+                note(
+                    &mut changes,
+                    "PodDisruptionBudget",
+                    ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
+                );
             }
             // Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after
             // scaling to one, the headless Service when turned off, a finished canary.
             let uid = owner.reference.uid.as_str();
             let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
             let deleted = [
-                ctx.applier.delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, &names(desired.config_maps.iter().map(|o| o.metadata.name.clone()).collect())).await?,
-                ctx.applier.delete_orphans(&ctx.stores.deployments, &owner.namespace, uid, &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect())).await?,
-                ctx.applier.delete_orphans(&ctx.stores.services, &owner.namespace, uid, &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect())).await?,
-                ctx.applier.delete_orphans(&ctx.stores.pdbs, &owner.namespace, uid, &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())])).await?,
+                ctx.applier
+                    .delete_orphans(
+                        &ctx.stores.config_maps,
+                        &owner.namespace,
+                        uid,
+                        &names(desired.config_maps.iter().map(|o| o.metadata.name.clone()).collect()),
+                    )
+                    .await?,
+                ctx.applier
+                    .delete_orphans(
+                        &ctx.stores.deployments,
+                        &owner.namespace,
+                        uid,
+                        &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
+                    )
+                    .await?,
+                ctx.applier
+                    .delete_orphans(
+                        &ctx.stores.services,
+                        &owner.namespace,
+                        uid,
+                        &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
+                    )
+                    .await?,
+                ctx.applier
+                    .delete_orphans(
+                        &ctx.stores.pdbs,
+                        &owner.namespace,
+                        uid,
+                        &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
+                    )
+                    .await?,
             ]
             .concat();
             if !deleted.is_empty() {
@@ -188,9 +253,17 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         }
     }
 
-    let stable_cached = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Stable));
+    let stable_cached = cached(
+        &ctx.stores.deployments,
+        &owner.namespace,
+        &deployment_name(&owner.name, Track::Stable),
+    );
     let stable = written_stable.as_ref().or(stable_cached.as_deref());
-    let canary_cached = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Canary));
+    let canary_cached = cached(
+        &ctx.stores.deployments,
+        &owner.namespace,
+        &deployment_name(&owner.name, Track::Canary),
+    );
     let observed = Observed {
         stable,
         canary: canary_cached.as_deref(),
@@ -208,12 +281,21 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             "kind": "ProxyDeployment",
             "status": new_status,
         });
-        api.patch_status(&owner.name, &PatchParams::apply(labels::FIELD_MANAGER).force(), &Patch::Apply(&patch))
-            .await
-            .map_err(|source| Error::Status { namespace: owner.namespace.clone(), name: owner.name.clone(), source })?;
+        api.patch_status(
+            &owner.name,
+            &PatchParams::apply(labels::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
         ctx.metrics.api_write("ProxyDeployment/status", "apply");
     }
-    if new_status.phase == Some(crate::crd::Phase::Progressing) || new_status.phase == Some(crate::crd::Phase::Pending) {
+    if new_status.phase == Some(crate::crd::Phase::Progressing) || new_status.phase == Some(crate::crd::Phase::Pending)
+    {
         requeue = requeue.min(Duration::from_secs(10));
     }
     Ok(Action::requeue(requeue))
@@ -229,7 +311,12 @@ fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
 
 pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(name = %pxd.name_any(), namespace = ?pxd.namespace(), %error, "reconcile failed; retrying");
-    ctx.metrics.reconcile_errors.get_or_create(&ReasonLabels { reason: error.metric_label() }).inc();
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&ReasonLabels {
+            reason: error.metric_label(),
+        })
+        .inc();
     // kube-runtime's controller adds its own exponential backoff on repeated failures.
     Action::requeue(Duration::from_secs(5))
 }
@@ -241,15 +328,29 @@ where
 {
     let api: Api<K> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default().labels(&labels::managed_selector()).any_semantic()))
-        .default_backoff()
-        .touched_objects()
-        .for_each(|_| futures::future::ready(()));
+    let stream = reflector::reflector(
+        writer,
+        watcher(
+            api,
+            watcher::Config::default()
+                .labels(&labels::managed_selector())
+                .any_semantic(),
+        ),
+    )
+    .default_backoff()
+    .touched_objects()
+    .for_each(|_| futures::future::ready(()));
     (reader, stream)
 }
 
 /// Runs the controller until `stop` completes. Returns after the controller has shut down.
-pub async fn run(client: Client, metrics: Arc<Metrics>, settings: OperatorSettings, identity: String, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    client: Client,
+    metrics: Arc<Metrics>,
+    settings: OperatorSettings,
+    identity: String,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let (deployments, f1) = owned_store::<Deployment>(&client);
     let (config_maps, f2) = owned_store::<ConfigMap>(&client);
     let (services, f3) = owned_store::<Service>(&client);
@@ -259,7 +360,14 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, settings: OperatorSettin
     let caches = tokio::spawn(async move {
         tokio::join!(f1, f2, f3, f4, f5, f6);
     });
-    let stores = Stores { deployments, config_maps, services, service_accounts, pdbs, secrets };
+    let stores = Stores {
+        deployments,
+        config_maps,
+        services,
+        service_accounts,
+        pdbs,
+        secrets,
+    };
     // Decisions need complete caches: wait for every initial list.
     let _ = tokio::join!(
         stores.deployments.wait_until_ready(),
@@ -270,7 +378,13 @@ pub async fn run(client: Client, metrics: Arc<Metrics>, settings: OperatorSettin
         stores.secrets.wait_until_ready(),
     );
     tracing::info!("caches synced; starting the controller");
-    let recorder = Recorder::new(client.clone(), Reporter { controller: "proxyfleet-operator".into(), instance: Some(identity) });
+    let recorder = Recorder::new(
+        client.clone(),
+        Reporter {
+            controller: "proxyfleet-operator".into(),
+            instance: Some(identity),
+        },
+    );
     let ctx = Arc::new(Context {
         client: client.clone(),
         stores,

@@ -29,16 +29,26 @@ pub struct RevisionObjects {
 }
 
 /// The revision the current spec asks for.
-pub fn desired_revision(pxd: &ProxyDeployment, settings: &OperatorSettings, secrets: &MountedSecrets) -> Result<RevisionObjects, SpecError> {
+pub fn desired_revision(
+    pxd: &ProxyDeployment,
+    settings: &OperatorSettings,
+    secrets: &MountedSecrets,
+) -> Result<RevisionObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
     let needs_tls = spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
     if needs_tls && secrets.serving.is_none() {
-        return Err(SpecError("HTTPS listeners need a serving certificate, and none is available".into()));
+        return Err(SpecError(
+            "HTTPS listeners need a serving certificate, and none is available".into(),
+        ));
     }
     let config = render_proxy_config(spec, secrets.serving.is_some());
     if let Err(errors) = proxyfleet_config::validate(&config) {
-        let msg = errors.iter().map(|e| format!("spec.{e}")).collect::<Vec<_>>().join("; ");
+        let msg = errors
+            .iter()
+            .map(|e| format!("spec.{e}"))
+            .collect::<Vec<_>>()
+            .join("; ");
         return Err(SpecError(msg));
     }
     let yaml = config.to_yaml();
@@ -55,7 +65,12 @@ pub fn desired_revision(pxd: &ProxyDeployment, settings: &OperatorSettings, secr
     h.update(format!("{secrets:?}").as_bytes());
     let revision: String = h.finalize().iter().take(4).map(|b| format!("{b:02x}")).collect();
     Ok(RevisionObjects {
-        pod: PodRevision { image, config_map: config_map_name(&owner.name, &hash), config_hash: hash.clone(), revision },
+        pod: PodRevision {
+            image,
+            config_map: config_map_name(&owner.name, &hash),
+            config_hash: hash.clone(),
+            revision,
+        },
         config_map: desired_config_map(&owner, &yaml, &hash),
     })
 }
@@ -78,16 +93,35 @@ pub struct DesiredObjects {
     pub pdb: Option<PodDisruptionBudget>,
 }
 
-pub fn desired_objects(pxd: &ProxyDeployment, plans: &[TrackPlan], secrets: &MountedSecrets) -> Result<DesiredObjects, SpecError> {
+pub fn desired_objects(
+    pxd: &ProxyDeployment,
+    plans: &[TrackPlan],
+    secrets: &MountedSecrets,
+) -> Result<DesiredObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
     let pull = spec.image_pull_policy.unwrap_or(PullPolicy::IfNotPresent).as_str();
-    let mut out = DesiredObjects { service_account: Some(desired_service_account(&owner)), ..Default::default() };
+    let mut out = DesiredObjects {
+        service_account: Some(desired_service_account(&owner)),
+        ..Default::default()
+    };
     for plan in plans {
-        if !out.config_maps.iter().any(|c| c.metadata.name == plan.revision.config_map.metadata.name) {
+        if !out
+            .config_maps
+            .iter()
+            .any(|c| c.metadata.name == plan.revision.config_map.metadata.name)
+        {
             out.config_maps.push(plan.revision.config_map.clone());
         }
-        out.deployments.push(desired_deployment(&owner, spec, plan.track, plan.replicas, &plan.revision.pod, secrets, pull));
+        out.deployments.push(desired_deployment(
+            &owner,
+            spec,
+            plan.track,
+            plan.replicas,
+            &plan.revision.pod,
+            secrets,
+            pull,
+        ));
     }
     out.services.push(desired_service(&owner, spec));
     if spec.service.as_ref().is_some_and(|s| s.headless) {
@@ -103,7 +137,10 @@ mod tests {
     use crate::resources::fixtures::basic;
 
     fn secrets() -> MountedSecrets {
-        MountedSecrets { serving: Some("demo-tls".into()), client: None }
+        MountedSecrets {
+            serving: Some("demo-tls".into()),
+            client: None,
+        }
     }
 
     #[test]
@@ -139,7 +176,16 @@ mod tests {
     fn one_plan_gives_the_full_set() {
         let pxd = basic();
         let rev = desired_revision(&pxd, &OperatorSettings::default(), &secrets()).unwrap();
-        let d = desired_objects(&pxd, &[TrackPlan { track: Track::Stable, replicas: 2, revision: rev }], &secrets()).unwrap();
+        let d = desired_objects(
+            &pxd,
+            &[TrackPlan {
+                track: Track::Stable,
+                replicas: 2,
+                revision: rev,
+            }],
+            &secrets(),
+        )
+        .unwrap();
         assert_eq!(d.deployments.len(), 1);
         assert_eq!(d.config_maps.len(), 1);
         assert_eq!(d.services.len(), 1);

@@ -41,7 +41,10 @@ pub fn owned(name: &str) -> BTreeMap<String, String> {
 
 /// What the Service selects: every proxy pod of the fleet, stable and canary.
 pub fn fleet_selector(name: &str) -> BTreeMap<String, String> {
-    BTreeMap::from([(APP_NAME.to_string(), PROXY_APP.to_string()), (INSTANCE.to_string(), name.to_string())])
+    BTreeMap::from([
+        (APP_NAME.to_string(), PROXY_APP.to_string()),
+        (INSTANCE.to_string(), name.to_string()),
+    ])
 }
 
 /// What one Deployment selects: its track only.
@@ -52,7 +55,11 @@ pub fn track_selector(name: &str, track: Track) -> BTreeMap<String, String> {
 }
 
 pub fn selector_string(labels: &BTreeMap<String, String>) -> String {
-    labels.iter().map(|(k, v)| format!("{k}={v}")).collect::<Vec<_>>().join(",")
+    labels
+        .iter()
+        .map(|(k, v)| format!("{k}={v}"))
+        .collect::<Vec<_>>()
+        .join(",")
 }
 
 /// The label selector for watching everything the operator manages.

@@ -80,7 +80,13 @@ impl LeaderElection {
                 self.api.replace(&self.name, &PostParams::default(), &lease).await?;
             }
             None => {
-                let lease = Lease { metadata: ObjectMeta { name: Some(self.name.clone()), ..Default::default() }, spec: Some(spec) };
+                let lease = Lease {
+                    metadata: ObjectMeta {
+                        name: Some(self.name.clone()),
+                        ..Default::default()
+                    },
+                    spec: Some(spec),
+                };
                 self.api.create(&PostParams::default(), &lease).await?;
             }
         }

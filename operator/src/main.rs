@@ -44,7 +44,11 @@ async fn main() -> std::process::ExitCode {
     let args = Args::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
     if args.log_format == "json" {
-        tracing_subscriber::fmt().json().with_env_filter(filter).with_current_span(true).init();
+        tracing_subscriber::fmt()
+            .json()
+            .with_env_filter(filter)
+            .with_current_span(true)
+            .init();
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
@@ -63,8 +67,14 @@ async fn main() -> std::process::ExitCode {
         );
         return std::process::ExitCode::FAILURE;
     }
-    let identity = args.identity.clone().unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
-    let mut settings = OperatorSettings { ca_duration: args.ca_duration.get(), ..Default::default() };
+    let identity = args
+        .identity
+        .clone()
+        .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
+    let mut settings = OperatorSettings {
+        ca_duration: args.ca_duration.get(),
+        ..Default::default()
+    };
     if let Some(img) = &args.default_proxy_image {
         settings.default_proxy_image = img.clone();
     }
@@ -83,7 +93,8 @@ async fn main() -> std::process::ExitCode {
 
     let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
     if args.leader_elect {
-        let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", &identity);
+        let election =
+            leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", &identity);
         tokio::spawn(election.run(leader_tx));
     }
     let shutdown = Arc::new(tokio::sync::Notify::new());
@@ -117,7 +128,13 @@ async fn main() -> std::process::ExitCode {
         let stop = async move {
             let _ = stop_rx.await;
         };
-        let mut controller = tokio::spawn(controller::run(client.clone(), metrics.clone(), settings.clone(), identity.clone(), stop));
+        let mut controller = tokio::spawn(controller::run(
+            client.clone(),
+            metrics.clone(),
+            settings.clone(),
+            identity.clone(),
+            stop,
+        ));
         let mut terminating = false;
         tokio::select! {
             _ = &mut controller => {}

@@ -66,13 +66,29 @@ impl Metrics {
         let reconciles = Counter::default();
         registry.register("reconciles", "Reconciles of ProxyDeployments", reconciles.clone());
         let reconcile_errors = Family::default();
-        registry.register("reconcile_errors", "Failed reconciles by reason", reconcile_errors.clone());
+        registry.register(
+            "reconcile_errors",
+            "Failed reconciles by reason",
+            reconcile_errors.clone(),
+        );
         let reconcile_duration = Histogram::new([0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0]);
-        registry.register("reconcile_duration_seconds", "Time per reconcile", reconcile_duration.clone());
+        registry.register(
+            "reconcile_duration_seconds",
+            "Time per reconcile",
+            reconcile_duration.clone(),
+        );
         let api_writes = Family::default();
-        registry.register("operator_api_writes", "Write calls to the API server by kind and verb", api_writes.clone());
+        registry.register(
+            "operator_api_writes",
+            "Write calls to the API server by kind and verb",
+            api_writes.clone(),
+        );
         let managed_objects = Gauge::default();
-        registry.register("managed_proxydeployments", "ProxyDeployments known to the operator", managed_objects.clone());
+        registry.register(
+            "managed_proxydeployments",
+            "ProxyDeployments known to the operator",
+            managed_objects.clone(),
+        );
         let certificate_expiration = Family::default();
         registry.register(
             "certificate_expiration_timestamp_seconds",
@@ -80,15 +96,35 @@ impl Metrics {
             certificate_expiration.clone(),
         );
         let rollout_phase = Family::default();
-        registry.register("rollout_phase", "Canary rollout phase (value 1 for the current phase)", rollout_phase.clone());
+        registry.register(
+            "rollout_phase",
+            "Canary rollout phase (value 1 for the current phase)",
+            rollout_phase.clone(),
+        );
         let canary_weight = Family::default();
-        registry.register("canary_weight_percent", "Share of pods on the canary revision", canary_weight.clone());
+        registry.register(
+            "canary_weight_percent",
+            "Share of pods on the canary revision",
+            canary_weight.clone(),
+        );
         let analysis_value = Family::default();
-        registry.register("analysis_measurement", "Last canary analysis measurement per metric", analysis_value.clone());
+        registry.register(
+            "analysis_measurement",
+            "Last canary analysis measurement per metric",
+            analysis_value.clone(),
+        );
         let rollout_aborts = Family::default();
-        registry.register("rollout_aborts", "Canary rollouts aborted, by reason", rollout_aborts.clone());
+        registry.register(
+            "rollout_aborts",
+            "Canary rollouts aborted, by reason",
+            rollout_aborts.clone(),
+        );
         let leader = Gauge::default();
-        registry.register("operator_leader", "1 when this replica holds the leader lease", leader.clone());
+        registry.register(
+            "operator_leader",
+            "1 when this replica holds the leader lease",
+            leader.clone(),
+        );
         Self {
             registry,
             reconciles,
@@ -106,7 +142,12 @@ impl Metrics {
     }
 
     pub fn api_write(&self, kind: &str, verb: &'static str) {
-        self.api_writes.get_or_create(&WriteLabels { kind: kind.to_string(), verb }).inc();
+        self.api_writes
+            .get_or_create(&WriteLabels {
+                kind: kind.to_string(),
+                verb,
+            })
+            .inc();
     }
 
     pub fn encode(&self) -> String {

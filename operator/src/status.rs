@@ -38,35 +38,72 @@ pub fn compute(pxd: &ProxyDeployment, observed: &Observed<'_>, now: &Time) -> Pr
     let spec_replicas = pxd.spec.replicas;
     let deployments = [observed.stable, observed.canary];
     let count = |f: fn(&k8s_openapi::api::apps::v1::DeploymentStatus) -> Option<i32>| -> i32 {
-        deployments.iter().flatten().filter_map(|d| d.status.as_ref().and_then(f)).sum()
+        deployments
+            .iter()
+            .flatten()
+            .filter_map(|d| d.status.as_ref().and_then(f))
+            .sum()
     };
     let replicas = count(|s| s.replicas);
     let ready = count(|s| s.ready_replicas);
     let updated = count(|s| s.updated_replicas);
-    let stable_done = observed.stable.is_some_and(|d| rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
-    let canary_running = observed.canary.is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0) > 0);
+    let stable_done = observed
+        .stable
+        .is_some_and(|d| rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
+    let canary_running = observed
+        .canary
+        .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0) > 0);
     let complete = stable_done && !canary_running && ready >= spec_replicas;
 
     let mut wanted = Vec::new();
     let phase = if let Some(p) = &observed.problem {
         wanted.push(Want::new(DEGRADED, true, p.reason.clone(), p.message.clone()));
         wanted.push(Want::new(PROGRESSING, false, p.reason.clone(), p.message.clone()));
-        wanted.push(Want::new(READY, complete, if complete { "Ready" } else { p.reason.as_str() }, format!("{ready}/{spec_replicas} ready")));
+        wanted.push(Want::new(
+            READY,
+            complete,
+            if complete { "Ready" } else { p.reason.as_str() },
+            format!("{ready}/{spec_replicas} ready"),
+        ));
         Phase::Degraded
     } else if observed.stable.is_none() {
         wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(PROGRESSING, true, "Creating", "creating the proxy Deployment"));
+        wanted.push(Want::new(
+            PROGRESSING,
+            true,
+            "Creating",
+            "creating the proxy Deployment",
+        ));
         wanted.push(Want::new(READY, false, "Creating", format!("0/{spec_replicas} ready")));
         Phase::Pending
     } else if complete {
         wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(PROGRESSING, false, "RolloutComplete", "all pods run the current revision"));
-        wanted.push(Want::new(READY, true, "Ready", format!("{ready}/{spec_replicas} ready")));
+        wanted.push(Want::new(
+            PROGRESSING,
+            false,
+            "RolloutComplete",
+            "all pods run the current revision",
+        ));
+        wanted.push(Want::new(
+            READY,
+            true,
+            "Ready",
+            format!("{ready}/{spec_replicas} ready"),
+        ));
         Phase::Ready
     } else {
-        let why = if canary_running { "CanaryInProgress" } else { "RollingUpdate" };
+        let why = if canary_running {
+            "CanaryInProgress"
+        } else {
+            "RollingUpdate"
+        };
         wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(PROGRESSING, true, why, format!("{updated}/{spec_replicas} updated, {ready} ready")));
+        wanted.push(Want::new(
+            PROGRESSING,
+            true,
+            why,
+            format!("{updated}/{spec_replicas} updated, {ready} ready"),
+        ));
         wanted.push(Want::new(READY, false, why, format!("{ready}/{spec_replicas} ready")));
         Phase::Progressing
     };
@@ -78,7 +115,11 @@ pub fn compute(pxd: &ProxyDeployment, observed: &Observed<'_>, now: &Time) -> Pr
         replicas,
         ready_replicas: ready,
         updated_replicas: updated,
-        selector: pxd.metadata.name.as_deref().map(|n| labels::selector_string(&labels::fleet_selector(n))),
+        selector: pxd
+            .metadata
+            .name
+            .as_deref()
+            .map(|n| labels::selector_string(&labels::fleet_selector(n))),
         revision: observed.revision.clone().or(old.revision.clone()),
         image: observed.image.clone().or(old.image.clone()),
         conditions: conditions::merge(&old.conditions, &wanted, pxd.metadata.generation, now),
@@ -88,7 +129,15 @@ pub fn compute(pxd: &ProxyDeployment, observed: &Observed<'_>, now: &Time) -> Pr
 
 /// The revision label on a Deployment's pod template.
 pub fn revision_of(d: &Deployment) -> Option<String> {
-    d.spec.as_ref()?.template.metadata.as_ref()?.labels.as_ref()?.get(labels::REVISION).cloned()
+    d.spec
+        .as_ref()?
+        .template
+        .metadata
+        .as_ref()?
+        .labels
+        .as_ref()?
+        .get(labels::REVISION)
+        .cloned()
 }
 
 pub fn track_of(d: &Deployment) -> Option<Track> {
@@ -108,8 +157,14 @@ mod tests {
 
     fn dep(replicas: i32, ready: i32, updated: i32) -> Deployment {
         Deployment {
-            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta { generation: Some(2), ..Default::default() },
-            spec: Some(DeploymentSpec { replicas: Some(2), ..Default::default() }),
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                generation: Some(2),
+                ..Default::default()
+            },
+            spec: Some(DeploymentSpec {
+                replicas: Some(2),
+                ..Default::default()
+            }),
             status: Some(DeploymentStatus {
                 observed_generation: Some(2),
                 replicas: Some(replicas),
@@ -125,7 +180,14 @@ mod tests {
     }
 
     fn observed(d: Option<&Deployment>, problem: Option<Problem>) -> Observed<'_> {
-        Observed { stable: d, canary: None, revision: Some("r1".into()), image: Some("img".into()), problem, extra_conditions: vec![] }
+        Observed {
+            stable: d,
+            canary: None,
+            revision: Some("r1".into()),
+            image: Some("img".into()),
+            problem,
+            extra_conditions: vec![],
+        }
     }
 
     #[test]
@@ -148,7 +210,10 @@ mod tests {
     #[test]
     fn degraded_with_reason() {
         let d = dep(2, 2, 2);
-        let p = Problem { reason: "InvalidSpec".into(), message: "spec.routes[0].upstream: unknown".into() };
+        let p = Problem {
+            reason: "InvalidSpec".into(),
+            message: "spec.routes[0].upstream: unknown".into(),
+        };
         let s = compute(&basic(), &observed(Some(&d), Some(p)), &now(1));
         assert_eq!(s.phase, Some(Phase::Degraded));
         let c = s.conditions.iter().find(|c| c.type_ == DEGRADED).unwrap();

@@ -13,17 +13,11 @@ use tokio::net::TcpListener;
 
 use crate::server::Shared;
 
-fn text(
-    status: StatusCode,
-    content_type: &'static str,
-    body: impl Into<Bytes>,
-) -> Response<Full<Bytes>> {
+fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(body.into()));
     *r.status_mut() = status;
-    r.headers_mut().insert(
-        http::header::CONTENT_TYPE,
-        http::HeaderValue::from_static(content_type),
-    );
+    r.headers_mut()
+        .insert(http::header::CONTENT_TYPE, http::HeaderValue::from_static(content_type));
     r
 }
 
@@ -47,10 +41,7 @@ pub fn config_report(shared: &Shared) -> String {
     out
 }
 
-async fn route(
-    req: Request<Incoming>,
-    shared: Arc<Shared>,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
     Ok(match req.uri().path() {
         "/metrics" => text(
             StatusCode::OK,

@@ -15,6 +15,11 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
+/// The client's request body failed (malformed chunking, connection cut): the client's fault.
+#[derive(Debug, thiserror::Error)]
+#[error("reading the client's request body: {0}")]
+pub struct ClientBodyError(#[source] pub hyper::Error);
+
 pin_project_lite::pin_project! {
     #[project = UpstreamBodyProj]
     /// What is sent upstream: nothing (so the request can be retried), or the client's body,
@@ -39,10 +44,7 @@ impl Body for UpstreamBody {
     type Data = Bytes;
     type Error = Box<dyn std::error::Error + Send + Sync>;
 
-    fn poll_frame(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {
             UpstreamBodyProj::Empty => Poll::Ready(None),
             UpstreamBodyProj::Streaming {
@@ -54,15 +56,13 @@ impl Body for UpstreamBody {
                     if let Some(data) = frame.data_ref() {
                         let len = data.len() as u64;
                         if len > *remaining {
-                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge {
-                                limit: *limit,
-                            }))));
+                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: *limit }))));
                         }
                         *remaining -= len;
                     }
                     Poll::Ready(Some(Ok(frame)))
                 }
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(e)))),
+                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(ClientBodyError(e))))),
                 Poll::Ready(None) => Poll::Ready(None),
                 Poll::Pending => Poll::Pending,
             },
@@ -88,20 +88,18 @@ impl Body for UpstreamBody {
 pub type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
 
 pub fn full(text: &'static str) -> ClientBody {
-    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from_static(
-        text.as_bytes(),
-    )))
+    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from_static(text.as_bytes())))
 }
 
 pub fn full_owned(text: String) -> ClientBody {
     http_body_util::Either::Right(http_body_util::Full::new(Bytes::from(text)))
 }
 
-/// Whether an error chain contains our body-size limit.
-pub fn is_body_too_large(err: &(dyn std::error::Error + 'static)) -> bool {
+/// Whether an error chain contains an error of type E.
+pub fn chain_contains<E: std::error::Error + 'static>(err: &(dyn std::error::Error + 'static)) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(err);
     while let Some(e) = cur {
-        if e.is::<BodyTooLarge>() {
+        if e.is::<E>() {
             return true;
         }
         cur = e.source();

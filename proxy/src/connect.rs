@@ -72,10 +72,7 @@ mod tests {
 
     #[test]
     fn allow_list_patterns() {
-        let p = vec![
-            "api.example.com:443".to_string(),
-            "*.internal:*".to_string(),
-        ];
+        let p = vec!["api.example.com:443".to_string(), "*.internal:*".to_string()];
         assert!(allowed(&p, "api.example.com:443"));
         assert!(!allowed(&p, "api.example.com:80"));
         assert!(allowed(&p, "db.internal:5432"));

@@ -109,10 +109,7 @@ pub async fn handle(
         return Ok(finish(
             &shared,
             None,
-            status_response(
-                StatusCode::BAD_REQUEST,
-                "request target must be an absolute path\n",
-            ),
+            status_response(StatusCode::BAD_REQUEST, "request target must be an absolute path\n"),
             Instant::now(),
         ));
     }
@@ -141,8 +138,7 @@ pub async fn handle(
         if let Some(a) = &fault.abort {
             if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
                 route.metrics.fault_abort.inc();
-                let status =
-                    StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
+                let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
                 return Ok(finish(
                     &shared,
                     Some(route),
@@ -166,9 +162,7 @@ fn finish(
     let secs = started.elapsed().as_secs_f64();
     match route {
         Some(r) => r.metrics.observe(resp.status().as_u16(), secs),
-        None => shared
-            .no_route_metrics
-            .observe(resp.status().as_u16(), secs),
+        None => shared.no_route_metrics.observe(resp.status().as_u16(), secs),
     }
     resp
 }
@@ -188,8 +182,7 @@ async fn forward(
 ) -> Response<ClientBody> {
     let (mut parts, incoming) = req.into_parts();
     route.retry_budget.on_request();
-    let retryable =
-        route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
+    let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
     let mut body = Some(if incoming.is_end_stream() {
         UpstreamBody::Empty
     } else {
@@ -208,9 +201,10 @@ async fn forward(
 
     let deadline = Instant::now() + route.timeout;
     let mut attempt = 0u8;
+    let mut last_endpoint: Option<http::uri::Authority> = None;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
-        let outcome = attempt_once(route, &parts, req_body, deadline).await;
+        let outcome = attempt_once(route, &parts, req_body, deadline, &mut last_endpoint).await;
         match outcome {
             Attempt::Done(resp) => return client_response(resp),
             Attempt::Final(resp) => return resp,
@@ -250,10 +244,12 @@ async fn attempt_once(
     parts: &http::request::Parts,
     body: UpstreamBody,
     deadline: Instant,
+    last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Attempt {
     let cluster = &route.upstream;
     let endpoints = cluster.endpoints.load();
-    let Some(endpoint) = upstream::pick(&endpoints) else {
+    // A retry goes to another endpoint when there is one.
+    let Some(endpoint) = upstream::pick_avoiding(&endpoints, last_endpoint.as_ref()) else {
         return Attempt::Retryable(status_response(
             StatusCode::SERVICE_UNAVAILABLE,
             "no upstream endpoints\n",
@@ -261,6 +257,7 @@ async fn attempt_once(
     };
     let endpoint = endpoint.clone();
     drop(endpoints);
+    *last_endpoint = Some(endpoint.authority.clone());
 
     let uri = {
         let mut b = http::Uri::builder()
@@ -271,12 +268,7 @@ async fn attempt_once(
         }
         match b.build() {
             Ok(u) => u,
-            Err(_) => {
-                return Attempt::Final(status_response(
-                    StatusCode::BAD_REQUEST,
-                    "bad request target\n",
-                ))
-            }
+            Err(_) => return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n")),
         }
     };
     let mut req = Request::new(body);
@@ -287,18 +279,11 @@ async fn attempt_once(
 
     let remaining = deadline.saturating_duration_since(Instant::now());
     let Ok(_permit) = tokio::time::timeout(remaining, endpoint.permits.acquire()).await else {
-        return Attempt::Final(status_response(
-            StatusCode::GATEWAY_TIMEOUT,
-            "upstream timeout\n",
-        ));
+        return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"));
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let result = tokio::time::timeout(
-        deadline.saturating_duration_since(started),
-        cluster.client.request(req),
-    )
-    .await;
+    let result = tokio::time::timeout(deadline.saturating_duration_since(started), cluster.client.request(req)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
@@ -311,32 +296,24 @@ async fn attempt_once(
         Err(_) => {
             endpoint.observe_latency(started.elapsed());
             eject(&endpoint);
-            Attempt::Final(status_response(
-                StatusCode::GATEWAY_TIMEOUT,
-                "upstream timeout\n",
-            ))
+            Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
         }
         Ok(Err(e)) => {
-            if let Some(src) = std::error::Error::source(&e) {
-                if body::is_body_too_large(src) {
-                    return Attempt::Final(status_response(
-                        StatusCode::PAYLOAD_TOO_LARGE,
-                        "request body too large\n",
-                    ));
-                }
+            if body::chain_contains::<body::BodyTooLarge>(&e) {
+                return Attempt::Final(status_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body too large\n",
+                ));
+            }
+            if body::chain_contains::<body::ClientBodyError>(&e) {
+                return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "malformed request body\n"));
             }
             eject(&endpoint);
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&e), "upstream request failed");
             if e.is_connect() {
-                Attempt::Retryable(status_response(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream connect failed\n",
-                ))
+                Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
             } else {
-                Attempt::Final(status_response(
-                    StatusCode::BAD_GATEWAY,
-                    "upstream request failed\n",
-                ))
+                Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
             }
         }
         Ok(Ok(resp)) => {

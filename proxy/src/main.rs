@@ -20,8 +20,7 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter =
-        tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
     if args.log_format == "json" {
         tracing_subscriber::fmt()
             .json()
@@ -38,11 +37,10 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let workers = config.worker_threads.map(usize::from).unwrap_or_else(|| {
-        std::thread::available_parallelism()
-            .map(|n| n.get())
-            .unwrap_or(1)
-    });
+    let workers = config
+        .worker_threads
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
         .enable_all()
@@ -57,12 +55,7 @@ fn main() -> ExitCode {
     runtime.block_on(async move {
         if args.check {
             let metrics = proxyfleet_proxy::metrics::Metrics::new();
-            return match proxyfleet_proxy::state::ProxyState::build(
-                config,
-                None,
-                &metrics,
-                &Default::default(),
-            ) {
+            return match proxyfleet_proxy::state::ProxyState::build(config, None, &metrics, &Default::default()) {
                 Ok(_) => {
                     println!("configuration OK");
                     ExitCode::SUCCESS
@@ -92,9 +85,7 @@ fn main() -> ExitCode {
 async fn shutdown_signal() {
     #[cfg(unix)]
     {
-        let Ok(mut term) =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        else {
+        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
             let _ = tokio::signal::ctrl_c().await;
             return;
         };

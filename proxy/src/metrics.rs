@@ -11,8 +11,8 @@ use prometheus_client::registry::Registry;
 
 /// Request duration buckets: 100 µs to 10 s, fine enough for sub-millisecond P99.
 pub const DURATION_BUCKETS: [f64; 24] = [
-    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015,
-    0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
+    0.0001, 0.00025, 0.0005, 0.00075, 0.001, 0.0015, 0.002, 0.003, 0.005, 0.0075, 0.01, 0.015, 0.025, 0.05, 0.075, 0.1,
+    0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0,
 ];
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -136,8 +136,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix("proxyfleet");
-        let request_duration =
-            HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
+        let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
         registry.register(
             "request_duration_seconds",
             "Time from request received to upstream response headers sent to the client",
@@ -192,11 +191,7 @@ impl Metrics {
             certificate_not_after.clone(),
         );
         let faults = Family::default();
-        registry.register(
-            "fault_injections",
-            "Faults injected by route and kind",
-            faults.clone(),
-        );
+        registry.register("fault_injections", "Faults injected by route and kind", faults.clone());
         let retries = Family::default();
         registry.register(
             "upstream_retries",
@@ -262,81 +257,92 @@ impl Metrics {
                 })
                 .clone()
         });
+        // One statement per handle: get_or_create holds the family's lock until the end of the
+        // statement, so two in one expression would deadlock.
+        let duration = self.request_duration.get_or_create(&labels).clone();
+        let fault_abort = self
+            .faults
+            .get_or_create(&FaultLabels {
+                route: route.to_string(),
+                kind: "abort",
+            })
+            .clone();
+        let fault_delay = self
+            .faults
+            .get_or_create(&FaultLabels {
+                route: route.to_string(),
+                kind: "delay",
+            })
+            .clone();
+        let retries = self
+            .retries
+            .get_or_create(&RouteOnly {
+                route: route.to_string(),
+            })
+            .clone();
         RouteMetrics {
-            duration: self.request_duration.get_or_create(&labels).clone(),
+            duration,
             responses_by_class: by_class,
-            fault_abort: self
-                .faults
-                .get_or_create(&FaultLabels {
-                    route: route.to_string(),
-                    kind: "abort",
-                })
-                .clone(),
-            fault_delay: self
-                .faults
-                .get_or_create(&FaultLabels {
-                    route: route.to_string(),
-                    kind: "delay",
-                })
-                .clone(),
-            retries: self
-                .retries
-                .get_or_create(&RouteOnly {
-                    route: route.to_string(),
-                })
-                .clone(),
+            fault_abort,
+            fault_delay,
+            retries,
         }
     }
 
     pub fn upstream_handles(&self, upstream: &str) -> UpstreamMetrics {
         let u = || upstream.to_string();
+        // One statement per handle (see route_handles).
+        let connect_ok = self
+            .upstream_connections
+            .get_or_create(&UpstreamResultLabels {
+                upstream: u(),
+                result: "ok",
+            })
+            .clone();
+        let connect_error = self
+            .upstream_connections
+            .get_or_create(&UpstreamResultLabels {
+                upstream: u(),
+                result: "error",
+            })
+            .clone();
+        let handshake_full = self
+            .upstream_handshakes
+            .get_or_create(&HandshakeLabels {
+                upstream: u(),
+                kind: "full",
+            })
+            .clone();
+        let handshake_resumed = self
+            .upstream_handshakes
+            .get_or_create(&HandshakeLabels {
+                upstream: u(),
+                kind: "resumed",
+            })
+            .clone();
+        let request_new = self
+            .upstream_requests
+            .get_or_create(&PoolLabels {
+                upstream: u(),
+                connection: "new",
+            })
+            .clone();
+        let request_reused = self
+            .upstream_requests
+            .get_or_create(&PoolLabels {
+                upstream: u(),
+                connection: "reused",
+            })
+            .clone();
+        let ejections = self.ejections.get_or_create(&UpstreamOnly { upstream: u() }).clone();
         UpstreamMetrics {
-            connect_ok: self
-                .upstream_connections
-                .get_or_create(&UpstreamResultLabels {
-                    upstream: u(),
-                    result: "ok",
-                })
-                .clone(),
-            connect_error: self
-                .upstream_connections
-                .get_or_create(&UpstreamResultLabels {
-                    upstream: u(),
-                    result: "error",
-                })
-                .clone(),
-            handshake_full: self
-                .upstream_handshakes
-                .get_or_create(&HandshakeLabels {
-                    upstream: u(),
-                    kind: "full",
-                })
-                .clone(),
-            handshake_resumed: self
-                .upstream_handshakes
-                .get_or_create(&HandshakeLabels {
-                    upstream: u(),
-                    kind: "resumed",
-                })
-                .clone(),
-            request_new: self
-                .upstream_requests
-                .get_or_create(&PoolLabels {
-                    upstream: u(),
-                    connection: "new",
-                })
-                .clone(),
-            request_reused: self
-                .upstream_requests
-                .get_or_create(&PoolLabels {
-                    upstream: u(),
-                    connection: "reused",
-                })
-                .clone(),
-            ejections: self
-                .ejections
-                .get_or_create(&UpstreamOnly { upstream: u() })
-                .clone(),
+            connect_ok,
+            connect_error,
+            handshake_full,
+            handshake_resumed,
+            request_new,
+            request_reused,
+            ejections,
         }
     }
 

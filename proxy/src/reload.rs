@@ -65,18 +65,20 @@ pub fn reload(shared: &Shared) -> bool {
         None => current.config.clone(),
     };
     if config.listeners != current.config.listeners
-        && config.listeners.iter().map(|l| &l.address).ne(current
-            .config
+        && config
             .listeners
             .iter()
-            .map(|l| &l.address))
+            .map(|l| &l.address)
+            .ne(current.config.listeners.iter().map(|l| &l.address))
     {
         shared
             .metrics
             .reloads
             .get_or_create(&ResultLabels { result: "failure" })
             .inc();
-        tracing::error!("reload refused: listener addresses changed; that needs a restart (the operator rolls pods for it)");
+        tracing::error!(
+            "reload refused: listener addresses changed; that needs a restart (the operator rolls pods for it)"
+        );
         return false;
     }
     match ProxyState::build(config, Some(&current), &shared.metrics, &shared.resumption) {
@@ -115,9 +117,7 @@ pub async fn watch(shared: Arc<Shared>) {
     {
         let tx = tx.clone();
         tokio::spawn(async move {
-            let Ok(mut hup) =
-                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup())
-            else {
+            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
                 return;
             };
             while hup.recv().await.is_some() {
@@ -132,9 +132,7 @@ pub async fn watch(shared: Arc<Shared>) {
         tokio::time::sleep(Duration::from_millis(200)).await;
         while rx.try_recv().is_ok() {}
         let s = shared.clone();
-        let changed = tokio::task::spawn_blocking(move || reload(&s))
-            .await
-            .unwrap_or(false);
+        let changed = tokio::task::spawn_blocking(move || reload(&s)).await.unwrap_or(false);
         if changed {
             // New paths may need watching.
             watcher = make_watcher(&shared, tx.clone());
@@ -143,10 +141,7 @@ pub async fn watch(shared: Arc<Shared>) {
     drop(watcher);
 }
 
-fn make_watcher(
-    shared: &Shared,
-    tx: mpsc::UnboundedSender<()>,
-) -> Option<notify::RecommendedWatcher> {
+fn make_watcher(shared: &Shared, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
     let dirs = watched_dirs(&shared.state.load().config, shared.config_path.as_ref());
     let mut watcher = match notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev {

@@ -170,14 +170,8 @@ mod tests {
     #[test]
     fn host_from_header_strips_port() {
         let mut h = HeaderMap::new();
-        h.insert(
-            http::header::HOST,
-            HeaderValue::from_static("a.example.com:8443"),
-        );
-        assert_eq!(
-            request_host(&"/x".parse().unwrap(), &h),
-            Some("a.example.com")
-        );
+        h.insert(http::header::HOST, HeaderValue::from_static("a.example.com:8443"));
+        assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("a.example.com"));
         h.insert(http::header::HOST, HeaderValue::from_static("[::1]:80"));
         assert_eq!(request_host(&"/x".parse().unwrap(), &h), Some("::1"));
     }

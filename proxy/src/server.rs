@@ -36,10 +36,7 @@ pub struct Shared {
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
     #[error("reading configuration {path}: {source}")]
-    ReadConfig {
-        path: String,
-        source: std::io::Error,
-    },
+    ReadConfig { path: String, source: std::io::Error },
     #[error("configuration {path}: {source}")]
     Config {
         path: String,
@@ -61,10 +58,7 @@ pub fn read_config(path: &std::path::Path) -> Result<ProxyConfig, ServerError> {
         path: display.clone(),
         source,
     })?;
-    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config {
-        path: display,
-        source,
-    })
+    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config { path: display, source })
 }
 
 /// A started proxy: its bound addresses and a handle to drain it.
@@ -83,10 +77,7 @@ impl RunningProxy {
     }
 }
 
-pub async fn start(
-    config: ProxyConfig,
-    config_path: Option<PathBuf>,
-) -> Result<RunningProxy, ServerError> {
+pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
     let metrics = Metrics::new();
     let resumption: HashMap<_, _> = config
         .listeners
@@ -96,7 +87,9 @@ pub async fn start(
     let state = ProxyState::build(config.clone(), None, &metrics, &resumption)?;
     state.publish_metrics(&metrics);
     if std::env::var_os("SSLKEYLOGFILE").is_some() {
-        tracing::warn!("SSLKEYLOGFILE is set: TLS session secrets are being written to it. Never do this in production.");
+        tracing::warn!(
+            "SSLKEYLOGFILE is set: TLS session secrets are being written to it. Never do this in production."
+        );
     }
     let no_route_metrics = metrics.route_handles("", "");
     let shared = Arc::new(Shared {
@@ -269,16 +262,12 @@ async fn accept_loop(
         let builder = builder.clone();
         let watcher = graceful.watcher();
         let active = active.clone();
-        let (hs_full, hs_resumed, hs_failed) =
-            (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
+        let (hs_full, hs_resumed, hs_failed) = (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
         let name = listener.name.clone();
         let handshake_timeout = limits.header_read_timeout.get();
         tokio::spawn(async move {
             active.inc();
-            let client = ClientInfo {
-                remote,
-                tls: is_tls,
-            };
+            let client = ClientInfo { remote, tls: is_tls };
             let svc = {
                 let shared = shared.clone();
                 hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client))
@@ -330,10 +319,7 @@ async fn serve<I, S>(
 }
 
 /// Runs a proxy from a config file until `shutdown` completes, then drains and returns.
-pub async fn run(
-    config_path: PathBuf,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), ServerError> {
+pub async fn run(config_path: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
     let config = read_config(&config_path)?;
     let running = start(config, Some(config_path)).await?;
     for (name, addr) in &running.listener_addrs {

@@ -41,11 +41,10 @@ pub struct ProxyState {
 fn upstream_material(u: &Upstream) -> String {
     let mut h = Sha256::new();
     if let Some(t) = &u.tls {
-        let files = t.ca_file.iter().chain(
-            t.client_certificate
-                .iter()
-                .flat_map(|c| [&c.cert_file, &c.key_file]),
-        );
+        let files = t
+            .ca_file
+            .iter()
+            .chain(t.client_certificate.iter().flat_map(|c| [&c.cert_file, &c.key_file]));
         for f in files {
             h.update(f.as_bytes());
             h.update(std::fs::read(f).unwrap_or_default());
@@ -86,11 +85,9 @@ impl ProxyState {
                     &fallback
                 }
             };
-            let server = tls::server_config(&l.name, t, sni, res).map_err(|source| {
-                StateError::ListenerTls {
-                    listener: l.name.clone(),
-                    source,
-                }
+            let server = tls::server_config(&l.name, t, sni, res).map_err(|source| StateError::ListenerTls {
+                listener: l.name.clone(),
+                source,
             })?;
             listener_tls.insert(l.name.clone(), server);
         }
@@ -113,12 +110,13 @@ impl ProxyState {
             .routes
             .iter()
             .map(|r| {
-                let upstream = upstreams.get(&r.upstream).cloned().ok_or_else(|| {
-                    StateError::UnknownUpstream {
+                let upstream = upstreams
+                    .get(&r.upstream)
+                    .cloned()
+                    .ok_or_else(|| StateError::UnknownUpstream {
                         route: r.name.clone(),
                         upstream: r.upstream.clone(),
-                    }
-                })?;
+                    })?;
                 Ok(CompiledRoute::new(
                     r,
                     upstream,
@@ -157,9 +155,7 @@ impl ProxyState {
         if let Some(sha) = &self.trust_bundle_sha256 {
             metrics
                 .trust_bundle
-                .get_or_create(&BundleLabels {
-                    sha256: sha.clone(),
-                })
+                .get_or_create(&BundleLabels { sha256: sha.clone() })
                 .set(1);
         }
     }

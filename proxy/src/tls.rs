@@ -46,10 +46,7 @@ fn read(what: &'static str, path: &str) -> Result<Vec<u8>, TlsError> {
     })
 }
 
-pub fn load_certs(
-    what: &'static str,
-    path: &str,
-) -> Result<Vec<CertificateDer<'static>>, TlsError> {
+pub fn load_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(what, path)?;
     let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
         .filter_map(Result::ok)
@@ -101,9 +98,7 @@ pub fn describe(cert: &CertificateDer<'_>) -> Option<CertificateInfo> {
                 .general_names
                 .iter()
                 .filter_map(|n| match n {
-                    x509_parser::extensions::GeneralName::DNSName(d) => {
-                        Some(d.to_ascii_lowercase())
-                    }
+                    x509_parser::extensions::GeneralName::DNSName(d) => Some(d.to_ascii_lowercase()),
                     _ => None,
                 })
                 .collect()
@@ -152,11 +147,7 @@ pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, T
     let names = if files.server_names.is_empty() {
         info.dns_names.clone()
     } else {
-        files
-            .server_names
-            .iter()
-            .map(|n| n.to_ascii_lowercase())
-            .collect()
+        files.server_names.iter().map(|n| n.to_ascii_lowercase()).collect()
     };
     Ok(LoadedCertificate {
         key: Arc::new(certified),
@@ -191,10 +182,7 @@ impl SniCertificates {
         for c in certs {
             for n in &c.names {
                 match n.strip_prefix("*.") {
-                    Some(suffix) => s
-                        .wildcard
-                        .entry(suffix.to_string())
-                        .or_insert_with(|| c.key.clone()),
+                    Some(suffix) => s.wildcard.entry(suffix.to_string()).or_insert_with(|| c.key.clone()),
                     None => s.exact.entry(n.clone()).or_insert_with(|| c.key.clone()),
                 };
             }
@@ -261,8 +249,7 @@ impl Default for ServerResumption {
 }
 
 pub fn key_log() -> Option<Arc<dyn rustls::KeyLog>> {
-    std::env::var_os("SSLKEYLOGFILE")
-        .map(|_| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn rustls::KeyLog>)
+    std::env::var_os("SSLKEYLOGFILE").map(|_| Arc::new(rustls::KeyLogFile::new()) as Arc<dyn rustls::KeyLog>)
 }
 
 /// Builds a listener's ServerConfig: TLS 1.2 + 1.3 only, ALPN h2 + http/1.1.
@@ -336,12 +323,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls12_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
     fn verify_tls13_signature(
         &self,
@@ -349,12 +331,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
         cert: &CertificateDer<'_>,
         dss: &rustls::DigitallySignedStruct,
     ) -> Result<rustls::client::danger::HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(
-            message,
-            cert,
-            dss,
-            &self.0.signature_verification_algorithms,
-        )
+        rustls::crypto::verify_tls13_signature(message, cert, dss, &self.0.signature_verification_algorithms)
     }
     fn supported_verify_schemes(&self) -> Vec<rustls::SignatureScheme> {
         self.0.signature_verification_algorithms.supported_schemes()
@@ -363,11 +340,7 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 
 /// Builds an upstream's ClientConfig. Its session store (resumption per server name)
 /// lives as long as the upstream's configuration.
-pub fn client_config(
-    upstream: &str,
-    tls: &UpstreamTls,
-    alpn: &[&[u8]],
-) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|source| TlsError::Build {
@@ -375,10 +348,7 @@ pub fn client_config(
             source,
         })?;
     let builder = if tls.insecure_skip_verify {
-        tracing::warn!(
-            upstream,
-            "upstream TLS verification is DISABLED (insecureSkipVerify)"
-        );
+        tracing::warn!(upstream, "upstream TLS verification is DISABLED (insecureSkipVerify)");
         builder
             .dangerous()
             .with_custom_certificate_verifier(Arc::new(NoVerification(provider())))

@@ -79,8 +79,16 @@ pub fn renewal_time(info: &CertInfo, renew_before: Option<Duration>) -> i64 {
 }
 
 /// Why a certificate must be (re)issued, if it must.
-pub fn reissue_reason(current: Option<&CertInfo>, wanted_names: &[String], ca: &CertInfo, renew_before: Option<Duration>, now: i64) -> Option<String> {
-    let Some(c) = current else { return Some("no certificate yet".into()) };
+pub fn reissue_reason(
+    current: Option<&CertInfo>,
+    wanted_names: &[String],
+    ca: &CertInfo,
+    renew_before: Option<Duration>,
+    now: i64,
+) -> Option<String> {
+    let Some(c) = current else {
+        return Some("no certificate yet".into());
+    };
     if c.issuer != ca.subject {
         return Some(format!("issued by {:?}, not the current CA", c.issuer));
     }
@@ -125,12 +133,22 @@ pub fn new_ca(common_name: &str, now: i64, lifetime: Duration) -> Result<KeyedCe
     dn.push(DnType::OrganizationName, "proxyfleet");
     params.distinguished_name = dn;
     params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign, KeyUsagePurpose::DigitalSignature];
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
     params.not_before = at(now - 300);
     params.not_after = at(now + lifetime.as_secs() as i64);
     params.serial_number = Some(random_serial());
-    let cert = params.self_signed(&key).map_err(|source| IssueError::Build { what: common_name.into(), source })?;
-    Ok(KeyedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    let cert = params.self_signed(&key).map_err(|source| IssueError::Build {
+        what: common_name.into(),
+        source,
+    })?;
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 /// A leaf for `dns_names`, signed by `ca`. `client` adds clientAuth (for upstream mTLS).
@@ -146,25 +164,40 @@ pub fn issue_leaf(
     let issuer = Issuer::from_ca_cert_pem(&ca.cert_pem, ca_key).map_err(|e| IssueError::BadCa(e.to_string()))?;
     let key = new_key(alg)?;
     let what = dns_names.first().cloned().unwrap_or_default();
-    let mut params = CertificateParams::new(dns_names.to_vec()).map_err(|source| IssueError::Build { what: what.clone(), source })?;
+    let mut params = CertificateParams::new(dns_names.to_vec()).map_err(|source| IssueError::Build {
+        what: what.clone(),
+        source,
+    })?;
     let mut dn = DistinguishedName::new();
     dn.push(DnType::CommonName, what.clone());
     params.distinguished_name = dn;
     params.key_usages = vec![KeyUsagePurpose::DigitalSignature, KeyUsagePurpose::KeyEncipherment];
-    params.extended_key_usages =
-        if client { vec![ExtendedKeyUsagePurpose::ClientAuth] } else { vec![ExtendedKeyUsagePurpose::ServerAuth] };
+    params.extended_key_usages = if client {
+        vec![ExtendedKeyUsagePurpose::ClientAuth]
+    } else {
+        vec![ExtendedKeyUsagePurpose::ServerAuth]
+    };
     // A little backdating tolerates clock skew between the operator and clients.
     params.not_before = at(now - 60);
     params.not_after = at(now + lifetime.as_secs() as i64);
     params.serial_number = Some(random_serial());
-    let cert = params.signed_by(&key, &issuer).map_err(|source| IssueError::Build { what, source })?;
-    Ok(KeyedCert { cert_pem: cert.pem(), key_pem: key.serialize_pem() })
+    let cert = params
+        .signed_by(&key, &issuer)
+        .map_err(|source| IssueError::Build { what, source })?;
+    Ok(KeyedCert {
+        cert_pem: cert.pem(),
+        key_pem: key.serialize_pem(),
+    })
 }
 
 /// DNS names of a fleet's serving certificate: listener hostnames, extra names, and the
 /// Service's in-cluster names. Sorted and deduplicated.
 pub fn serving_dns_names(name: &str, namespace: &str, hostnames: &[String], extra: &[String]) -> Vec<String> {
-    let mut names: Vec<String> = hostnames.iter().chain(extra.iter()).map(|h| h.to_ascii_lowercase()).collect();
+    let mut names: Vec<String> = hostnames
+        .iter()
+        .chain(extra.iter())
+        .map(|h| h.to_ascii_lowercase())
+        .collect();
     for svc in [name.to_string(), format!("{name}-headless")] {
         names.push(svc.clone());
         names.push(format!("{svc}.{namespace}"));
@@ -177,7 +210,9 @@ pub fn serving_dns_names(name: &str, namespace: &str, hostnames: &[String], extr
 }
 
 pub fn rfc3339(unix: i64) -> String {
-    at(unix).format(&time::format_description::well_known::Rfc3339).unwrap_or_default()
+    at(unix)
+        .format(&time::format_description::well_known::Rfc3339)
+        .unwrap_or_default()
 }
 
 #[cfg(test)]
@@ -188,9 +223,20 @@ mod tests {
 
     #[test]
     fn renewal_defaults_to_two_thirds_of_lifetime() {
-        let info = CertInfo { serial: String::new(), issuer: String::new(), subject: String::new(), not_before: 0, not_after: 90 * DAY as i64, dns_names: vec![], is_ca: false };
+        let info = CertInfo {
+            serial: String::new(),
+            issuer: String::new(),
+            subject: String::new(),
+            not_before: 0,
+            not_after: 90 * DAY as i64,
+            dns_names: vec![],
+            is_ca: false,
+        };
         assert_eq!(renewal_time(&info, None), 60 * DAY as i64);
-        assert_eq!(renewal_time(&info, Some(Duration::from_secs(10 * DAY))), 80 * DAY as i64);
+        assert_eq!(
+            renewal_time(&info, Some(Duration::from_secs(10 * DAY))),
+            80 * DAY as i64
+        );
         // renewBefore longer than the lifetime renews at once, not before notBefore.
         assert_eq!(renewal_time(&info, Some(Duration::from_secs(900 * DAY))), 0);
     }
@@ -198,7 +244,14 @@ mod tests {
     #[test]
     fn sans_cover_hostnames_and_service_names() {
         let n = serving_dns_names("demo", "web", &["Demo.Example.com".into()], &["x.example.com".into()]);
-        for want in ["demo.example.com", "x.example.com", "demo", "demo.web.svc", "demo.web.svc.cluster.local", "demo-headless.web.svc"] {
+        for want in [
+            "demo.example.com",
+            "x.example.com",
+            "demo",
+            "demo.web.svc",
+            "demo.web.svc.cluster.local",
+            "demo-headless.web.svc",
+        ] {
             assert!(n.contains(&want.to_string()), "{want} missing from {n:?}");
         }
     }
@@ -210,7 +263,15 @@ mod tests {
         let ca_info = parse_pem(&ca.cert_pem).unwrap();
         assert!(ca_info.is_ca);
         let names = vec!["demo.web.svc".to_string()];
-        let leaf = issue_leaf(&ca, &names, now, Duration::from_secs(300), KeyAlgorithm::ECDSAP256, false).unwrap();
+        let leaf = issue_leaf(
+            &ca,
+            &names,
+            now,
+            Duration::from_secs(300),
+            KeyAlgorithm::ECDSAP256,
+            false,
+        )
+        .unwrap();
         let info = parse_pem(&leaf.cert_pem).unwrap();
         assert_eq!(info.issuer, ca_info.subject);
         assert_eq!(info.dns_names, names);
@@ -225,7 +286,15 @@ mod tests {
     #[test]
     fn rsa_is_refused_with_a_reason() {
         let ca = new_ca("ca", 0, Duration::from_secs(DAY)).unwrap();
-        let e = issue_leaf(&ca, &["a".into()], 0, Duration::from_secs(60), KeyAlgorithm::RSA2048, false).unwrap_err();
+        let e = issue_leaf(
+            &ca,
+            &["a".into()],
+            0,
+            Duration::from_secs(60),
+            KeyAlgorithm::RSA2048,
+            false,
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("ECDSAP256"));
     }
 }

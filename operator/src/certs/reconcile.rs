@@ -41,14 +41,26 @@ pub struct CertOutcome {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 fn text(secret: &Secret, key: &str) -> Option<String> {
-    secret.data.as_ref()?.get(key).and_then(|b| String::from_utf8(b.0.clone()).ok())
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
 }
 
-fn status_of(kind: &str, secret_name: &str, info: &issue::CertInfo, renew_before: Option<Duration>) -> CertificateStatus {
+fn status_of(
+    kind: &str,
+    secret_name: &str,
+    info: &issue::CertInfo,
+    renew_before: Option<Duration>,
+) -> CertificateStatus {
     CertificateStatus {
         kind: kind.to_string(),
         secret_name: secret_name.to_string(),
@@ -71,7 +83,9 @@ fn failure(reason: &str, message: String) -> CertOutcome {
 }
 
 pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
-    let Ok(owner) = Owner::of(pxd) else { return failure("NotReady", "ProxyDeployment has no name/uid yet".into()) };
+    let Ok(owner) = Owner::of(pxd) else {
+        return failure("NotReady", "ProxyDeployment has no name/uid yet".into());
+    };
     let tls = pxd.spec.tls.clone().unwrap_or_default();
     let serves_tls = pxd.spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
     if !serves_tls && !tls.upstream_client_certificate {
@@ -91,11 +105,19 @@ pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
         managed(pxd, &owner, &tls, serves_tls, ctx).await
     };
     for s in &outcome.statuses {
-        if let Some(info) = s.not_after.as_deref().and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok()) {
+        if let Some(info) = s
+            .not_after
+            .as_deref()
+            .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+        {
             let kind = if s.kind == "ca" { "ca" } else { "leaf" };
             ctx.metrics
                 .certificate_expiration
-                .get_or_create(&CertLabels { namespace: owner.namespace.clone(), proxydeployment: owner.name.clone(), kind })
+                .get_or_create(&CertLabels {
+                    namespace: owner.namespace.clone(),
+                    proxydeployment: owner.name.clone(),
+                    kind,
+                })
                 .set(info.unix_timestamp());
         }
     }
@@ -107,28 +129,52 @@ async fn existing_secret(owner: &Owner, secret_name: &str, ctx: &Context) -> Cer
     match api.get_opt(secret_name).await {
         Ok(Some(secret)) => {
             let Some(info) = text(&secret, "tls.crt").as_deref().and_then(issue::parse_pem) else {
-                return failure("InvalidSecret", format!("spec.tls.secretName: Secret {secret_name} has no PEM certificate in tls.crt"));
+                return failure(
+                    "InvalidSecret",
+                    format!("spec.tls.secretName: Secret {secret_name} has no PEM certificate in tls.crt"),
+                );
             };
             let expired = info.not_after <= now();
             CertOutcome {
-                secrets: MountedSecrets { serving: Some(secret_name.to_string()), client: None },
+                secrets: MountedSecrets {
+                    serving: Some(secret_name.to_string()),
+                    client: None,
+                },
                 statuses: vec![status_of("serving", secret_name, &info, None)],
                 condition: if expired {
-                    Want::new(CERTIFICATES_READY, false, "Expired", format!("certificate in Secret {secret_name} expired"))
+                    Want::new(
+                        CERTIFICATES_READY,
+                        false,
+                        "Expired",
+                        format!("certificate in Secret {secret_name} expired"),
+                    )
                 } else {
-                    Want::new(CERTIFICATES_READY, true, "SecretProvided", format!("using Secret {secret_name}"))
+                    Want::new(
+                        CERTIFICATES_READY,
+                        true,
+                        "SecretProvided",
+                        format!("using Secret {secret_name}"),
+                    )
                 },
                 blocking: None,
                 requeue_after: Some(Duration::from_secs(3600)),
             }
         }
-        Ok(None) => failure("SecretNotFound", format!("spec.tls.secretName: Secret {secret_name} not found in namespace {}", owner.namespace)),
+        Ok(None) => failure(
+            "SecretNotFound",
+            format!(
+                "spec.tls.secretName: Secret {secret_name} not found in namespace {}",
+                owner.namespace
+            ),
+        ),
         Err(e) => failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
     }
 }
 
 async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: &Context) -> CertOutcome {
-    let Some(cm) = &tls.cert_manager else { return failure("Invalid", "no certManager".into()) };
+    let Some(cm) = &tls.cert_manager else {
+        return failure("Invalid", "no certManager".into());
+    };
     let secret_name = serving_secret_name(&owner.name);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
     let dns_names = issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names);
@@ -147,27 +193,53 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
     if let Some(d) = cm.renew_before {
         spec["renewBefore"] = serde_json::json!(format!("{}s", d.get().as_secs()));
     }
-    let mut obj = DynamicObject::new(&owner.name, &ar).within(&owner.namespace).data(serde_json::json!({ "spec": spec }));
+    let mut obj = DynamicObject::new(&owner.name, &ar)
+        .within(&owner.namespace)
+        .data(serde_json::json!({ "spec": spec }));
     obj.metadata.labels = Some(labels::owned(&owner.name));
     obj.metadata.owner_references = Some(vec![owner.reference.clone()]);
     let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &owner.namespace, &ar);
-    if let Err(e) = api.patch(&owner.name, &PatchParams::apply(labels::FIELD_MANAGER).force(), &Patch::Apply(&obj)).await {
-        return failure("CertManagerUnavailable", format!("creating cert-manager Certificate {}: {e}", owner.name));
+    if let Err(e) = api
+        .patch(
+            &owner.name,
+            &PatchParams::apply(labels::FIELD_MANAGER).force(),
+            &Patch::Apply(&obj),
+        )
+        .await
+    {
+        return failure(
+            "CertManagerUnavailable",
+            format!("creating cert-manager Certificate {}: {e}", owner.name),
+        );
     }
     ctx.metrics.api_write("Certificate", "apply");
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     match secrets.get_opt(&secret_name).await {
         Ok(Some(s)) => match text(&s, "tls.crt").as_deref().and_then(issue::parse_pem) {
             Some(info) => CertOutcome {
-                secrets: MountedSecrets { serving: Some(secret_name.clone()), client: None },
-                statuses: vec![status_of("serving", &secret_name, &info, cm.renew_before.map(|d| d.get()))],
+                secrets: MountedSecrets {
+                    serving: Some(secret_name.clone()),
+                    client: None,
+                },
+                statuses: vec![status_of(
+                    "serving",
+                    &secret_name,
+                    &info,
+                    cm.renew_before.map(|d| d.get()),
+                )],
                 condition: Want::new(CERTIFICATES_READY, true, "Issued", "issued by cert-manager"),
                 blocking: None,
                 requeue_after: Some(Duration::from_secs(600)),
             },
-            None => failure("WaitingForCertManager", format!("Secret {secret_name} has no certificate yet")),
+            None => failure(
+                "WaitingForCertManager",
+                format!("Secret {secret_name} has no certificate yet"),
+            ),
         },
-        Ok(None) => failure("WaitingForCertManager", format!("cert-manager has not filled Secret {secret_name} yet")),
+        Ok(None) => failure(
+            "WaitingForCertManager",
+            format!("cert-manager has not filled Secret {secret_name} yet"),
+        ),
         Err(e) => failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
     }
 }
@@ -180,7 +252,11 @@ fn secret_with(meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     Secret {
         metadata: meta,
         type_: Some("kubernetes.io/tls".into()),
-        data: Some(data.iter().map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec()))).collect::<BTreeMap<_, _>>()),
+        data: Some(
+            data.iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect::<BTreeMap<_, _>>(),
+        ),
         ..Default::default()
     }
 }
@@ -203,21 +279,31 @@ async fn ensure_ca(namespace: &str, ctx: &Context) -> Result<(KeyedCert, issue::
             let bundle = text(&s, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
             return Ok((KeyedCert { cert_pem, key_pem }, info, bundle));
         }
-        return Err(format!("Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"));
+        return Err(format!(
+            "Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"
+        ));
     }
-    let ca = issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration).map_err(|e| e.to_string())?;
+    let ca = issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration)
+        .map_err(|e| e.to_string())?;
     let mut meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
         name: Some(CA_SECRET.into()),
         namespace: Some(namespace.into()),
-        labels: Some(BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()), ("proxyfleet.io/ca".to_string(), "true".to_string())])),
+        labels: Some(BTreeMap::from([
+            (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+            ("proxyfleet.io/ca".to_string(), "true".to_string()),
+        ])),
         ..Default::default()
     };
     meta.annotations = None;
     let mut secret = secret_with(meta, &[("ca.crt", &ca.cert_pem), ("ca.key", &ca.key_pem)]);
     secret.type_ = Some("Opaque".into());
-    api.patch(CA_SECRET, &PatchParams::apply(labels::FIELD_MANAGER).force(), &Patch::Apply(&secret))
-        .await
-        .map_err(|e| format!("creating CA Secret: {e}"))?;
+    api.patch(
+        CA_SECRET,
+        &PatchParams::apply(labels::FIELD_MANAGER).force(),
+        &Patch::Apply(&secret),
+    )
+    .await
+    .map_err(|e| format!("creating CA Secret: {e}"))?;
     ctx.metrics.api_write("Secret", "apply");
     tracing::info!(%namespace, "created managed CA");
     let info = issue::parse_pem(&ca.cert_pem).ok_or("new CA unparsable")?;
@@ -228,7 +314,10 @@ async fn ensure_ca(namespace: &str, ctx: &Context) -> Result<(KeyedCert, issue::
 async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls: bool, ctx: &Context) -> CertOutcome {
     let settings = tls.managed.clone().unwrap_or_default();
     if settings.key_algorithm == KeyAlgorithm::RSA2048 {
-        return failure("UnsupportedKeyAlgorithm", issue::IssueError::Unsupported(KeyAlgorithm::RSA2048).to_string());
+        return failure(
+            "UnsupportedKeyAlgorithm",
+            issue::IssueError::Unsupported(KeyAlgorithm::RSA2048).to_string(),
+        );
     }
     let (ca, ca_info, bundle) = match ensure_ca(&owner.namespace, ctx).await {
         Ok(x) => x,
@@ -240,16 +329,41 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
     let mut next_renewal = i64::MAX;
     let mut wanted: Vec<(String, Vec<String>, bool)> = Vec::new();
     if serves_tls {
-        wanted.push((serving_secret_name(&owner.name), issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names), false));
+        wanted.push((
+            serving_secret_name(&owner.name),
+            issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names),
+            false,
+        ));
     }
     if tls.upstream_client_certificate {
-        wanted.push((client_secret_name(&owner.name), vec![format!("{}.{}.proxyfleet.client", owner.name, owner.namespace)], true));
+        wanted.push((
+            client_secret_name(&owner.name),
+            vec![format!("{}.{}.proxyfleet.client", owner.name, owner.namespace)],
+            true,
+        ));
     }
     for (secret_name, names, client) in wanted {
-        match ensure_leaf(owner, &secret_name, &names, client, &ca, &ca_info, &bundle, &settings, ctx).await {
+        match ensure_leaf(
+            owner,
+            &secret_name,
+            &names,
+            client,
+            &ca,
+            &ca_info,
+            &bundle,
+            &settings,
+            ctx,
+        )
+        .await
+        {
             Ok(info) => {
                 next_renewal = next_renewal.min(issue::renewal_time(&info, settings.renew_before.map(|d| d.get())));
-                statuses.push(status_of(if client { "client" } else { "serving" }, &secret_name, &info, settings.renew_before.map(|d| d.get())));
+                statuses.push(status_of(
+                    if client { "client" } else { "serving" },
+                    &secret_name,
+                    &info,
+                    settings.renew_before.map(|d| d.get()),
+                ));
                 if client {
                     secrets.client = Some(secret_name);
                 } else {
@@ -275,7 +389,12 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
     CertOutcome {
         secrets,
         statuses,
-        condition: Want::new(CERTIFICATES_READY, true, "Issued", format!("issued by the managed CA, next renewal in {wait}s")),
+        condition: Want::new(
+            CERTIFICATES_READY,
+            true,
+            "Issued",
+            format!("issued by the managed CA, next renewal in {wait}s"),
+        ),
         blocking: None,
         requeue_after: Some(Duration::from_secs(wait)),
     }
@@ -294,22 +413,46 @@ async fn ensure_leaf(
     ctx: &Context,
 ) -> Result<issue::CertInfo, String> {
     let current = cached_secret(ctx, &owner.namespace, secret_name);
-    let current_cert = current.as_ref().and_then(|s| Some((text(s, "tls.crt")?, text(s, "tls.key")?)));
+    let current_cert = current
+        .as_ref()
+        .and_then(|s| Some((text(s, "tls.crt")?, text(s, "tls.key")?)));
     let current_info = current_cert.as_ref().and_then(|(c, _)| issue::parse_pem(c));
     let renew_before = settings.renew_before.map(|d| d.get());
     let reason = issue::reissue_reason(current_info.as_ref(), names, ca_info, renew_before, now());
     let (cert_pem, key_pem, info) = match (&reason, current_cert, current_info) {
         (None, Some((c, k)), Some(info)) => (c, k, info),
         _ => {
-            let leaf = issue::issue_leaf(ca, names, now(), settings.duration.get(), settings.key_algorithm, client).map_err(|e| e.to_string())?;
+            let leaf = issue::issue_leaf(
+                ca,
+                names,
+                now(),
+                settings.duration.get(),
+                settings.key_algorithm,
+                client,
+            )
+            .map_err(|e| e.to_string())?;
             let info = issue::parse_pem(&leaf.cert_pem).ok_or("issued certificate unparsable")?;
             tracing::info!(secret = %secret_name, serial = %info.serial, reason = reason.as_deref().unwrap_or(""), "issuing certificate");
-            ctx.record(owner, "CertificateIssued", &format!("{secret_name}: serial {} ({})", info.serial, reason.as_deref().unwrap_or("renewal"))).await;
+            ctx.record(
+                owner,
+                "CertificateIssued",
+                &format!(
+                    "{secret_name}: serial {} ({})",
+                    info.serial,
+                    reason.as_deref().unwrap_or("renewal")
+                ),
+            )
+            .await;
             (leaf.cert_pem, leaf.key_pem, info)
         }
     };
-    let secret = secret_with(owner.meta(secret_name), &[("tls.crt", &cert_pem), ("tls.key", &key_pem), ("ca.crt", bundle)]);
-    ctx.applier.apply(secret, &ctx.stores.secrets).await.map_err(|e| e.to_string())?;
+    let secret = secret_with(
+        owner.meta(secret_name),
+        &[("tls.crt", &cert_pem), ("tls.key", &key_pem), ("ca.crt", bundle)],
+    );
+    ctx.applier
+        .apply(secret, &ctx.stores.secrets)
+        .await
+        .map_err(|e| e.to_string())?;
     Ok(info)
 }
-

@@ -50,7 +50,11 @@ pub struct ManagedTls {
 
 impl Default for ManagedTls {
     fn default() -> Self {
-        Self { duration: default_leaf_duration(), renew_before: None, key_algorithm: KeyAlgorithm::default() }
+        Self {
+            duration: default_leaf_duration(),
+            renew_before: None,
+            key_algorithm: KeyAlgorithm::default(),
+        }
     }
 }
 

@@ -35,7 +35,10 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                     server_names: Vec::new(),
                     default: true,
                 }],
-                client_ca_file: l.client_ca_secret.as_ref().map(|_| format!("{CLIENT_CA_DIR}/{}/ca.crt", l.name)),
+                client_ca_file: l
+                    .client_ca_secret
+                    .as_ref()
+                    .map(|_| format!("{CLIENT_CA_DIR}/{}/ca.crt", l.name)),
                 session_resumption: true,
             }),
         })
@@ -44,12 +47,18 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         listeners,
         routes: spec.routes.clone(),
         upstreams: spec.upstreams.clone(),
-        admin: Admin { address: format!("0.0.0.0:{ADMIN_PORT}") },
+        admin: Admin {
+            address: format!("0.0.0.0:{ADMIN_PORT}"),
+        },
         limits: spec.limits.clone().unwrap_or_default(),
         drain: spec.drain.clone().unwrap_or_default(),
         connect: spec.connect.clone(),
         worker_threads: spec.tuning.as_ref().and_then(|t| t.worker_threads),
-        trust_bundle_files: if tls_mounted { vec![format!("{TLS_DIR}/ca.crt")] } else { Vec::new() },
+        trust_bundle_files: if tls_mounted {
+            vec![format!("{TLS_DIR}/ca.crt")]
+        } else {
+            Vec::new()
+        },
     }
 }
 

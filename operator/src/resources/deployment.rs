@@ -41,7 +41,9 @@ pub fn deployment_name(pxd: &str, track: Track) -> String {
 }
 
 pub fn proxy_image(spec: &ProxyDeploymentSpec, settings: &OperatorSettings) -> String {
-    spec.image.clone().unwrap_or_else(|| settings.default_proxy_image.clone())
+    spec.image
+        .clone()
+        .unwrap_or_else(|| settings.default_proxy_image.clone())
 }
 
 /// Seconds the kubelet waits after SIGTERM: the proxy's drain grace + deadline + margin.
@@ -71,17 +73,34 @@ pub fn desired_deployment(
 
     let mut volumes = vec![Volume {
         name: "config".into(),
-        config_map: Some(ConfigMapVolumeSource { name: pod.config_map.clone(), ..Default::default() }),
+        config_map: Some(ConfigMapVolumeSource {
+            name: pod.config_map.clone(),
+            ..Default::default()
+        }),
         ..Default::default()
     }];
-    let mut mounts = vec![VolumeMount { name: "config".into(), mount_path: CONFIG_DIR.into(), read_only: Some(true), ..Default::default() }];
+    let mut mounts = vec![VolumeMount {
+        name: "config".into(),
+        mount_path: CONFIG_DIR.into(),
+        read_only: Some(true),
+        ..Default::default()
+    }];
     let mut secret_volume = |name: &str, secret: &str, path: String| {
         volumes.push(Volume {
             name: name.to_string(),
-            secret: Some(SecretVolumeSource { secret_name: Some(secret.to_string()), default_mode: Some(0o440), ..Default::default() }),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.to_string()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
             ..Default::default()
         });
-        mounts.push(VolumeMount { name: name.to_string(), mount_path: path, read_only: Some(true), ..Default::default() });
+        mounts.push(VolumeMount {
+            name: name.to_string(),
+            mount_path: path,
+            read_only: Some(true),
+            ..Default::default()
+        });
     };
     if let Some(s) = &secrets.serving {
         secret_volume("tls", s, TLS_DIR.to_string());
@@ -91,19 +110,37 @@ pub fn desired_deployment(
     }
     for l in &spec.listeners {
         if let Some(ca) = &l.client_ca_secret {
-            secret_volume(&format!("client-ca-{}", l.name), ca, format!("{CLIENT_CA_DIR}/{}", l.name));
+            secret_volume(
+                &format!("client-ca-{}", l.name),
+                ca,
+                format!("{CLIENT_CA_DIR}/{}", l.name),
+            );
         }
     }
 
     let mut ports: Vec<ContainerPort> = spec
         .listeners
         .iter()
-        .map(|l| ContainerPort { name: Some(l.name.clone()), container_port: l.port, protocol: Some("TCP".into()), ..Default::default() })
+        .map(|l| ContainerPort {
+            name: Some(l.name.clone()),
+            container_port: l.port,
+            protocol: Some("TCP".into()),
+            ..Default::default()
+        })
         .collect();
-    ports.push(ContainerPort { name: Some("admin".into()), container_port: ADMIN_PORT, protocol: Some("TCP".into()), ..Default::default() });
+    ports.push(ContainerPort {
+        name: Some("admin".into()),
+        container_port: ADMIN_PORT,
+        protocol: Some("TCP".into()),
+        ..Default::default()
+    });
 
     let probe = |path: &str, period: i32, failure: i32| Probe {
-        http_get: Some(HTTPGetAction { path: Some(path.into()), port: IntOrString::String("admin".into()), ..Default::default() }),
+        http_get: Some(HTTPGetAction {
+            path: Some(path.into()),
+            port: IntOrString::String("admin".into()),
+            ..Default::default()
+        }),
         period_seconds: Some(period),
         failure_threshold: Some(failure),
         timeout_seconds: Some(2),
@@ -124,7 +161,10 @@ pub fn desired_deployment(
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
             run_as_non_root: Some(true),
-            capabilities: Some(Capabilities { drop: Some(vec!["ALL".into()]), add: None }),
+            capabilities: Some(Capabilities {
+                drop: Some(vec!["ALL".into()]),
+                add: None,
+            }),
             ..Default::default()
         }),
         ..Default::default()
@@ -133,7 +173,15 @@ pub fn desired_deployment(
     let sysctls: Vec<Sysctl> = spec
         .tuning
         .as_ref()
-        .map(|t| t.sysctls.iter().map(|s| Sysctl { name: s.name.clone(), value: s.value.clone() }).collect())
+        .map(|t| {
+            t.sysctls
+                .iter()
+                .map(|s| Sysctl {
+                    name: s.name.clone(),
+                    value: s.value.clone(),
+                })
+                .collect()
+        })
         .unwrap_or_default();
 
     let mut meta = owner.meta(deployment_name(&owner.name, track));
@@ -144,7 +192,10 @@ pub fn desired_deployment(
         metadata: meta,
         spec: Some(DeploymentSpec {
             replicas: Some(replicas),
-            selector: LabelSelector { match_labels: Some(selector), ..Default::default() },
+            selector: LabelSelector {
+                match_labels: Some(selector),
+                ..Default::default()
+            },
             revision_history_limit: Some(3),
             // Never fewer ready pods than asked for during a roll.
             strategy: Some(DeploymentStrategy {
@@ -155,7 +206,11 @@ pub fn desired_deployment(
                 }),
             }),
             template: PodTemplateSpec {
-                metadata: Some(ObjectMeta { labels: Some(pod_labels), annotations: Some(annotations), ..Default::default() }),
+                metadata: Some(ObjectMeta {
+                    labels: Some(pod_labels),
+                    annotations: Some(annotations),
+                    ..Default::default()
+                }),
                 spec: Some(PodSpec {
                     service_account_name: Some(service_account_name(&owner.name)),
                     automount_service_account_token: Some(false),
@@ -167,7 +222,10 @@ pub fn desired_deployment(
                         run_as_user: Some(65532),
                         run_as_group: Some(65532),
                         fs_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile { type_: "RuntimeDefault".into(), localhost_profile: None }),
+                        seccomp_profile: Some(SeccompProfile {
+                            type_: "RuntimeDefault".into(),
+                            localhost_profile: None,
+                        }),
                         sysctls: (!sysctls.is_empty()).then_some(sysctls),
                         ..Default::default()
                     }),
@@ -195,8 +253,24 @@ mod tests {
     fn build() -> Deployment {
         let pxd = basic();
         let owner = Owner::of(&pxd).unwrap();
-        let rev = PodRevision { image: "img:1".into(), config_map: "demo-config-abc".into(), config_hash: "abc".into(), revision: "r1".into() };
-        desired_deployment(&owner, &pxd.spec, Track::Stable, 2, &rev, &MountedSecrets { serving: Some("demo-tls".into()), client: None }, "IfNotPresent")
+        let rev = PodRevision {
+            image: "img:1".into(),
+            config_map: "demo-config-abc".into(),
+            config_hash: "abc".into(),
+            revision: "r1".into(),
+        };
+        desired_deployment(
+            &owner,
+            &pxd.spec,
+            Track::Stable,
+            2,
+            &rev,
+            &MountedSecrets {
+                serving: Some("demo-tls".into()),
+                client: None,
+            },
+            "IfNotPresent",
+        )
     }
 
     #[test]
@@ -212,15 +286,24 @@ mod tests {
         assert_eq!(sc.allow_privilege_escalation, Some(false));
         assert_eq!(sc.capabilities.unwrap().drop.unwrap(), vec!["ALL"]);
         assert_eq!(pod.automount_service_account_token, Some(false));
-        assert_eq!(c.readiness_probe.clone().unwrap().http_get.unwrap().path.as_deref(), Some("/readyz"));
-        assert_eq!(c.liveness_probe.clone().unwrap().http_get.unwrap().path.as_deref(), Some("/healthz"));
+        assert_eq!(
+            c.readiness_probe.clone().unwrap().http_get.unwrap().path.as_deref(),
+            Some("/readyz")
+        );
+        assert_eq!(
+            c.liveness_probe.clone().unwrap().http_get.unwrap().path.as_deref(),
+            Some("/healthz")
+        );
     }
 
     #[test]
     fn grace_period_covers_the_drain() {
         let d = build();
         // Default drain: 5s grace + 20s deadline.
-        assert_eq!(d.spec.unwrap().template.spec.unwrap().termination_grace_period_seconds, Some(30));
+        assert_eq!(
+            d.spec.unwrap().template.spec.unwrap().termination_grace_period_seconds,
+            Some(30)
+        );
     }
 
     #[test]
@@ -231,6 +314,9 @@ mod tests {
         assert_eq!(ann.get(labels::CONFIG_HASH).map(String::as_str), Some("abc"));
         let sel = spec.selector.match_labels.unwrap();
         assert_eq!(sel.get(labels::TRACK).map(String::as_str), Some("stable"));
-        assert_eq!(spec.strategy.unwrap().rolling_update.unwrap().max_unavailable, Some(IntOrString::Int(0)));
+        assert_eq!(
+            spec.strategy.unwrap().rolling_update.unwrap().max_unavailable,
+            Some(IntOrString::Int(0))
+        );
     }
 }

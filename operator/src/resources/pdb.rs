@@ -13,7 +13,10 @@ pub fn desired_pdb(owner: &Owner, replicas: i32) -> Option<PodDisruptionBudget> 
         metadata: owner.meta(owner.name.clone()),
         spec: Some(PodDisruptionBudgetSpec {
             max_unavailable: Some(IntOrString::Int(1)),
-            selector: Some(LabelSelector { match_labels: Some(labels::fleet_selector(&owner.name)), ..Default::default() }),
+            selector: Some(LabelSelector {
+                match_labels: Some(labels::fleet_selector(&owner.name)),
+                ..Default::default()
+            }),
             ..Default::default()
         }),
         status: None,

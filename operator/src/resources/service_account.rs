@@ -4,7 +4,11 @@ use super::Owner;
 
 /// The proxies' ServiceAccount: they never call the API, so no token is mounted.
 pub fn desired_service_account(owner: &Owner) -> ServiceAccount {
-    ServiceAccount { metadata: owner.meta(service_account_name(&owner.name)), automount_service_account_token: Some(false), ..Default::default() }
+    ServiceAccount {
+        metadata: owner.meta(service_account_name(&owner.name)),
+        automount_service_account_token: Some(false),
+        ..Default::default()
+    }
 }
 
 pub fn service_account_name(pxd: &str) -> String {

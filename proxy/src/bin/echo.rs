@@ -12,31 +12,17 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
-async fn answer(
-    req: Request<Incoming>,
-    who: &'static str,
-) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(req: Request<Incoming>, who: &'static str) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
     let mut status = StatusCode::OK;
-    if let Some(code) = path
-        .strip_prefix("/status/")
-        .and_then(|c| c.parse::<u16>().ok())
-    {
+    if let Some(code) = path.strip_prefix("/status/").and_then(|c| c.parse::<u16>().ok()) {
         status = StatusCode::from_u16(code).unwrap_or(StatusCode::BAD_REQUEST);
     }
-    if let Some(ms) = path
-        .strip_prefix("/delay/")
-        .and_then(|c| c.parse::<u64>().ok())
-    {
+    if let Some(ms) = path.strip_prefix("/delay/").and_then(|c| c.parse::<u64>().ok()) {
         tokio::time::sleep(Duration::from_millis(ms.min(60_000))).await;
     }
     let method = req.method().clone();
-    let body_len = req
-        .into_body()
-        .collect()
-        .await
-        .map(|b| b.to_bytes().len())
-        .unwrap_or(0);
+    let body_len = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
     let text = format!("{who} {method} {path} body={body_len}\n");
     let mut r = Response::new(Full::new(Bytes::from(text)));
     *r.status_mut() = status;

@@ -30,9 +30,7 @@ pub struct Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint")
-            .field("authority", &self.authority)
-            .finish()
+        f.debug_struct("Endpoint").field("authority", &self.authority).finish()
     }
 }
 
@@ -121,16 +119,38 @@ pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<En
     }
 }
 
+/// Like `pick`, but never the endpoint `avoid` when another one is available.
+pub fn pick_avoiding<'a>(
+    endpoints: &'a [std::sync::Arc<Endpoint>],
+    avoid: Option<&http::uri::Authority>,
+) -> Option<&'a std::sync::Arc<Endpoint>> {
+    let Some(avoid) = avoid else { return pick(endpoints) };
+    if endpoints.len() < 2 {
+        return endpoints.first();
+    }
+    let now = now_ms();
+    let others: Vec<_> = endpoints
+        .iter()
+        .filter(|e| &e.authority != avoid && e.available(now))
+        .collect();
+    match others.len() {
+        0 => endpoints.iter().find(|e| &e.authority != avoid),
+        1 => Some(others[0]),
+        n => {
+            let a = others[fastrand::usize(..n)];
+            let b = others[fastrand::usize(..n)];
+            Some(if a.cost() <= b.cost() { a } else { b })
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::sync::Arc;
 
     fn ep(port: u16) -> Arc<Endpoint> {
-        Arc::new(Endpoint::new(
-            format!("127.0.0.1:{port}").parse().unwrap(),
-            10,
-        ))
+        Arc::new(Endpoint::new(format!("127.0.0.1:{port}").parse().unwrap(), 10))
     }
 
     #[test]

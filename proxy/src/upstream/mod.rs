@@ -14,7 +14,7 @@ use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
-pub use endpoint::{now_ms, pick, Endpoint};
+pub use endpoint::{now_ms, pick, pick_avoiding, Endpoint};
 pub use pool::{ConnectionFreshness, UpstreamConnector};
 
 use crate::body::UpstreamBody;
@@ -35,9 +35,7 @@ pub struct UpstreamCluster {
 
 impl std::fmt::Debug for UpstreamCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("UpstreamCluster")
-            .field("name", &self.name)
-            .finish()
+        f.debug_struct("UpstreamCluster").field("name", &self.name).finish()
     }
 }
 
@@ -52,11 +50,7 @@ pub enum UpstreamError {
 }
 
 impl UpstreamCluster {
-    pub fn build(
-        config: &Upstream,
-        material: String,
-        metrics: UpstreamMetrics,
-    ) -> Result<Arc<Self>, UpstreamError> {
+    pub fn build(config: &Upstream, material: String, metrics: UpstreamMetrics) -> Result<Arc<Self>, UpstreamError> {
         let name = config.name.clone();
         let alpn: &[&[u8]] = match config.protocol {
             UpstreamProtocol::Auto => &[b"h2", b"http/1.1"],
@@ -71,11 +65,9 @@ impl UpstreamCluster {
                     source,
                 })?;
                 let sn = match &t.server_name {
-                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| {
-                        UpstreamError::ServerName {
-                            upstream: name.clone(),
-                            name: n.clone(),
-                        }
+                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| UpstreamError::ServerName {
+                        upstream: name.clone(),
+                        name: n.clone(),
                     })?),
                     None => None,
                 };
@@ -143,19 +135,11 @@ impl UpstreamCluster {
                     .iter()
                     .find(|e| e.authority == a)
                     .cloned()
-                    .unwrap_or_else(|| {
-                        Arc::new(Endpoint::new(
-                            a,
-                            self.config.pool.max_connections_per_endpoint,
-                        ))
-                    })
+                    .unwrap_or_else(|| Arc::new(Endpoint::new(a, self.config.pool.max_connections_per_endpoint)))
             })
             .collect();
-        let changed = next.len() != current.len()
-            || next
-                .iter()
-                .zip(current.iter())
-                .any(|(a, b)| a.authority != b.authority);
+        let changed =
+            next.len() != current.len() || next.iter().zip(current.iter()).any(|(a, b)| a.authority != b.authority);
         if changed {
             tracing::info!(upstream = %self.name, endpoints = ?next.iter().map(|e| e.authority.as_str()).collect::<Vec<_>>(), "upstream endpoints changed");
             self.endpoints.store(Arc::new(next));
@@ -214,9 +198,7 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
                 tokio::time::timeout(hc.timeout.get(), c.client.request(req)).await,
                 Ok(Ok(resp)) if resp.status().is_success()
             );
-            let was = e
-                .healthy
-                .swap(healthy, std::sync::atomic::Ordering::Relaxed);
+            let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
             if was != healthy {
                 tracing::warn!(upstream = %c.name, endpoint = %e.authority, healthy, "health check changed");
             }

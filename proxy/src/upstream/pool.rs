@@ -51,11 +51,7 @@ impl Connection for UpstreamConnection {
 }
 
 impl AsyncRead for UpstreamConnection {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<std::io::Result<()>> {
+    fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         match &mut self.get_mut().stream {
             UpstreamStream::Plain(s) => Pin::new(s).poll_read(cx, buf),
             UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_read(cx, buf),
@@ -64,11 +60,7 @@ impl AsyncRead for UpstreamConnection {
 }
 
 impl AsyncWrite for UpstreamConnection {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<std::io::Result<usize>> {
+    fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
         match &mut self.get_mut().stream {
             UpstreamStream::Plain(s) => Pin::new(s).poll_write(cx, buf),
             UpstreamStream::Tls(s) => Pin::new(s.as_mut()).poll_write(cx, buf),
@@ -109,15 +101,9 @@ pub enum ConnectError {
     #[error("connecting to {endpoint}: timed out after {timeout:?}")]
     Timeout { endpoint: String, timeout: Duration },
     #[error("connecting to {endpoint}: {source}")]
-    Io {
-        endpoint: String,
-        source: std::io::Error,
-    },
+    Io { endpoint: String, source: std::io::Error },
     #[error("TLS handshake with {endpoint}: {source}")]
-    Tls {
-        endpoint: String,
-        source: std::io::Error,
-    },
+    Tls { endpoint: String, source: std::io::Error },
     #[error("invalid TLS server name {0:?}")]
     ServerName(String),
 }
@@ -162,19 +148,16 @@ impl UpstreamConnector {
             .to_string();
         let port = uri.port_u16().unwrap_or(80);
         let endpoint = format!("{host}:{port}");
-        let tcp = tokio::time::timeout(
-            self.connect_timeout,
-            TcpStream::connect((host.as_str(), port)),
-        )
-        .await
-        .map_err(|_| ConnectError::Timeout {
-            endpoint: endpoint.clone(),
-            timeout: self.connect_timeout,
-        })?
-        .map_err(|source| ConnectError::Io {
-            endpoint: endpoint.clone(),
-            source,
-        })?;
+        let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host.as_str(), port)))
+            .await
+            .map_err(|_| ConnectError::Timeout {
+                endpoint: endpoint.clone(),
+                timeout: self.connect_timeout,
+            })?
+            .map_err(|source| ConnectError::Io {
+                endpoint: endpoint.clone(),
+                source,
+            })?;
         let _ = tcp.set_nodelay(true);
         let fresh = ConnectionFreshness(Arc::new(AtomicBool::new(true)));
         let (stream, h2) = match &self.tls {
@@ -182,8 +165,7 @@ impl UpstreamConnector {
             Some((config, server_name)) => {
                 let name = match server_name {
                     Some(n) => n.clone(),
-                    None => ServerName::try_from(host.clone())
-                        .map_err(|_| ConnectError::ServerName(host.clone()))?,
+                    None => ServerName::try_from(host.clone()).map_err(|_| ConnectError::ServerName(host.clone()))?,
                 };
                 let connector = tokio_rustls::TlsConnector::from(config.clone());
                 let tls = tokio::time::timeout(self.connect_timeout, connector.connect(name, tcp))

@@ -1,0 +1,580 @@
+//! Integration tests: real TLS upstreams and clients in the test process, the proxy started
+//! in-process on loopback. No timing assertions: bounds are counts and outcomes.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use support::*;
+
+fn plain_config(upstream: std::net::SocketAddr, extra_route: &str) -> String {
+    format!(
+        r#"
+listeners:
+  - {{name: http, address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:0"}}
+drain: {{gracePeriod: 200ms, deadline: 5s}}
+limits: {{maxHeaderBytes: 8192, maxRequestBodyBytes: 1024, headerReadTimeout: 2s}}
+routes:
+{extra_route}
+  - {{name: all, upstream: u, timeout: 2s}}
+upstreams:
+  - name: u
+    endpoints: ["{upstream}"]
+    pool: {{idleTimeout: 30s}}
+"#
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routes_pool_and_error_mapping() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("routes");
+    let extra = r#"  - {name: slow, upstream: u, timeout: 300ms, match: {pathPrefix: /delay}}
+  - {name: dead, upstream: dead, match: {pathPrefix: /dead}}
+  - {name: hosted, upstream: u, match: {host: "*.example.com", pathPrefix: /only-host}}"#;
+    let yaml = plain_config(up.addr, extra).replace(
+        "upstreams:\n",
+        "upstreams:\n  - {name: dead, endpoints: [\"127.0.0.1:1\"], outlierDetection: {consecutiveFailures: 0}}\n",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+
+    // Routing and pooling: 50 requests over fresh client connections share few upstream ones.
+    for i in 0..50 {
+        let (s, b) = get(a, "x", &format!("/r{i}")).await;
+        assert_eq!(s, 200);
+        assert!(b.contains(&format!("/r{i}")));
+    }
+    let conns = up.stats.connections.load(Ordering::Relaxed);
+    assert!(conns <= 3, "50 requests used {conns} upstream connections");
+    let m = metrics(&proxy).await;
+    assert!(
+        metric_sum(&m, "proxyfleet_upstream_requests_total", &["connection=\"reused\""]) >= 47.0,
+        "{m}"
+    );
+
+    // Forwarded headers, hop-by-hop removed.
+    let h = up.stats.last_headers.lock().unwrap().clone().unwrap();
+    assert!(h.get("x-forwarded-for").is_some());
+    assert_eq!(h.get("x-forwarded-proto").unwrap(), "http");
+
+    // Error mapping.
+    assert_eq!(get(a, "x", "/dead/x").await.0, 502, "connect failure");
+    assert_eq!(get(a, "x", "/delay/2000").await.0, 504, "upstream timeout");
+    assert_eq!(get(a, "a.example.com", "/only-host").await.1, "up /only-host 0");
+    let m = metrics(&proxy).await;
+    assert!(
+        metric_sum(
+            &m,
+            "proxyfleet_responses_total",
+            &["route=\"dead\"", "code_class=\"5xx\""]
+        ) >= 1.0
+    );
+    assert!(metric_sum(&m, "proxyfleet_request_duration_seconds_count", &["route=\"all\""]) >= 50.0);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_route_is_404_and_limits_are_enforced() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("limits");
+    let yaml = plain_config(up.addr, "").replace(
+        "  - {name: all, upstream: u, timeout: 2s}",
+        "  - {name: all, upstream: u, timeout: 2s, match: {pathPrefix: /api}}",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    assert_eq!(get(a, "x", "/nothing").await.0, 404);
+    let big_header = format!("GET /api HTTP/1.1\r\nHost: x\r\nX-Big: {}\r\n\r\n", "a".repeat(20_000));
+    assert!(
+        raw(a, big_header.as_bytes()).await.starts_with("HTTP/1.1 431"),
+        "header too large"
+    );
+    let big_body = format!(
+        "POST /api HTTP/1.1\r\nHost: x\r\nContent-Length: 5000\r\n\r\n{}",
+        "b".repeat(5000)
+    );
+    assert!(
+        raw(a, big_body.as_bytes()).await.starts_with("HTTP/1.1 413"),
+        "body too large"
+    );
+    assert_eq!(get(a, "x", "/api/ok").await.0, 200);
+    proxy.running.drain();
+}
+
+/// At least 20 distinct malformed requests, each answered with a 4xx (or closed), and the
+/// proxy keeps serving after every one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn malformed_requests_get_4xx_and_the_proxy_keeps_serving() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("malformed");
+    let proxy = start_proxy(&dir, &plain_config(up.addr, "")).await;
+    let a = proxy.addr("http");
+    let long_uri = format!("GET /{} HTTP/1.1\r\nHost: x\r\n\r\n", "u".repeat(70_000));
+    let many_headers = format!("GET / HTTP/1.1\r\nHost: x\r\n{}\r\n", "X-A: b\r\n".repeat(500));
+    let cases: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage line", b"HELLO\r\n\r\n".to_vec()),
+        ("no version", b"GET /\r\n\r\n".to_vec()),
+        ("bad version", b"GET / HTTP/9.9\r\nHost: x\r\n\r\n".to_vec()),
+        ("space in header name", b"GET / HTTP/1.1\r\nHo st: x\r\n\r\n".to_vec()),
+        ("header without colon", b"GET / HTTP/1.1\r\nHost x\r\n\r\n".to_vec()),
+        (
+            "nul in header value",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX: a\x00b\r\n\r\n".to_vec(),
+        ),
+        (
+            "bad content-length",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: abc\r\n\r\n".to_vec(),
+        ),
+        (
+            "negative content-length",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: -5\r\n\r\n".to_vec(),
+        ),
+        (
+            "conflicting content-lengths",
+            b"POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 3\r\nContent-Length: 4\r\n\r\nabcd".to_vec(),
+        ),
+        (
+            "bad chunk size",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nabc\r\n0\r\n\r\n".to_vec(),
+        ),
+        (
+            "unknown transfer-encoding",
+            b"POST / HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: gzip\r\n\r\n".to_vec(),
+        ),
+        ("asterisk target for GET", b"GET * HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        ("relative target", b"GET foo HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        (
+            "control char in target",
+            b"GET /a\x01b HTTP/1.1\r\nHost: x\r\n\r\n".to_vec(),
+        ),
+        ("uri too long", long_uri.into_bytes()),
+        ("too many headers", many_headers.into_bytes()),
+        (
+            "obs-fold header",
+            b"GET / HTTP/1.1\r\nHost: x\r\nX-A: a\r\n b\r\n\r\n".to_vec(),
+        ),
+        ("bare LF method line", b"GET / HTTP/1.1\nHost: x\n\rX\n\n".to_vec()),
+        ("method with slash", b"G/T / HTTP/1.1\r\nHost: x\r\n\r\n".to_vec()),
+        (
+            "CONNECT without allow-list",
+            b"CONNECT example.com:443 HTTP/1.1\r\nHost: example.com:443\r\n\r\n".to_vec(),
+        ),
+        (
+            "body larger than limit",
+            format!(
+                "POST / HTTP/1.1\r\nHost: x\r\nContent-Length: 2048\r\n\r\n{}",
+                "z".repeat(2048)
+            )
+            .into_bytes(),
+        ),
+        (
+            "h2 preface garbage",
+            b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n\x00\x00\x01\x09\x00\x00\x00\x00\x00".to_vec(),
+        ),
+    ];
+    assert!(cases.len() >= 20);
+    for (name, bytes) in &cases {
+        let answer = raw(a, bytes).await;
+        let status_ok = answer.is_empty()
+            || answer.starts_with("HTTP/1.1 4")
+            || answer.starts_with("HTTP/1.0 4")
+            || !answer.starts_with("HTTP/1.1 2") && !answer.starts_with("HTTP/1.1 5");
+        assert!(status_ok, "{name}: {}", answer.lines().next().unwrap_or(""));
+        let (s, _) = get(a, "x", "/still-alive").await;
+        assert_eq!(s, 200, "proxy stopped serving after {name}");
+    }
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fault_injection_ratios() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("faults");
+    let yaml = plain_config(up.addr, "").replace(
+        "  - {name: all, upstream: u, timeout: 2s}",
+        "  - {name: all, upstream: u, timeout: 2s, fault: {abort: {status: 503, percent: 20}}}",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    let mut aborted = 0;
+    for _ in 0..1000 {
+        if get(a, "x", "/f").await.0 == 503 {
+            aborted += 1;
+        }
+    }
+    // 20 % of 1000; ±5 percentage points is over 7 standard deviations.
+    assert!((150..=250).contains(&aborted), "aborted {aborted} of 1000");
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_fault_injections_total", &["kind=\"abort\""]),
+        aborted as f64
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_idempotent_requests_to_another_endpoint() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("retries");
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, retries: {{attempts: 2, budgetPercent: 100}}}}]
+upstreams:
+  - {{name: u, endpoints: ["127.0.0.1:1", "{}"], outlierDetection: {{consecutiveFailures: 0}}}}
+"#,
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    for _ in 0..20 {
+        assert_eq!(get(proxy.addr("http"), "x", "/r").await.0, 200);
+    }
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outlier_ejection_skips_a_failing_endpoint() {
+    init();
+    let good = upstream("good", None, false).await;
+    let dir = tempdir("outlier");
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u}}]
+upstreams:
+  - {{name: u, endpoints: ["127.0.0.1:1", "{}"], outlierDetection: {{consecutiveFailures: 2, ejectionTime: 60s}}}}
+"#,
+        good.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let mut failures = 0;
+    for _ in 0..100 {
+        if get(proxy.addr("http"), "x", "/r").await.0 != 200 {
+            failures += 1;
+        }
+    }
+    // Only the failures before ejection (2) can fail; after that the dead endpoint is skipped.
+    assert!(failures <= 2, "{failures} failures");
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 1.0);
+    proxy.running.drain();
+}
+
+fn tls_config(dir: &std::path::Path, certs: &[(&str, &str, &str, bool)], upstream: &str, upstream_tls: &str) -> String {
+    let mut c =
+        String::from("listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      certificates:\n");
+    for (cert, key, names, default) in certs {
+        c.push_str(&format!(
+            "        - {{certFile: {}, keyFile: {}, serverNames: [{names}], default: {default}}}\n",
+            dir.join(cert).display(),
+            dir.join(key).display()
+        ));
+    }
+    c.push_str(&format!(
+        "admin: {{address: \"127.0.0.1:0\"}}\ndrain: {{gracePeriod: 100ms, deadline: 5s}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{upstream}\"]\n{upstream_tls}"
+    ));
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sni_selection_h2_both_sides_and_upstream_resumption() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("sni");
+    let (c1, k1) = ca.leaf(&["api.example.com"]);
+    let (c2, k2) = ca.leaf(&["*.apps.example.com"]);
+    // The default certificate also covers the unknown name, so the client can verify it; it is
+    // still chosen only as the default (serverNames lists default.example.com alone).
+    let (c3, k3) = ca.leaf(&["default.example.com", "unknown.example.org"]);
+    for (n, t) in [
+        ("c1", &c1),
+        ("k1", &k1),
+        ("c2", &c2),
+        ("k2", &k2),
+        ("c3", &c3),
+        ("k3", &k3),
+    ] {
+        write(&dir, n, t);
+    }
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    // The upstream closes its connection after every response: each reconnect should resume.
+    let up = upstream("tls-up", Some(ca.leaf(&["localhost"])), true).await;
+    let upstream_tls = format!("    tls: {{serverName: localhost, caFile: {ca_file}}}\n    protocol: http1\n");
+    let yaml = tls_config(
+        &dir,
+        &[
+            ("c1", "k1", "api.example.com", false),
+            ("c2", "k2", "\"*.apps.example.com\"", false),
+            ("c3", "k3", "default.example.com", true),
+        ],
+        &up.addr.to_string(),
+        &upstream_tls,
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("https");
+
+    let s = tls_connect(a, Some("api.example.com"), &ca, &[b"http/1.1"]).await;
+    assert_eq!(served_dns_names(&s), vec!["api.example.com"]);
+    let s = tls_connect(a, Some("x.apps.example.com"), &ca, &[b"http/1.1"]).await;
+    assert_eq!(served_dns_names(&s), vec!["*.apps.example.com"]);
+    let s = tls_connect(a, Some("unknown.example.org"), &ca, &[b"http/1.1"]).await;
+    assert_eq!(served_dns_names(&s), vec!["default.example.com", "unknown.example.org"]);
+    let s = tls_connect(a, None, &ca, &[b"http/1.1"]).await;
+    assert_eq!(served_dns_names(&s), vec!["default.example.com", "unknown.example.org"]);
+
+    // h2 from the client, TLS http/1.1 upstream that closes every time.
+    for i in 0..20 {
+        let s = tls_connect(a, Some("api.example.com"), &ca, &[b"h2"]).await;
+        let (status, body, version) = tls_get(s, "api.example.com", &format!("/n{i}")).await;
+        assert_eq!(status, 200, "{body}");
+        assert_eq!(version, http::Version::HTTP_2);
+    }
+    let m = metrics(&proxy).await;
+    let full = metric_sum(&m, "proxyfleet_upstream_tls_handshakes_total", &["kind=\"full\""]);
+    let resumed = metric_sum(&m, "proxyfleet_upstream_tls_handshakes_total", &["kind=\"resumed\""]);
+    assert!(full + resumed >= 20.0, "full {full} resumed {resumed}");
+    assert!(resumed >= 0.9 * (full + resumed) - 1.0, "full {full} resumed {resumed}");
+    assert!(up.stats.resumed_handshakes.load(Ordering::Relaxed) >= 18);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn h2_to_the_upstream_by_alpn() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("h2up");
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&dir, "c", &c);
+    write(&dir, "k", &k);
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    let up = upstream("h2-up", Some(ca.leaf(&["localhost"])), false).await;
+    let upstream_tls = format!("    tls: {{serverName: localhost, caFile: {ca_file}}}\n    protocol: auto\n");
+    let yaml = tls_config(
+        &dir,
+        &[("c", "k", "localhost", true)],
+        &up.addr.to_string(),
+        &upstream_tls,
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    for _ in 0..10 {
+        let s = tls_connect(proxy.addr("https"), Some("localhost"), &ca, &[b"http/1.1"]).await;
+        let (status, _, version) = tls_get(s, "localhost", "/x").await;
+        assert_eq!(status, 200);
+        assert_eq!(version, http::Version::HTTP_11);
+    }
+    assert_eq!(
+        up.stats.h2_requests.load(Ordering::Relaxed),
+        10,
+        "upstream should see HTTP/2"
+    );
+    assert_eq!(
+        up.stats.connections.load(Ordering::Relaxed),
+        1,
+        "one multiplexed h2 connection"
+    );
+    proxy.running.drain();
+}
+
+/// Certificates are rotated under continuous load (new connections all the time): zero failed
+/// requests, and new connections see the new serial.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn certificate_rotation_under_load_drops_nothing() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("rotate");
+    let certs = dir.join("certs");
+    std::fs::create_dir_all(&certs).unwrap();
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&certs, "tls.crt", &c);
+    write(&certs, "tls.key", &k);
+    let up = upstream("up", None, false).await;
+    let yaml = format!(
+        "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      certificates: [{{certFile: {0}/tls.crt, keyFile: {0}/tls.key, default: true}}]\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [\"{1}\"]}}]\n",
+        certs.display(),
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let addr = proxy.addr("https");
+    let first = served_serial(&tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await);
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let ok = Arc::new(AtomicUsize::new(0));
+    let failed = Arc::new(AtomicUsize::new(0));
+    let ca = Arc::new(ca);
+    let mut load = Vec::new();
+    for _ in 0..2 {
+        let (stop, ok, failed, ca) = (stop.clone(), ok.clone(), failed.clone(), ca.clone());
+        load.push(tokio::spawn(async move {
+            while !stop.load(Ordering::Relaxed) {
+                let s = tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await;
+                let (status, _, _) = tls_get(s, "localhost", "/load").await;
+                if status == 200 {
+                    ok.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    failed.fetch_add(1, Ordering::Relaxed);
+                }
+            }
+        }));
+    }
+    // Rotate twice the way the kubelet does: new files in a new directory, then a rename.
+    let mut serial = first.clone();
+    for round in 0..2 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (c, k) = ca.leaf(&["localhost"]);
+        let staging = dir.join(format!("staging-{round}"));
+        std::fs::create_dir_all(&staging).unwrap();
+        write(&staging, "tls.crt", &c);
+        write(&staging, "tls.key", &k);
+        std::fs::rename(staging.join("tls.crt"), certs.join("tls.crt")).unwrap();
+        std::fs::rename(staging.join("tls.key"), certs.join("tls.key")).unwrap();
+        let mut seen = serial.clone();
+        for _ in 0..100 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            seen = served_serial(&tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await);
+            if seen != serial {
+                break;
+            }
+        }
+        assert_ne!(
+            seen, serial,
+            "round {round}: new connections still see the old certificate"
+        );
+        serial = seen;
+    }
+    stop.store(true, Ordering::Relaxed);
+    for l in load {
+        l.await.unwrap();
+    }
+    assert_eq!(failed.load(Ordering::Relaxed), 0);
+    assert!(ok.load(Ordering::Relaxed) > 20);
+    let m = metrics(&proxy).await;
+    assert!(metric_sum(&m, "proxyfleet_config_reloads_total", &["result=\"success\""]) >= 2.0);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn config_reload_applies_and_a_bad_reload_keeps_the_running_config() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("reload");
+    let proxy = start_proxy(&dir, &plain_config(up.addr, "")).await;
+    let a = proxy.addr("http");
+    assert_eq!(get(a, "x", "/").await.0, 200);
+    // Add a fault to the route: every request now gets 418.
+    let faulty = plain_config(up.addr, "").replace(
+        "  - {name: all, upstream: u, timeout: 2s}",
+        "  - {name: all, upstream: u, timeout: 2s, fault: {abort: {status: 418, percent: 100}}}",
+    );
+    std::fs::write(&proxy.config_path, faulty).unwrap();
+    let mut status = 0;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        status = get(a, "x", "/").await.0;
+        if status == 418 {
+            break;
+        }
+    }
+    assert_eq!(status, 418, "reload not applied");
+    // An invalid file is refused; the proxy keeps the last good config.
+    std::fs::write(
+        &proxy.config_path,
+        "routes: [{name: broken, upstream: nowhere}]\nbogus: 1\n",
+    )
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(get(a, "x", "/").await.0, 418);
+    let m = metrics(&proxy).await;
+    assert!(metric_sum(&m, "proxyfleet_config_reloads_total", &["result=\"failure\""]) >= 1.0);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_finishes_in_flight_requests_and_turns_readiness_off() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("drain");
+    let proxy = start_proxy(&dir, &plain_config(up.addr, "")).await;
+    let a = proxy.addr("http");
+    let mut in_flight = Vec::new();
+    for i in 0..10 {
+        in_flight.push(tokio::spawn(async move {
+            get(a, "x", &format!("/delay/{}", 500 + i * 20)).await.0
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    proxy.running.drain();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(get(proxy.admin(), "x", "/readyz").await.0, 503);
+    for r in in_flight {
+        assert_eq!(r.await.unwrap(), 200);
+    }
+    let Proxy { running, .. } = proxy;
+    tokio::time::timeout(Duration::from_secs(10), running.done)
+        .await
+        .unwrap()
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_upstream_connections_are_closed_after_the_idle_timeout() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("idle");
+    let yaml = plain_config(up.addr, "").replace("idleTimeout: 30s", "idleTimeout: 300ms");
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    assert_eq!(get(a, "x", "/1").await.0, 200);
+    assert_eq!(get(a, "x", "/2").await.0, 200);
+    assert_eq!(up.stats.connections.load(Ordering::Relaxed), 1);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(get(a, "x", "/3").await.0, 200);
+    assert_eq!(
+        up.stats.connections.load(Ordering::Relaxed),
+        2,
+        "the idle connection should have been closed"
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connect_tunnels_only_to_allowed_targets() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("connect");
+    let yaml = format!(
+        "{}connect: {{allow: [\"127.0.0.1:{}\"]}}\n",
+        plain_config(up.addr, ""),
+        up.addr.port()
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    assert!(raw(a, b"CONNECT 127.0.0.1:9 HTTP/1.1\r\nHost: 127.0.0.1:9\r\n\r\n")
+        .await
+        .starts_with("HTTP/1.1 403"));
+    let mut tcp = tokio::net::TcpStream::connect(a).await.unwrap();
+    tcp.write_all(format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", up.addr).as_bytes())
+        .await
+        .unwrap();
+    let mut buf = vec![0u8; 1024];
+    let n = tcp.read(&mut buf).await.unwrap();
+    assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
+    tcp.write_all(b"GET /tunnelled HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut out = Vec::new();
+    tcp.read_to_end(&mut out).await.unwrap();
+    assert!(String::from_utf8_lossy(&out).contains("up /tunnelled"));
+    proxy.running.drain();
+}

@@ -1,0 +1,312 @@
+//! Test support: certificates, TLS/plain upstream servers, a proxy started in-process, clients.
+
+#![allow(dead_code)]
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+
+pub fn init() {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+}
+
+pub struct TestCa {
+    pub cert_pem: String,
+    params: CertificateParams,
+    key: KeyPair,
+}
+
+impl TestCa {
+    pub fn new(name: &str) -> Self {
+        let mut params = CertificateParams::default();
+        params.distinguished_name.push(DnType::CommonName, name);
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        let key = KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        Self {
+            cert_pem: cert.pem(),
+            params,
+            key,
+        }
+    }
+
+    /// (cert PEM, key PEM) for names.
+    pub fn leaf(&self, names: &[&str]) -> (String, String) {
+        let mut params = CertificateParams::new(names.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap();
+        params.distinguished_name.push(DnType::CommonName, names[0]);
+        let key = KeyPair::generate().unwrap();
+        let issuer = Issuer::from_params(&self.params, &self.key);
+        let cert = params.signed_by(&key, &issuer).unwrap();
+        (cert.pem(), key.serialize_pem())
+    }
+
+    pub fn roots(&self) -> rustls::RootCertStore {
+        let mut roots = rustls::RootCertStore::empty();
+        for c in rustls_pemfile::certs(&mut self.cert_pem.as_bytes()) {
+            roots.add(c.unwrap()).unwrap();
+        }
+        roots
+    }
+}
+
+pub fn write(dir: &Path, name: &str, text: &str) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, text).unwrap();
+    p.to_string_lossy().into_owned()
+}
+
+pub fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!(
+        "proxyfleet-test-{tag}-{}-{}",
+        std::process::id(),
+        fastrand_u64()
+    ));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn fastrand_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(0);
+    h.finish()
+}
+
+/// What an upstream saw.
+#[derive(Default)]
+pub struct UpstreamStats {
+    pub connections: AtomicUsize,
+    pub requests: AtomicUsize,
+    pub h2_requests: AtomicUsize,
+    pub resumed_handshakes: AtomicUsize,
+    pub full_handshakes: AtomicUsize,
+    pub last_headers: Mutex<Option<http::HeaderMap>>,
+}
+
+pub struct Upstream {
+    pub addr: SocketAddr,
+    pub stats: Arc<UpstreamStats>,
+}
+
+async fn upstream_answer(
+    req: http::Request<Incoming>,
+    name: &'static str,
+    stats: Arc<UpstreamStats>,
+) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    stats.requests.fetch_add(1, Ordering::Relaxed);
+    if req.version() == http::Version::HTTP_2 {
+        stats.h2_requests.fetch_add(1, Ordering::Relaxed);
+    }
+    *stats.last_headers.lock().unwrap() = Some(req.headers().clone());
+    let path = req.uri().path().to_string();
+    let mut status = 200u16;
+    if let Some(ms) = path.strip_prefix("/delay/").and_then(|s| s.parse::<u64>().ok()) {
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+    }
+    if let Some(code) = path.strip_prefix("/status/").and_then(|s| s.parse::<u16>().ok()) {
+        status = code;
+    }
+    let body = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+    let mut r = http::Response::new(Full::new(Bytes::from(format!("{name} {path} {body}"))));
+    *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+    Ok(r)
+}
+
+/// An upstream on 127.0.0.1. With `tls`, serves that cert (ALPN h2 + http/1.1, resumption on).
+/// With `close_each`, every HTTP/1.1 response closes its connection.
+pub async fn upstream(name: &'static str, tls: Option<(String, String)>, close_each: bool) -> Upstream {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let stats = Arc::new(UpstreamStats::default());
+    let acceptor = tls.map(|(cert, key)| {
+        let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert.as_bytes())
+            .map(|c| c.unwrap())
+            .collect();
+        let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
+        let mut cfg = rustls::ServerConfig::builder()
+            .with_no_client_auth()
+            .with_single_cert(certs, key)
+            .unwrap();
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
+    });
+    let s = stats.clone();
+    tokio::spawn(async move {
+        loop {
+            let Ok((tcp, _)) = listener.accept().await else { return };
+            s.connections.fetch_add(1, Ordering::Relaxed);
+            let stats = s.clone();
+            let counters = s.clone();
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| upstream_answer(req, name, stats.clone()));
+                let mut b = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                b.http1().keep_alive(!close_each);
+                match acceptor {
+                    Some(a) => {
+                        let Ok(tls) = a.accept(tcp).await else { return };
+                        match tls.get_ref().1.handshake_kind() {
+                            Some(rustls::HandshakeKind::Resumed) => {
+                                counters.resumed_handshakes.fetch_add(1, Ordering::Relaxed)
+                            }
+                            _ => counters.full_handshakes.fetch_add(1, Ordering::Relaxed),
+                        };
+                        let _ = b.serve_connection(TokioIo::new(tls), svc).await;
+                    }
+                    None => {
+                        let _ = b.serve_connection(TokioIo::new(tcp), svc).await;
+                    }
+                }
+            });
+        }
+    });
+    Upstream { addr, stats }
+}
+
+pub struct Proxy {
+    pub running: proxyfleet_proxy::RunningProxy,
+    pub config_path: PathBuf,
+}
+
+impl Proxy {
+    pub fn addr(&self, listener: &str) -> SocketAddr {
+        self.running.listener_addrs[listener]
+    }
+    pub fn admin(&self) -> SocketAddr {
+        self.running.admin_addr
+    }
+}
+
+pub async fn start_proxy(dir: &Path, yaml: &str) -> Proxy {
+    let path = dir.join("proxy.yaml");
+    std::fs::write(&path, yaml).unwrap();
+    let config = proxyfleet_proxy::read_config(&path).unwrap();
+    let running = proxyfleet_proxy::start(config, Some(path.clone())).await.unwrap();
+    Proxy {
+        running,
+        config_path: path,
+    }
+}
+
+/// One HTTP/1.1 request on a fresh plain connection: (status, body).
+pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A TLS connection with SNI `sni` (None: no SNI) trusting `ca`; returns the stream.
+pub async fn tls_connect(
+    addr: SocketAddr,
+    sni: Option<&str>,
+    ca: &TestCa,
+    alpn: &[&[u8]],
+) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(ca.roots())
+        .with_no_client_auth();
+    cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
+    cfg.enable_sni = sni.is_some();
+    let name = ServerName::try_from(sni.unwrap_or("default.example.com").to_string()).unwrap();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+        .connect(name, tcp)
+        .await
+        .unwrap()
+}
+
+pub fn served_dns_names(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Vec<String> {
+    let certs = stream.get_ref().1.peer_certificates().unwrap();
+    proxyfleet_proxy::tls::describe(&certs[0]).unwrap().dns_names
+}
+
+pub fn served_serial(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> String {
+    let certs = stream.get_ref().1.peer_certificates().unwrap();
+    proxyfleet_proxy::tls::describe(&certs[0]).unwrap().serial
+}
+
+/// GET over an established TLS stream, with h2 when negotiated.
+pub async fn tls_get(
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    host: &str,
+    path: &str,
+) -> (u16, String, http::Version) {
+    let h2 = stream.get_ref().1.alpn_protocol() == Some(b"h2");
+    let io = TokioIo::new(stream);
+    let resp = if h2 {
+        let (mut send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::builder()
+            .uri(format!("https://{host}{path}"))
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send.send_request(req).await.unwrap()
+    } else {
+        let (mut send, conn) = hyper::client::conn::http1::handshake(io).await.unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::builder()
+            .uri(path)
+            .header("host", host)
+            .body(Full::new(Bytes::new()))
+            .unwrap();
+        send.send_request(req).await.unwrap()
+    };
+    let status = resp.status().as_u16();
+    let version = resp.version();
+    let body = resp
+        .into_body()
+        .collect()
+        .await
+        .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
+        .unwrap_or_default();
+    (status, body, version)
+}
+
+/// The admin /metrics text.
+pub async fn metrics(proxy: &Proxy) -> String {
+    get(proxy.admin(), "admin", "/metrics").await.1
+}
+
+/// Sum of a metric's samples whose line contains all `parts`.
+pub fn metric_sum(text: &str, name: &str, parts: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && parts.iter().all(|p| l.contains(p)))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
+}
+
+/// Sends raw bytes on a fresh connection and returns what came back (until close or 2 s).
+pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let _ = tcp.write_all(bytes).await;
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
