@@ -23,7 +23,7 @@ retry 30 https_get "$ns" demo /hello
 https_get "$ns" demo /hello | grep -q "GET /hello" || fail "unexpected answer"
 
 say "pods are locked down"
-pod=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=demo -o name | head -1)
+pod=pod/$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=demo -o jsonpath="{.items[0].metadata.name}")
 kubectl get -n "$ns" "$pod" -o jsonpath='{.spec.containers[0].securityContext.readOnlyRootFilesystem} {.spec.securityContext.runAsNonRoot} {.spec.securityContext.seccompProfile.type}' | grep -q "true true RuntimeDefault" || fail "pod security settings missing"
 
 say "zero writes on a no-op resync"

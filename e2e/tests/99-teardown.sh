@@ -5,7 +5,7 @@ state=/var/lib/proxyfleet/clusters
 "$root/e2e/cluster" up --name member-8 --control-plane-only >/dev/null
 "$root/e2e/cluster" down --all
 left=""
-pgrep -af "$state" >/dev/null && left+=" processes: $(pgrep -af "$state" | head -3)"
+pgrep -f "$state" >/dev/null && left+=" processes: $(pgrep -af "$state" | tr "\n" " ")"
 for b in etcd kube-apiserver kube-controller-manager kube-scheduler kubelet kube-proxy containerd coredns; do
   pgrep -f "(^|/)$b( |$)" >/dev/null && left+=" process $b"
 done

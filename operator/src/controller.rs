@@ -22,7 +22,8 @@ use crate::certs;
 use crate::crd::ProxyDeployment;
 use crate::desired::{desired_objects, desired_revision, SpecError, TrackPlan};
 use crate::labels::{self, Track};
-use crate::metrics::{Metrics, ReasonLabels};
+use crate::canary;
+use crate::metrics::{Metrics, ObjectLabels, ReasonLabels};
 use crate::resources::deployment::deployment_name;
 use crate::resources::{OperatorSettings, Owner};
 use crate::status::{self, Observed, Problem};
@@ -65,6 +66,8 @@ pub struct Stores {
 
 pub struct Context {
     pub client: Client,
+    pub http: crate::canary::source::HttpGetter,
+    pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,
     pub applier: Applier,
     pub recorder: Recorder,
@@ -133,6 +136,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         .unwrap_or(Duration::from_secs(300))
         .min(Duration::from_secs(300));
     let mut written_stable: Option<Deployment> = None;
+    let mut canary_status = None;
     let mut revision_name = None;
     let mut image = None;
 
@@ -162,12 +166,43 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         Ok(rev) => {
             revision_name = Some(rev.pod.revision.clone());
             image = Some(rev.pod.image.clone());
-            let plans = vec![TrackPlan {
-                track: Track::Stable,
-                replicas: pxd.spec.replicas,
-                revision: rev,
-            }];
-            let desired = desired_objects(&pxd, &plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+            let command = canary::rollout::command_of(&pxd);
+            let stable_now = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Stable));
+            let canary_now = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Canary));
+            let rollout = canary::rollout::plan(&pxd, &owner, &ctx, rev, stable_now, canary_now, command).await;
+            let mut desired = desired_objects(&pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+            if let Some(kept) = rollout.kept_stable.clone() {
+                desired.deployments.push(kept);
+            }
+            let mut keep_config_maps: Vec<String> = desired.config_maps.iter().filter_map(|c| c.metadata.name.clone()).collect();
+            keep_config_maps.extend(rollout.kept_config_map.clone());
+            if let Some(decision) = &rollout.decision {
+                for e in &decision.events {
+                    if e.warning {
+                        ctx.warn(&owner, e.reason, &e.message).await;
+                    } else {
+                        ctx.record(&owner, e.reason, &e.message).await;
+                    }
+                }
+                if let Some(reason) = &decision.aborted {
+                    ctx.metrics.rollout_aborts.get_or_create(&ReasonLabels { reason: reason.clone() }).inc();
+                }
+                if decision.status.phase == canary::machine::ABORTED {
+                    problem = Some(Problem {
+                        reason: "RolloutAborted".into(),
+                        message: decision.status.message.clone().unwrap_or_default(),
+                    });
+                }
+                ctx.metrics
+                    .canary_weight
+                    .get_or_create(&ObjectLabels { namespace: owner.namespace.clone(), proxydeployment: owner.name.clone() })
+                    .set(decision.status.weight as i64);
+                requeue = requeue.min(Duration::from_secs(decision.requeue_after.max(1)));
+                canary_status = Some(decision.status.clone());
+            }
+            if command.is_some() {
+                clear_command(&ctx, &owner).await;
+            }
             let mut changes = Vec::new();
             if let Some(sa) = desired.service_account.clone() {
                 note(
@@ -274,6 +309,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     };
     let mut new_status = status::compute(&pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     new_status.certificates = certs.statuses.clone();
+    new_status.canary = canary_status;
     if pxd.status.as_ref() != Some(&new_status) {
         let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
         let patch = serde_json::json!({
@@ -299,6 +335,16 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         requeue = requeue.min(Duration::from_secs(10));
     }
     Ok(Action::requeue(requeue))
+}
+
+/// Removes the handled command annotation, so it acts once.
+async fn clear_command(ctx: &Context, owner: &Owner) {
+    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {canary::rollout::COMMAND_ANNOTATION: null}}});
+    match api.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) => ctx.metrics.api_write("ProxyDeployment", "patch"),
+        Err(e) => tracing::warn!(error = %e, "could not clear the command annotation"),
+    }
 }
 
 fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
@@ -392,6 +438,8 @@ pub async fn run(
         recorder,
         metrics: metrics.clone(),
         settings,
+        http: Default::default(),
+        snapshots: Default::default(),
     });
     let pxds: Api<ProxyDeployment> = Api::all(client.clone());
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());

@@ -1,1 +1,234 @@
-fn main() {}
+//! kubectl-proxyfleet: watch and steer ProxyDeployment rollouts.
+//!
+//!   kubectl proxyfleet get pxd NAME [-n NS] [--watch]
+//!   kubectl proxyfleet promote NAME [--full] | abort NAME | retry NAME | pause NAME | resume NAME
+//!   kubectl proxyfleet status NAME [--timeout 600]   (exit 0 healthy, 1 degraded/aborted, 2 timeout)
+
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use clap::{Parser, Subcommand};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::Client;
+
+use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
+use proxyfleet_operator::crd::{Phase, ProxyDeployment};
+use proxyfleet_operator::labels;
+
+#[derive(Parser)]
+#[command(name = "kubectl-proxyfleet", version, about = "Watch and steer proxyfleet rollouts")]
+struct Cli {
+    /// Namespace (default: the kubeconfig's).
+    #[arg(short, long, global = true)]
+    namespace: Option<String>,
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show a ProxyDeployment as a tree: steps, weights, analysis, pods.
+    Get {
+        /// Always `pxd` (kept for kubectl-like syntax).
+        kind: String,
+        name: String,
+        #[arg(short, long)]
+        watch: bool,
+    },
+    /// Finish the current canary step now (`--full`: skip all remaining steps).
+    Promote {
+        name: String,
+        #[arg(long)]
+        full: bool,
+    },
+    /// Abort the rollout: all traffic back on stable.
+    Abort { name: String },
+    /// Restart an aborted rollout from the first step.
+    Retry { name: String },
+    /// Hold the rollout at its current step.
+    Pause { name: String },
+    /// Continue a paused rollout.
+    Resume { name: String },
+    /// Wait for the rollout to finish; exit 0 when Ready, 1 when Degraded or aborted.
+    Status {
+        name: String,
+        #[arg(long, default_value_t = 600)]
+        timeout: u64,
+    },
+}
+
+async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
+    let client = Client::try_default().await.map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    Ok(match ns {
+        Some(n) => Api::namespaced(client, n),
+        None => Api::default_namespaced(client),
+    })
+}
+
+async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<(), String> {
+    let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: cmd}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| format!("{name}: {e}"))?;
+    println!("proxydeployment/{name}: {cmd} requested");
+    Ok(())
+}
+
+fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
+    let mut out = String::new();
+    let st = pxd.status.clone().unwrap_or_default();
+    let name = pxd.metadata.name.clone().unwrap_or_default();
+    out.push_str(&format!(
+        "proxydeployment/{name}  phase={}  ready={}/{}  revision={}\n",
+        st.phase.map(|p| p.as_str()).unwrap_or("-"),
+        st.ready_replicas,
+        pxd.spec.replicas,
+        st.revision.as_deref().unwrap_or("-")
+    ));
+    for c in &st.conditions {
+        out.push_str(&format!("├─ condition {}={} ({}) {}\n", c.type_, c.status, c.reason, c.message));
+    }
+    if let Some(canary) = &st.canary {
+        out.push_str(&format!(
+            "├─ canary {}  weight={}%  stable={}  canary={}\n",
+            canary.phase,
+            canary.weight,
+            canary.stable_revision.as_deref().unwrap_or("-"),
+            canary.canary_revision.as_deref().unwrap_or("-")
+        ));
+        if let Some(steps) = pxd.spec.strategy.as_ref().and_then(|s| s.canary.as_ref()).map(|c| &c.steps) {
+            for (i, s) in steps.iter().enumerate() {
+                let mark = match (i as i32).cmp(&canary.current_step_index) {
+                    std::cmp::Ordering::Less => "✔",
+                    std::cmp::Ordering::Equal if canary.phase != "Completed" => "▶",
+                    _ => if canary.phase == "Completed" { "✔" } else { " " },
+                };
+                let what = if let Some(w) = s.set_weight {
+                    format!("setWeight {w}")
+                } else if let Some(p) = &s.pause {
+                    p.duration.map(|d| format!("pause {d}")).unwrap_or_else(|| "pause (until promoted)".into())
+                } else {
+                    "analysis".into()
+                };
+                out.push_str(&format!("│  {mark} step {i}: {what}\n"));
+            }
+        }
+        for m in &canary.metrics {
+            out.push_str(&format!(
+                "│  metric {}: last={} ok={} failed={} inconclusive={} errors={}\n",
+                m.name,
+                m.last_value.as_deref().unwrap_or("-"),
+                m.successes,
+                m.failures,
+                m.inconclusive,
+                m.errors
+            ));
+        }
+        if let Some(msg) = &canary.message {
+            out.push_str(&format!("│  {msg}\n"));
+        }
+    }
+    for c in &st.certificates {
+        out.push_str(&format!("├─ certificate {} {} serial={} notAfter={}\n", c.kind, c.secret_name, c.serial.as_deref().unwrap_or("-"), c.not_after.as_deref().unwrap_or("-")));
+    }
+    out.push_str("└─ pods\n");
+    for p in pods {
+        let l = p.metadata.labels.clone().unwrap_or_default();
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .map(|c| c.status == "True")
+            .unwrap_or(false);
+        out.push_str(&format!(
+            "   ├─ {} track={} revision={} {}\n",
+            p.metadata.name.as_deref().unwrap_or("-"),
+            l.get(labels::TRACK).map(String::as_str).unwrap_or("-"),
+            l.get(labels::REVISION).map(String::as_str).unwrap_or("-"),
+            if ready { "Ready" } else { "NotReady" }
+        ));
+    }
+    out
+}
+
+async fn get(api: &Api<ProxyDeployment>, ns: &Option<String>, name: &str, watch: bool) -> Result<(), String> {
+    let client = Client::try_default().await.map_err(|e| e.to_string())?;
+    let pods: Api<Pod> = match ns {
+        Some(n) => Api::namespaced(client, n),
+        None => Api::default_namespaced(client),
+    };
+    loop {
+        let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+        let list = pods.list(&ListParams::default().labels(&format!("{}={name}", labels::INSTANCE))).await.map_err(|e| e.to_string())?;
+        let text = render(&pxd, &list.items);
+        if watch {
+            print!("\x1b[2J\x1b[H");
+        }
+        println!("{text}");
+        if !watch {
+            return Ok(());
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCode {
+    let deadline = Instant::now() + Duration::from_secs(timeout);
+    loop {
+        match api.get(name).await {
+            Ok(pxd) => {
+                let st = pxd.status.clone().unwrap_or_default();
+                let current = st.observed_generation == pxd.metadata.generation;
+                let aborted = st.canary.as_ref().is_some_and(|c| c.phase == "Aborted");
+                if current && (st.phase == Some(Phase::Degraded) || aborted) {
+                    println!("{name}: Degraded: {}", st.conditions.iter().find(|c| c.type_ == "Degraded").map(|c| c.message.clone()).unwrap_or_default());
+                    return ExitCode::from(1);
+                }
+                if current && st.phase == Some(Phase::Ready) && st.canary.as_ref().is_none_or(|c| c.phase == "Completed" || c.phase == "Idle") {
+                    println!("{name}: Ready ({}/{} ready, revision {})", st.ready_replicas, pxd.spec.replicas, st.revision.unwrap_or_default());
+                    return ExitCode::SUCCESS;
+                }
+            }
+            Err(e) => eprintln!("{name}: {e}"),
+        }
+        if Instant::now() > deadline {
+            println!("{name}: timed out");
+            return ExitCode::from(2);
+        }
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let api = match api(&cli.namespace).await {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("{e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result = match &cli.command {
+        Cmd::Get { kind, name, watch } => {
+            if !matches!(kind.as_str(), "pxd" | "proxydeployment" | "proxydeployments") {
+                eprintln!("only `get pxd NAME` is supported");
+                return ExitCode::FAILURE;
+            }
+            get(&api, &cli.namespace, name, *watch).await
+        }
+        Cmd::Promote { name, full } => command(&api, name, if *full { "promote-full" } else { "promote" }).await,
+        Cmd::Abort { name } => command(&api, name, "abort").await,
+        Cmd::Retry { name } => command(&api, name, "retry").await,
+        Cmd::Pause { name } => command(&api, name, "pause").await,
+        Cmd::Resume { name } => command(&api, name, "resume").await,
+        Cmd::Status { name, timeout } => return status(&api, name, *timeout).await,
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,229 @@
+//! The I/O shell around the canary state machine: reads the running Deployments, measures when
+//! an analysis is due, and turns the decision into Deployments to apply.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use super::analysis::{condition_holds, judge_builtin, Verdict, Window};
+use super::machine::{self, Command, Decision, Observations, StableTemplate};
+use super::source::{self, parse_proxy_metrics, Snapshot};
+use super::spec::Analysis;
+use crate::controller::Context;
+use crate::crd::ProxyDeployment;
+use crate::desired::{RevisionObjects, TrackPlan};
+use crate::labels::{self, Track};
+use crate::resources::config_map::ADMIN_PORT;
+use crate::resources::Owner;
+use crate::status;
+
+/// The deployments a reconcile should run, and the canary's new status.
+pub struct RolloutPlan {
+    /// Tracks that run the spec's revision (built by the pure builders).
+    pub plans: Vec<TrackPlan>,
+    /// The stable Deployment kept on its current template (during a rollout or after an abort).
+    pub kept_stable: Option<Deployment>,
+    /// ConfigMap the kept stable Deployment mounts (must not be deleted as an orphan).
+    pub kept_config_map: Option<String>,
+    pub decision: Option<Decision>,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+}
+
+fn ready_on_current_template(d: &Deployment) -> i32 {
+    let Some(s) = &d.status else { return 0 };
+    if s.observed_generation.unwrap_or(0) < d.metadata.generation.unwrap_or(0) {
+        return 0;
+    }
+    // Ready pods of the current template: at most the updated ones.
+    s.ready_replicas.unwrap_or(0).min(s.updated_replicas.unwrap_or(0))
+}
+
+/// The stable Deployment as it runs, with another replica count: kept by re-applying it.
+fn keep(d: &Deployment, replicas: i32) -> Deployment {
+    let mut k = Deployment { metadata: d.metadata.clone(), spec: d.spec.clone(), status: None };
+    k.metadata.resource_version = None;
+    k.metadata.uid = None;
+    k.metadata.managed_fields = None;
+    k.metadata.creation_timestamp = None;
+    k.metadata.generation = None;
+    k.metadata.annotations = k.metadata.annotations.map(|mut a| {
+        a.remove(labels::DESIRED_HASH);
+        a.remove("deployment.kubernetes.io/revision");
+        a
+    });
+    if let Some(spec) = k.spec.as_mut() {
+        spec.replicas = Some(replicas);
+    }
+    k
+}
+
+fn config_map_of(d: &Deployment) -> Option<String> {
+    d.spec.as_ref()?.template.spec.as_ref()?.volumes.as_ref()?.iter().find(|v| v.name == "config")?.config_map.as_ref().map(|c| c.name.clone())
+}
+
+pub async fn plan(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    revision: RevisionObjects,
+    stable: Option<Arc<Deployment>>,
+    canary: Option<Arc<Deployment>>,
+    command: Option<Command>,
+) -> RolloutPlan {
+    let total = pxd.spec.replicas;
+    let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.clone());
+    let Some(strategy) = strategy else {
+        return RolloutPlan { plans: vec![TrackPlan { track: Track::Stable, replicas: total, revision }], kept_stable: None, kept_config_map: None, decision: None };
+    };
+    let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
+    let stable_revision = stable.as_deref().and_then(status::revision_of);
+    let stable_rolled_out = stable.as_deref().is_some_and(|d| status::rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
+    let canary_ready = canary
+        .as_deref()
+        .filter(|d| status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()))
+        .map(ready_on_current_template)
+        .unwrap_or(0);
+    let mut obs = Observations {
+        desired_revision: revision.pod.revision.clone(),
+        stable_revision,
+        stable_rolled_out,
+        canary_ready,
+        measurement: None,
+        now: now(),
+    };
+    // Measure first when an analysis is due, from the status as it stands.
+    if let Some(prev) = &previous {
+        if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) && machine::measurement_due(&strategy, prev, obs.now) {
+            if let Some((analysis, _)) = machine::active_analysis(&strategy, prev) {
+                obs.measurement = Some(measure(owner, ctx, analysis).await);
+            }
+        }
+    }
+    let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
+    let mut out = RolloutPlan { plans: Vec::new(), kept_stable: None, kept_config_map: None, decision: None };
+    match decision.stable_template {
+        StableTemplate::Desired => out.plans.push(TrackPlan { track: Track::Stable, replicas: decision.stable_replicas, revision: revision.clone() }),
+        StableTemplate::Current => match stable.as_deref() {
+            Some(d) => {
+                out.kept_stable = Some(keep(d, decision.stable_replicas));
+                out.kept_config_map = config_map_of(d);
+            }
+            None => out.plans.push(TrackPlan { track: Track::Stable, replicas: decision.stable_replicas, revision: revision.clone() }),
+        },
+    }
+    if let Some(replicas) = decision.canary_replicas {
+        out.plans.push(TrackPlan { track: Track::Canary, replicas, revision });
+    }
+    if decision.status.phase == machine::COMPLETED || decision.status.phase == machine::ABORTED || decision.status.phase == machine::IDLE {
+        ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
+    }
+    out.decision = Some(decision);
+    out
+}
+
+/// Takes one measurement of every metric of `analysis`.
+async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(String, Verdict)> {
+    let window_secs = analysis.window.get().as_secs().max(1) as i64;
+    let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
+    let windows: Result<Option<(Window, Window)>, String> = if !builtin {
+        Ok(None)
+    } else if let Some(p) = &analysis.source.prometheus {
+        prometheus_windows(ctx, &p.address, owner, window_secs).await.map(Some)
+    } else {
+        direct_windows(ctx, owner, window_secs).await
+    };
+    let mut out = Vec::new();
+    for m in &analysis.metrics {
+        let verdict = if let Some(q) = &m.prometheus {
+            let query = q.query.replace("{{canary}}", &selector(owner, "canary")).replace("{{stable}}", &selector(owner, "stable"));
+            match source::prometheus_scalar(&ctx.http, &q.address, &query).await {
+                Ok(Some(v)) => match condition_holds(&q.success_condition, v) {
+                    Some(true) => Verdict::Success(v),
+                    Some(false) => Verdict::Failure(v),
+                    None => Verdict::Error(format!("cannot evaluate successCondition {:?}", q.success_condition)),
+                },
+                Ok(None) => Verdict::Inconclusive("query returned no data".into()),
+                Err(e) => Verdict::Error(e),
+            }
+        } else {
+            match &windows {
+                Ok(Some((canary, stable))) => judge_builtin(m, canary, Some(stable), analysis.min_requests, analysis.on_no_data),
+                Ok(None) => Verdict::Inconclusive("baseline taken; the next measurement has a window".into()),
+                Err(e) => Verdict::Error(e.clone()),
+            }
+        };
+        if let Verdict::Success(v) | Verdict::Failure(v) = verdict {
+            ctx.metrics
+                .analysis_value
+                .get_or_create(&crate::metrics::MeasurementLabels { namespace: owner.namespace.clone(), proxydeployment: owner.name.clone(), metric: m.name.clone() })
+                .set(v);
+        }
+        tracing::info!(metric = %m.name, ?verdict, "canary measurement");
+        out.push((m.name.clone(), verdict));
+    }
+    out
+}
+
+fn selector(owner: &Owner, track: &str) -> String {
+    format!("namespace=\"{}\",proxydeployment=\"{}\",track=\"{track}\"", owner.namespace, owner.name)
+}
+
+async fn prometheus_windows(ctx: &Context, address: &str, owner: &Owner, window_secs: i64) -> Result<(Window, Window), String> {
+    let mut out = Vec::new();
+    for track in ["canary", "stable"] {
+        let [requests, errors, p99] = source::builtin_queries(&owner.namespace, &owner.name, track, window_secs);
+        let requests = source::prometheus_scalar(&ctx.http, address, &requests).await?.unwrap_or(0.0);
+        let errors = source::prometheus_scalar(&ctx.http, address, &errors).await?.unwrap_or(0.0);
+        let p99 = source::prometheus_scalar(&ctx.http, address, &p99).await?;
+        out.push(Window { requests, errors_5xx: errors, buckets: Vec::new(), p99_ms: p99 });
+    }
+    let stable = out.pop().unwrap_or_default();
+    let canary = out.pop().unwrap_or_default();
+    Ok((canary, stable))
+}
+
+/// Scrapes every proxy pod's /metrics and returns the windows since about `window_secs` ago.
+async fn direct_windows(ctx: &Context, owner: &Owner, window_secs: i64) -> Result<Option<(Window, Window)>, String> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{}={}", labels::INSTANCE, owner.name)))
+        .await
+        .map_err(|e| format!("listing proxy pods: {e}"))?;
+    let mut snap = Snapshot { at: now(), canary: HashMap::new(), stable: HashMap::new() };
+    let mut scraped = 0;
+    for pod in list.items {
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else { continue };
+        let name = pod.metadata.name.clone().unwrap_or_default();
+        let track = pod.metadata.labels.as_ref().and_then(|l| l.get(labels::TRACK)).cloned().unwrap_or_default();
+        match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
+            Ok(text) => {
+                scraped += 1;
+                let counters = parse_proxy_metrics(&text);
+                if track == "canary" {
+                    snap.canary.insert(name, counters);
+                } else {
+                    snap.stable.insert(name, counters);
+                }
+            }
+            Err(e) => tracing::debug!(pod = %name, error = %e, "scrape failed"),
+        }
+    }
+    if scraped == 0 {
+        return Err("no proxy pod could be scraped".into());
+    }
+    Ok(ctx.snapshots.push(&format!("{}/{}", owner.namespace, owner.name), snap, window_secs))
+}
+
+/// The command annotation, if any.
+pub const COMMAND_ANNOTATION: &str = "proxyfleet.io/command";
+
+pub fn command_of(pxd: &ProxyDeployment) -> Option<Command> {
+    Command::parse(pxd.metadata.annotations.as_ref()?.get(COMMAND_ANNOTATION)?)
+}
+

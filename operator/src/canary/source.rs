@@ -1,0 +1,269 @@
+//! Where measurements come from: the proxies' own /metrics scraped directly (works with no
+//! Prometheus), or PromQL generated from the same metric names.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::rt::TokioExecutor;
+
+use super::analysis::Window;
+
+/// Counters of one pod, as scraped.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct PodCounters {
+    pub requests: f64,
+    pub errors_5xx: f64,
+    /// (le, cumulative count), summed over routes, sorted by le.
+    pub buckets: Vec<(f64, f64)>,
+}
+
+fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
+    let key = format!("{name}=\"");
+    let start = labels.find(&key)? + key.len();
+    let end = labels[start..].find('"')?;
+    Some(&labels[start..start + end])
+}
+
+/// Parses the proxy's Prometheus text into per-pod totals.
+pub fn parse_proxy_metrics(text: &str) -> PodCounters {
+    let mut out = PodCounters::default();
+    let mut buckets: Vec<(f64, f64)> = Vec::new();
+    for line in text.lines() {
+        if line.starts_with('#') {
+            continue;
+        }
+        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Ok(value) = value.parse::<f64>() else { continue };
+        let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        match name {
+            "proxyfleet_responses_total" => {
+                out.requests += value;
+                if label(labels, "code_class") == Some("5xx") {
+                    out.errors_5xx += value;
+                }
+            }
+            "proxyfleet_request_duration_seconds_bucket" => {
+                let le = match label(labels, "le") {
+                    Some("+Inf") => f64::INFINITY,
+                    Some(v) => v.parse().unwrap_or(f64::INFINITY),
+                    None => continue,
+                };
+                match buckets.iter_mut().find(|(b, _)| *b == le) {
+                    Some(b) => b.1 += value,
+                    None => buckets.push((le, value)),
+                }
+            }
+            _ => {}
+        }
+    }
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out.buckets = buckets;
+    out
+}
+
+/// Per-pod counters of both tracks at one time.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub at: i64,
+    pub canary: HashMap<String, PodCounters>,
+    pub stable: HashMap<String, PodCounters>,
+}
+
+fn delta(new: &PodCounters, old: Option<&PodCounters>) -> PodCounters {
+    // A counter that went down means the pod restarted: count from zero.
+    let Some(old) = old.filter(|o| o.requests <= new.requests) else { return new.clone() };
+    PodCounters {
+        requests: new.requests - old.requests,
+        errors_5xx: (new.errors_5xx - old.errors_5xx).max(0.0),
+        buckets: new
+            .buckets
+            .iter()
+            .map(|(le, c)| (*le, (c - old.buckets.iter().find(|(l, _)| l == le).map_or(0.0, |b| b.1)).max(0.0)))
+            .collect(),
+    }
+}
+
+/// What a track served between two snapshots, summed over its pods.
+pub fn window_between(new: &HashMap<String, PodCounters>, old: &HashMap<String, PodCounters>) -> Window {
+    let mut w = Window::default();
+    for (pod, counters) in new {
+        let d = delta(counters, old.get(pod));
+        w.requests += d.requests;
+        w.errors_5xx += d.errors_5xx;
+        for (le, c) in d.buckets {
+            match w.buckets.iter_mut().find(|(b, _)| *b == le) {
+                Some(b) => b.1 += c,
+                None => w.buckets.push((le, c)),
+            }
+        }
+    }
+    w.buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    w
+}
+
+/// Keeps recent snapshots per ProxyDeployment so windows can be computed from deltas.
+#[derive(Default)]
+pub struct SnapshotHistory {
+    by_fleet: Mutex<HashMap<String, VecDeque<Snapshot>>>,
+}
+
+impl SnapshotHistory {
+    /// Records `snap` and returns the (canary, stable) windows covering about `window` seconds,
+    /// or None when there is no earlier snapshot yet (the first is a baseline).
+    pub fn push(&self, fleet: &str, snap: Snapshot, window: i64) -> Option<(Window, Window)> {
+        let mut all = self.by_fleet.lock().ok()?;
+        let history = all.entry(fleet.to_string()).or_default();
+        // The newest snapshot at least `window` old, else the oldest we have.
+        let base = history.iter().rev().find(|s| snap.at - s.at >= window).or(history.front()).cloned();
+        history.push_back(snap.clone());
+        while history.len() > 64 || history.front().is_some_and(|s| snap.at - s.at > window * 4 + 60) {
+            history.pop_front();
+        }
+        let base = base?;
+        Some((window_between(&snap.canary, &base.canary), window_between(&snap.stable, &base.stable)))
+    }
+
+    pub fn forget(&self, fleet: &str) {
+        if let Ok(mut all) = self.by_fleet.lock() {
+            all.remove(fleet);
+        }
+    }
+}
+
+/// A small HTTP client for scraping pods and asking Prometheus.
+pub struct HttpGetter {
+    client: Client<HttpConnector, Empty<Bytes>>,
+}
+
+impl Default for HttpGetter {
+    fn default() -> Self {
+        let mut connector = HttpConnector::new();
+        connector.set_connect_timeout(Some(Duration::from_secs(2)));
+        Self { client: Client::builder(TokioExecutor::new()).build(connector) }
+    }
+}
+
+impl HttpGetter {
+    pub async fn get(&self, url: &str) -> Result<String, String> {
+        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+        let resp = tokio::time::timeout(Duration::from_secs(3), self.client.get(uri))
+            .await
+            .map_err(|_| format!("{url}: timed out"))?
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        let body = tokio::time::timeout(Duration::from_secs(3), resp.into_body().collect())
+            .await
+            .map_err(|_| format!("{url}: body timed out"))?
+            .map_err(|e| format!("{url}: {e}"))?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(format!("{url}: HTTP {status}"));
+        }
+        Ok(String::from_utf8_lossy(&body).into_owned())
+    }
+}
+
+pub fn url_encode(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() * 3);
+    for b in s.bytes() {
+        if b.is_ascii_alphanumeric() || b"-_.~".contains(&b) {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out
+}
+
+/// Runs an instant PromQL query and returns its single scalar result.
+pub async fn prometheus_scalar(http: &HttpGetter, address: &str, query: &str) -> Result<Option<f64>, String> {
+    let url = format!("{}/api/v1/query?query={}", address.trim_end_matches('/'), url_encode(query));
+    let body = http.get(&url).await?;
+    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("Prometheus answer is not JSON: {e}"))?;
+    if v["status"] != "success" {
+        return Err(format!("Prometheus error: {}", v["error"]));
+    }
+    let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else { return Ok(None) };
+    let value = first["value"][1].as_str().and_then(|s| s.parse::<f64>().ok());
+    Ok(value.filter(|x| x.is_finite()))
+}
+
+/// PromQL for the built-in metrics. Prometheus must attach the pod's namespace and the labels
+/// `proxydeployment` and `track` (see docs/canary.md for the scrape config).
+pub fn builtin_queries(namespace: &str, name: &str, track: &str, window_secs: i64) -> [String; 3] {
+    let sel = format!("namespace=\"{namespace}\",proxydeployment=\"{name}\",track=\"{track}\"");
+    [
+        format!("sum(increase(proxyfleet_responses_total{{{sel}}}[{window_secs}s]))"),
+        format!("sum(increase(proxyfleet_responses_total{{{sel},code_class=\"5xx\"}}[{window_secs}s]))"),
+        format!("1000 * histogram_quantile(0.99, sum by (le) (rate(proxyfleet_request_duration_seconds_bucket{{{sel}}}[{window_secs}s])))"),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const SCRAPE: &str = r#"# HELP proxyfleet_responses Responses
+# TYPE proxyfleet_responses counter
+proxyfleet_responses_total{route="all",upstream="echo",code_class="2xx"} 90
+proxyfleet_responses_total{route="all",upstream="echo",code_class="5xx"} 10
+proxyfleet_responses_total{route="",upstream="",code_class="4xx"} 5
+proxyfleet_request_duration_seconds_bucket{le="0.001",route="all",upstream="echo"} 50
+proxyfleet_request_duration_seconds_bucket{le="0.01",route="all",upstream="echo"} 100
+proxyfleet_request_duration_seconds_bucket{le="+Inf",route="all",upstream="echo"} 100
+proxyfleet_request_duration_seconds_bucket{le="0.001",route="",upstream=""} 5
+proxyfleet_request_duration_seconds_bucket{le="0.01",route="",upstream=""} 5
+proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
+# EOF
+"#;
+
+    #[test]
+    fn parses_counters_and_buckets() {
+        let c = parse_proxy_metrics(SCRAPE);
+        assert_eq!(c.requests, 105.0);
+        assert_eq!(c.errors_5xx, 10.0);
+        assert_eq!(c.buckets, vec![(0.001, 55.0), (0.01, 105.0), (f64::INFINITY, 105.0)]);
+    }
+
+    #[test]
+    fn windows_are_deltas_and_survive_pod_restarts() {
+        let old = HashMap::from([("a".to_string(), PodCounters { requests: 100.0, errors_5xx: 10.0, buckets: vec![(f64::INFINITY, 100.0)] })]);
+        let new = HashMap::from([
+            ("a".to_string(), PodCounters { requests: 150.0, errors_5xx: 20.0, buckets: vec![(f64::INFINITY, 150.0)] }),
+            // restarted pod: its counters start again from zero
+            ("b".to_string(), PodCounters { requests: 7.0, errors_5xx: 0.0, buckets: vec![(f64::INFINITY, 7.0)] }),
+        ]);
+        let w = window_between(&new, &old);
+        assert_eq!(w.requests, 57.0);
+        assert_eq!(w.errors_5xx, 10.0);
+    }
+
+    #[test]
+    fn history_gives_a_window_after_a_baseline() {
+        let h = SnapshotHistory::default();
+        let snap = |at, n: f64| Snapshot {
+            at,
+            canary: HashMap::from([("c".to_string(), PodCounters { requests: n, errors_5xx: 0.0, buckets: vec![] })]),
+            stable: HashMap::new(),
+        };
+        assert!(h.push("ns/demo", snap(0, 0.0), 30).is_none());
+        let (c, _) = h.push("ns/demo", snap(10, 50.0), 30).unwrap();
+        assert_eq!(c.requests, 50.0);
+        h.push("ns/demo", snap(40, 200.0), 30);
+        let (c, _) = h.push("ns/demo", snap(50, 260.0), 30).unwrap();
+        // base is the newest snapshot at least 30 s old: t=10 (50 requests)
+        assert_eq!(c.requests, 210.0);
+    }
+
+    #[test]
+    fn queries_name_the_track() {
+        let q = builtin_queries("web", "demo", "canary", 30);
+        assert!(q[1].contains("code_class=\"5xx\""));
+        assert!(q[2].contains("histogram_quantile(0.99"));
+        assert_eq!(url_encode("a b{c}"), "a%20b%7Bc%7D");
+    }
+}
