@@ -18,11 +18,11 @@ use serde::de::DeserializeOwned;
 use tracing::{field, info_span, Instrument};
 
 use crate::apply::{Applier, ApplyError, Outcome};
+use crate::canary;
 use crate::certs;
 use crate::crd::ProxyDeployment;
-use crate::desired::{desired_objects, desired_revision, SpecError, TrackPlan};
+use crate::desired::{desired_objects, desired_revision, SpecError};
 use crate::labels::{self, Track};
-use crate::canary;
 use crate::metrics::{Metrics, ObjectLabels, ReasonLabels};
 use crate::resources::deployment::deployment_name;
 use crate::resources::{OperatorSettings, Owner};
@@ -167,14 +167,27 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             revision_name = Some(rev.pod.revision.clone());
             image = Some(rev.pod.image.clone());
             let command = canary::rollout::command_of(&pxd);
-            let stable_now = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Stable));
-            let canary_now = cached(&ctx.stores.deployments, &owner.namespace, &deployment_name(&owner.name, Track::Canary));
+            let stable_now = cached(
+                &ctx.stores.deployments,
+                &owner.namespace,
+                &deployment_name(&owner.name, Track::Stable),
+            );
+            let canary_now = cached(
+                &ctx.stores.deployments,
+                &owner.namespace,
+                &deployment_name(&owner.name, Track::Canary),
+            );
             let rollout = canary::rollout::plan(&pxd, &owner, &ctx, rev, stable_now, canary_now, command).await;
-            let mut desired = desired_objects(&pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+            let mut desired =
+                desired_objects(&pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
             if let Some(kept) = rollout.kept_stable.clone() {
                 desired.deployments.push(kept);
             }
-            let mut keep_config_maps: Vec<String> = desired.config_maps.iter().filter_map(|c| c.metadata.name.clone()).collect();
+            let mut keep_config_maps: Vec<String> = desired
+                .config_maps
+                .iter()
+                .filter_map(|c| c.metadata.name.clone())
+                .collect();
             keep_config_maps.extend(rollout.kept_config_map.clone());
             if let Some(decision) = &rollout.decision {
                 for e in &decision.events {
@@ -185,7 +198,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
                     }
                 }
                 if let Some(reason) = &decision.aborted {
-                    ctx.metrics.rollout_aborts.get_or_create(&ReasonLabels { reason: reason.clone() }).inc();
+                    ctx.metrics
+                        .rollout_aborts
+                        .get_or_create(&ReasonLabels { reason: reason.clone() })
+                        .inc();
                 }
                 if decision.status.phase == canary::machine::ABORTED {
                     problem = Some(Problem {
@@ -195,7 +211,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
                 }
                 ctx.metrics
                     .canary_weight
-                    .get_or_create(&ObjectLabels { namespace: owner.namespace.clone(), proxydeployment: owner.name.clone() })
+                    .get_or_create(&ObjectLabels {
+                        namespace: owner.namespace.clone(),
+                        proxydeployment: owner.name.clone(),
+                    })
                     .set(decision.status.weight as i64);
                 requeue = requeue.min(Duration::from_secs(decision.requeue_after.max(1)));
                 canary_status = Some(decision.status.clone());
@@ -341,7 +360,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
 async fn clear_command(ctx: &Context, owner: &Owner) {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let patch = serde_json::json!({"metadata": {"annotations": {canary::rollout::COMMAND_ANNOTATION: null}}});
-    match api.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    match api
+        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         Ok(_) => ctx.metrics.api_write("ProxyDeployment", "patch"),
         Err(e) => tracing::warn!(error = %e, "could not clear the command annotation"),
     }

@@ -59,7 +59,9 @@ enum Cmd {
 }
 
 async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
-    let client = Client::try_default().await.map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the cluster: {e}"))?;
     Ok(match ns {
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
@@ -68,7 +70,9 @@ async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
 
 async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<(), String> {
     let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: cmd}}});
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await.map_err(|e| format!("{name}: {e}"))?;
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("{name}: {e}"))?;
     println!("proxydeployment/{name}: {cmd} requested");
     Ok(())
 }
@@ -85,7 +89,10 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
         st.revision.as_deref().unwrap_or("-")
     ));
     for c in &st.conditions {
-        out.push_str(&format!("├─ condition {}={} ({}) {}\n", c.type_, c.status, c.reason, c.message));
+        out.push_str(&format!(
+            "├─ condition {}={} ({}) {}\n",
+            c.type_, c.status, c.reason, c.message
+        ));
     }
     if let Some(canary) = &st.canary {
         out.push_str(&format!(
@@ -95,17 +102,31 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
             canary.stable_revision.as_deref().unwrap_or("-"),
             canary.canary_revision.as_deref().unwrap_or("-")
         ));
-        if let Some(steps) = pxd.spec.strategy.as_ref().and_then(|s| s.canary.as_ref()).map(|c| &c.steps) {
+        if let Some(steps) = pxd
+            .spec
+            .strategy
+            .as_ref()
+            .and_then(|s| s.canary.as_ref())
+            .map(|c| &c.steps)
+        {
             for (i, s) in steps.iter().enumerate() {
                 let mark = match (i as i32).cmp(&canary.current_step_index) {
                     std::cmp::Ordering::Less => "✔",
                     std::cmp::Ordering::Equal if canary.phase != "Completed" => "▶",
-                    _ => if canary.phase == "Completed" { "✔" } else { " " },
+                    _ => {
+                        if canary.phase == "Completed" {
+                            "✔"
+                        } else {
+                            " "
+                        }
+                    }
                 };
                 let what = if let Some(w) = s.set_weight {
                     format!("setWeight {w}")
                 } else if let Some(p) = &s.pause {
-                    p.duration.map(|d| format!("pause {d}")).unwrap_or_else(|| "pause (until promoted)".into())
+                    p.duration
+                        .map(|d| format!("pause {d}"))
+                        .unwrap_or_else(|| "pause (until promoted)".into())
                 } else {
                     "analysis".into()
                 };
@@ -128,7 +149,13 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
         }
     }
     for c in &st.certificates {
-        out.push_str(&format!("├─ certificate {} {} serial={} notAfter={}\n", c.kind, c.secret_name, c.serial.as_deref().unwrap_or("-"), c.not_after.as_deref().unwrap_or("-")));
+        out.push_str(&format!(
+            "├─ certificate {} {} serial={} notAfter={}\n",
+            c.kind,
+            c.secret_name,
+            c.serial.as_deref().unwrap_or("-"),
+            c.not_after.as_deref().unwrap_or("-")
+        ));
     }
     out.push_str("└─ pods\n");
     for p in pods {
@@ -159,7 +186,10 @@ async fn get(api: &Api<ProxyDeployment>, ns: &Option<String>, name: &str, watch:
     };
     loop {
         let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
-        let list = pods.list(&ListParams::default().labels(&format!("{}={name}", labels::INSTANCE))).await.map_err(|e| e.to_string())?;
+        let list = pods
+            .list(&ListParams::default().labels(&format!("{}={name}", labels::INSTANCE)))
+            .await
+            .map_err(|e| e.to_string())?;
         let text = render(&pxd, &list.items);
         if watch {
             print!("\x1b[2J\x1b[H");
@@ -181,11 +211,29 @@ async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCod
                 let current = st.observed_generation == pxd.metadata.generation;
                 let aborted = st.canary.as_ref().is_some_and(|c| c.phase == "Aborted");
                 if current && (st.phase == Some(Phase::Degraded) || aborted) {
-                    println!("{name}: Degraded: {}", st.conditions.iter().find(|c| c.type_ == "Degraded").map(|c| c.message.clone()).unwrap_or_default());
+                    println!(
+                        "{name}: Degraded: {}",
+                        st.conditions
+                            .iter()
+                            .find(|c| c.type_ == "Degraded")
+                            .map(|c| c.message.clone())
+                            .unwrap_or_default()
+                    );
                     return ExitCode::from(1);
                 }
-                if current && st.phase == Some(Phase::Ready) && st.canary.as_ref().is_none_or(|c| c.phase == "Completed" || c.phase == "Idle") {
-                    println!("{name}: Ready ({}/{} ready, revision {})", st.ready_replicas, pxd.spec.replicas, st.revision.unwrap_or_default());
+                if current
+                    && st.phase == Some(Phase::Ready)
+                    && st
+                        .canary
+                        .as_ref()
+                        .is_none_or(|c| c.phase == "Completed" || c.phase == "Idle")
+                {
+                    println!(
+                        "{name}: Ready ({}/{} ready, revision {})",
+                        st.ready_replicas,
+                        pxd.spec.replicas,
+                        st.revision.unwrap_or_default()
+                    );
                     return ExitCode::SUCCESS;
                 }
             }

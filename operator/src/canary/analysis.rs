@@ -20,7 +20,8 @@ impl Window {
 
     /// P99 in milliseconds by linear interpolation inside the bucket, as histogram_quantile does.
     pub fn p99_ms(&self) -> Option<f64> {
-        self.p99_ms.or_else(|| quantile(0.99, &self.buckets).map(|s| s * 1000.0))
+        self.p99_ms
+            .or_else(|| quantile(0.99, &self.buckets).map(|s| s * 1000.0))
     }
 }
 
@@ -70,23 +71,44 @@ fn within(value: f64, threshold: &Threshold, stable: Option<f64>, floor: f64) ->
 }
 
 /// Judges a built-in metric on the canary's window (and stable's, for relative limits).
-pub fn judge_builtin(metric: &Metric, canary: &Window, stable: Option<&Window>, min_requests: i64, on_no_data: OnNoData) -> Verdict {
+pub fn judge_builtin(
+    metric: &Metric,
+    canary: &Window,
+    stable: Option<&Window>,
+    min_requests: i64,
+    on_no_data: OnNoData,
+) -> Verdict {
     let no_data = |why: String| match on_no_data {
         OnNoData::Inconclusive => Verdict::Inconclusive(why),
         OnNoData::Fail => Verdict::Failure(f64::NAN),
     };
     if canary.requests < min_requests as f64 {
-        return no_data(format!("{} canary requests in the window, fewer than minRequests {min_requests}", canary.requests));
+        return no_data(format!(
+            "{} canary requests in the window, fewer than minRequests {min_requests}",
+            canary.requests
+        ));
     }
     if let Some(t) = &metric.p99_latency_ms {
-        let Some(v) = canary.p99_ms() else { return no_data("no latency samples".into()) };
+        let Some(v) = canary.p99_ms() else {
+            return no_data("no latency samples".into());
+        };
         let s = stable.and_then(|w| (w.requests >= 1.0).then(|| w.p99_ms()).flatten());
-        return if within(v, t, s, 1.0) { Verdict::Success(v) } else { Verdict::Failure(v) };
+        return if within(v, t, s, 1.0) {
+            Verdict::Success(v)
+        } else {
+            Verdict::Failure(v)
+        };
     }
     if let Some(t) = &metric.error_rate5xx {
-        let Some(v) = canary.error_rate_percent() else { return no_data("no requests".into()) };
+        let Some(v) = canary.error_rate_percent() else {
+            return no_data("no requests".into());
+        };
         let s = stable.and_then(|w| w.error_rate_percent());
-        return if within(v, t, s, 0.1) { Verdict::Success(v) } else { Verdict::Failure(v) };
+        return if within(v, t, s, 0.1) {
+            Verdict::Success(v)
+        } else {
+            Verdict::Failure(v)
+        };
     }
     Verdict::Error("not a built-in metric".into())
 }
@@ -94,7 +116,9 @@ pub fn judge_builtin(metric: &Metric, canary: &Window, stable: Option<&Window>, 
 /// Evaluates `result OP number` (the prometheus metric's successCondition).
 pub fn condition_holds(condition: &str, result: f64) -> Option<bool> {
     let rest = condition.trim().strip_prefix("result")?.trim_start();
-    let (op, num) = ["<=", ">=", "==", "!=", "<", ">"].iter().find_map(|op| rest.strip_prefix(op).map(|n| (*op, n.trim())))?;
+    let (op, num) = ["<=", ">=", "==", "!=", "<", ">"]
+        .iter()
+        .find_map(|op| rest.strip_prefix(op).map(|n| (*op, n.trim())))?;
     let n: f64 = num.parse().ok()?;
     Some(match op {
         "<=" => result <= n,
@@ -111,14 +135,25 @@ mod tests {
     use super::*;
 
     fn window(requests: f64, errors: f64, buckets: &[(f64, f64)]) -> Window {
-        Window { requests, errors_5xx: errors, buckets: buckets.to_vec(), p99_ms: None }
+        Window {
+            requests,
+            errors_5xx: errors,
+            buckets: buckets.to_vec(),
+            p99_ms: None,
+        }
     }
 
     fn metric(p99: Option<f64>, err: Option<f64>, rel: Option<f64>) -> Metric {
         Metric {
             name: "m".into(),
-            p99_latency_ms: p99.map(|m| Threshold { max: Some(m), relative_to_stable: rel }),
-            error_rate5xx: err.map(|m| Threshold { max: Some(m), relative_to_stable: rel }),
+            p99_latency_ms: p99.map(|m| Threshold {
+                max: Some(m),
+                relative_to_stable: rel,
+            }),
+            error_rate5xx: err.map(|m| Threshold {
+                max: Some(m),
+                relative_to_stable: rel,
+            }),
             prometheus: None,
         }
     }
@@ -137,29 +172,79 @@ mod tests {
     fn latency_and_error_verdicts() {
         let fast = window(100.0, 0.0, &[(0.001, 100.0), (f64::INFINITY, 100.0)]);
         let slow = window(100.0, 0.0, &[(0.001, 50.0), (0.5, 100.0), (f64::INFINITY, 100.0)]);
-        assert!(matches!(judge_builtin(&metric(Some(100.0), None, None), &fast, None, 20, OnNoData::Inconclusive), Verdict::Success(_)));
-        assert!(matches!(judge_builtin(&metric(Some(100.0), None, None), &slow, None, 20, OnNoData::Inconclusive), Verdict::Failure(_)));
+        assert!(matches!(
+            judge_builtin(
+                &metric(Some(100.0), None, None),
+                &fast,
+                None,
+                20,
+                OnNoData::Inconclusive
+            ),
+            Verdict::Success(_)
+        ));
+        assert!(matches!(
+            judge_builtin(
+                &metric(Some(100.0), None, None),
+                &slow,
+                None,
+                20,
+                OnNoData::Inconclusive
+            ),
+            Verdict::Failure(_)
+        ));
         let errors = window(100.0, 20.0, &[]);
-        assert_eq!(judge_builtin(&metric(None, Some(5.0), None), &errors, None, 20, OnNoData::Inconclusive), Verdict::Failure(20.0));
+        assert_eq!(
+            judge_builtin(
+                &metric(None, Some(5.0), None),
+                &errors,
+                None,
+                20,
+                OnNoData::Inconclusive
+            ),
+            Verdict::Failure(20.0)
+        );
         let fine = window(100.0, 1.0, &[]);
-        assert_eq!(judge_builtin(&metric(None, Some(5.0), None), &fine, None, 20, OnNoData::Inconclusive), Verdict::Success(1.0));
+        assert_eq!(
+            judge_builtin(&metric(None, Some(5.0), None), &fine, None, 20, OnNoData::Inconclusive),
+            Verdict::Success(1.0)
+        );
     }
 
     #[test]
     fn too_few_requests_is_inconclusive_or_failure_by_policy() {
         let quiet = window(3.0, 3.0, &[]);
-        assert!(matches!(judge_builtin(&metric(None, Some(5.0), None), &quiet, None, 20, OnNoData::Inconclusive), Verdict::Inconclusive(_)));
-        assert!(matches!(judge_builtin(&metric(None, Some(5.0), None), &quiet, None, 20, OnNoData::Fail), Verdict::Failure(_)));
+        assert!(matches!(
+            judge_builtin(&metric(None, Some(5.0), None), &quiet, None, 20, OnNoData::Inconclusive),
+            Verdict::Inconclusive(_)
+        ));
+        assert!(matches!(
+            judge_builtin(&metric(None, Some(5.0), None), &quiet, None, 20, OnNoData::Fail),
+            Verdict::Failure(_)
+        ));
     }
 
     #[test]
     fn relative_to_stable() {
-        let m = Metric { name: "m".into(), p99_latency_ms: Some(Threshold { max: None, relative_to_stable: Some(50.0) }), error_rate5xx: None, prometheus: None };
+        let m = Metric {
+            name: "m".into(),
+            p99_latency_ms: Some(Threshold {
+                max: None,
+                relative_to_stable: Some(50.0),
+            }),
+            error_rate5xx: None,
+            prometheus: None,
+        };
         let stable = window(100.0, 0.0, &[(0.01, 100.0), (f64::INFINITY, 100.0)]); // p99 ≈ 9.9ms
         let canary_ok = window(100.0, 0.0, &[(0.012, 100.0), (f64::INFINITY, 100.0)]);
         let canary_bad = window(100.0, 0.0, &[(0.05, 100.0), (f64::INFINITY, 100.0)]);
-        assert!(matches!(judge_builtin(&m, &canary_ok, Some(&stable), 20, OnNoData::Inconclusive), Verdict::Success(_)));
-        assert!(matches!(judge_builtin(&m, &canary_bad, Some(&stable), 20, OnNoData::Inconclusive), Verdict::Failure(_)));
+        assert!(matches!(
+            judge_builtin(&m, &canary_ok, Some(&stable), 20, OnNoData::Inconclusive),
+            Verdict::Success(_)
+        ));
+        assert!(matches!(
+            judge_builtin(&m, &canary_bad, Some(&stable), 20, OnNoData::Inconclusive),
+            Verdict::Failure(_)
+        ));
     }
 
     #[test]

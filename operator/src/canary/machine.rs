@@ -101,7 +101,9 @@ fn rfc(now: i64) -> String {
 
 fn parse_time(s: &Option<String>) -> Option<i64> {
     let t = s.as_deref()?;
-    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok().map(|t| t.unix_timestamp())
+    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
 }
 
 /// The analysis that runs at this point: the blocking one of an analysis step, else the
@@ -121,8 +123,14 @@ pub fn active_analysis<'a>(strategy: &'a CanaryStrategy, status: &CanaryStatus) 
 
 /// Whether a measurement is due now (the shell measures, then calls `decide`).
 pub fn measurement_due(strategy: &CanaryStrategy, status: &CanaryStatus, now: i64) -> bool {
-    let Some((analysis, _)) = active_analysis(strategy, status) else { return false };
-    let last = status.metrics.iter().filter_map(|m| parse_time(&m.last_measured_at)).max();
+    let Some((analysis, _)) = active_analysis(strategy, status) else {
+        return false;
+    };
+    let last = status
+        .metrics
+        .iter()
+        .filter_map(|m| parse_time(&m.last_measured_at))
+        .max();
     last.is_none_or(|t| now - t >= analysis.interval.get().as_secs() as i64)
 }
 
@@ -149,7 +157,11 @@ struct Run {
 
 impl Run {
     fn event(&mut self, warning: bool, reason: &'static str, message: String) {
-        self.events.push(Event { warning, reason, message });
+        self.events.push(Event {
+            warning,
+            reason,
+            message,
+        });
     }
 
     fn abort(&mut self, reason: &str, message: String) {
@@ -179,7 +191,10 @@ impl Run {
             let idx = match self.status.metrics.iter().position(|m| &m.name == name) {
                 Some(i) => i,
                 None => {
-                    self.status.metrics.push(MetricStatus { name: name.clone(), ..Default::default() });
+                    self.status.metrics.push(MetricStatus {
+                        name: name.clone(),
+                        ..Default::default()
+                    });
                     self.status.metrics.len() - 1
                 }
             };
@@ -194,7 +209,11 @@ impl Run {
                 Verdict::Failure(x) => {
                     m.failures += 1;
                     m.consecutive_errors = 0;
-                    m.last_value = Some(if x.is_nan() { "no data".into() } else { format!("{x:.3}") });
+                    m.last_value = Some(if x.is_nan() {
+                        "no data".into()
+                    } else {
+                        format!("{x:.3}")
+                    });
                 }
                 Verdict::Inconclusive(why) => {
                     m.inconclusive += 1;
@@ -213,21 +232,48 @@ impl Run {
         let mut passed = true;
         for m in ours {
             if m.failures > analysis.failure_limit {
-                return (false, Some(format!("metric {} failed {} times (failureLimit {}), last value {}", m.name, m.failures, analysis.failure_limit, m.last_value.clone().unwrap_or_default())));
+                return (
+                    false,
+                    Some(format!(
+                        "metric {} failed {} times (failureLimit {}), last value {}",
+                        m.name,
+                        m.failures,
+                        analysis.failure_limit,
+                        m.last_value.clone().unwrap_or_default()
+                    )),
+                );
             }
             if m.consecutive_errors > analysis.consecutive_error_limit {
-                return (false, Some(format!("metric {} errored {} times in a row (consecutiveErrorLimit {}): {}", m.name, m.consecutive_errors, analysis.consecutive_error_limit, m.last_value.clone().unwrap_or_default())));
+                return (
+                    false,
+                    Some(format!(
+                        "metric {} errored {} times in a row (consecutiveErrorLimit {}): {}",
+                        m.name,
+                        m.consecutive_errors,
+                        analysis.consecutive_error_limit,
+                        m.last_value.clone().unwrap_or_default()
+                    )),
+                );
             }
             if m.successes < analysis.count {
                 passed = false;
             }
         }
-        (passed && names.iter().all(|n| self.status.metrics.iter().any(|m| &m.name == n)), None)
+        (
+            passed && names.iter().all(|n| self.status.metrics.iter().any(|m| &m.name == n)),
+            None,
+        )
     }
 }
 
 /// One step of the machine.
-pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total: i32, obs: &Observations, command: Option<Command>) -> Decision {
+pub fn decide(
+    strategy: &CanaryStrategy,
+    previous: Option<&CanaryStatus>,
+    total: i32,
+    obs: &Observations,
+    command: Option<Command>,
+) -> Decision {
     let now = obs.now;
     let plain = |status: CanaryStatus, events: Vec<Event>| Decision {
         status,
@@ -249,15 +295,29 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
     let Some(stable_rev) = obs.stable_revision.clone() else {
         return plain(idle("first deployment"), vec![]);
     };
-    let mut run = Run { status: previous.cloned().unwrap_or_else(|| idle("")), events: Vec::new(), aborted: None };
-    let in_rollout = matches!(run.status.phase.as_str(), PROGRESSING | PAUSED | ANALYZING | PROMOTING | ABORTED);
+    let mut run = Run {
+        status: previous.cloned().unwrap_or_else(|| idle("")),
+        events: Vec::new(),
+        aborted: None,
+    };
+    let in_rollout = matches!(
+        run.status.phase.as_str(),
+        PROGRESSING | PAUSED | ANALYZING | PROMOTING | ABORTED
+    );
 
     if stable_rev == obs.desired_revision {
         if in_rollout && run.status.phase != PROMOTING {
             // The spec went back to what stable runs: the rollout is moot.
             let mut s = idle("spec returned to the stable revision; rollout cancelled");
             s.stable_revision = Some(stable_rev);
-            return plain(s, vec![Event { warning: false, reason: "RolloutCancelled", message: "spec returned to the stable revision".into() }]);
+            return plain(
+                s,
+                vec![Event {
+                    warning: false,
+                    reason: "RolloutCancelled",
+                    message: "spec returned to the stable revision".into(),
+                }],
+            );
         }
         if run.status.phase == PROMOTING {
             // Stable now runs the new revision; finish once its pods are all there.
@@ -267,7 +327,15 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
                 run.status.stable_revision = Some(stable_rev.clone());
                 run.status.message = Some(format!("revision {stable_rev} promoted to stable"));
                 run.event(false, "RolloutCompleted", format!("revision {stable_rev} is stable"));
-                return Decision { status: run.status, stable_template: StableTemplate::Desired, stable_replicas: total, canary_replicas: None, events: run.events, requeue_after: 300, aborted: None };
+                return Decision {
+                    status: run.status,
+                    stable_template: StableTemplate::Desired,
+                    stable_replicas: total,
+                    canary_replicas: None,
+                    events: run.events,
+                    requeue_after: 300,
+                    aborted: None,
+                };
             }
             return Decision {
                 status: run.status,
@@ -279,7 +347,11 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
                 aborted: None,
             };
         }
-        let status = if run.status.phase == COMPLETED { run.status } else { idle("stable runs the spec's revision") };
+        let status = if run.status.phase == COMPLETED {
+            run.status
+        } else {
+            idle("stable runs the spec's revision")
+        };
         return plain(status, vec![]);
     }
 
@@ -288,9 +360,20 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
         let superseded = in_rollout && run.status.phase != ABORTED;
         run.status = fresh_status(&obs.desired_revision, Some(&stable_rev), now);
         if superseded {
-            run.event(false, "RolloutSuperseded", format!("a newer revision {} replaces the rollout in progress", obs.desired_revision));
+            run.event(
+                false,
+                "RolloutSuperseded",
+                format!(
+                    "a newer revision {} replaces the rollout in progress",
+                    obs.desired_revision
+                ),
+            );
         }
-        run.event(false, "RolloutStarted", format!("canary revision {} (stable {stable_rev})", obs.desired_revision));
+        run.event(
+            false,
+            "RolloutStarted",
+            format!("canary revision {} (stable {stable_rev})", obs.desired_revision),
+        );
     }
 
     match command {
@@ -324,17 +407,33 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
         let (_, failed) = run.record(analysis, verdicts, now);
         if let Some(why) = failed {
             run.abort("AnalysisFailed", why);
-            return Decision { status: run.status, stable_template: StableTemplate::Current, stable_replicas: total, canary_replicas: Some(0), events: run.events, requeue_after: 300, aborted: run.aborted };
+            return Decision {
+                status: run.status,
+                stable_template: StableTemplate::Current,
+                stable_replicas: total,
+                canary_replicas: Some(0),
+                events: run.events,
+                requeue_after: 300,
+                aborted: run.aborted,
+            };
         }
     }
 
-    let manual_pause = run.status.phase == PAUSED && command != Some(Command::Resume) && command != Some(Command::Promote) && command != Some(Command::PromoteFull)
-        && strategy.steps.get(run.status.current_step_index as usize).is_none_or(|s| s.pause.is_none());
+    let manual_pause = run.status.phase == PAUSED
+        && command != Some(Command::Resume)
+        && command != Some(Command::Promote)
+        && command != Some(Command::PromoteFull)
+        && strategy
+            .steps
+            .get(run.status.current_step_index as usize)
+            .is_none_or(|s| s.pause.is_none());
     if command == Some(Command::PromoteFull) {
         run.status.current_step_index = strategy.steps.len() as i32;
         run.event(false, "PromotedFull", "all remaining steps skipped by request".into());
     }
     let mut requeue = 2u64;
+    let mut promote_pending = command == Some(Command::Promote);
+    let mut target_weight = run.status.weight;
     // Walk through steps that complete immediately, but at most one weight change per call.
     for _ in 0..strategy.steps.len() + 1 {
         if manual_pause {
@@ -355,18 +454,21 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
                 aborted: None,
             };
         };
-        let promote_now = command == Some(Command::Promote);
+        // A promote finishes exactly one step.
+        let promote_now = std::mem::take(&mut promote_pending);
         if let Some(w) = step.set_weight {
             run.status.phase = PROGRESSING.into();
             let target = canary_replicas(total, w);
-            run.status.weight = w;
             if obs.canary_ready >= target || promote_now {
+                run.status.weight = w;
                 run.status.message = Some(format!("step {idx}: weight {w}% reached ({target} canary pod(s))"));
                 run.event(false, "StepCompleted", format!("step {idx}: weight {w}%"));
                 run.next_step(now);
                 // Give the new weight time to carry traffic before anything else happens.
                 break;
             }
+            // Scale towards the step's weight; status.weight changes once it is reached.
+            target_weight = w;
             run.status.message = Some(format!("step {idx}: waiting for {target} canary pod(s) ready ({} now)", obs.canary_ready));
             break;
         } else if let Some(p) = &step.pause {
@@ -386,12 +488,19 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
                 Some(d) => format!("step {idx}: paused for {d}"),
                 None => format!("step {idx}: paused until promoted"),
             });
-            requeue = p.duration.map(|d| (started + d.get().as_secs() as i64 - now).clamp(1, 300) as u64).unwrap_or(300);
+            requeue = p
+                .duration
+                .map(|d| (started + d.get().as_secs() as i64 - now).clamp(1, 300) as u64)
+                .unwrap_or(300);
             break;
         } else if let Some(a) = &step.analysis {
             run.status.phase = ANALYZING.into();
             if promote_now {
-                run.event(false, "StepCompleted", format!("step {idx}: analysis skipped by request"));
+                run.event(
+                    false,
+                    "StepCompleted",
+                    format!("step {idx}: analysis skipped by request"),
+                );
                 run.next_step(now);
                 continue;
             }
@@ -399,7 +508,15 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
                 let (passed, failed) = run.record(a, verdicts, now);
                 if let Some(why) = failed {
                     run.abort("AnalysisFailed", why);
-                    return Decision { status: run.status, stable_template: StableTemplate::Current, stable_replicas: total, canary_replicas: Some(0), events: run.events, requeue_after: 300, aborted: run.aborted };
+                    return Decision {
+                        status: run.status,
+                        stable_template: StableTemplate::Current,
+                        stable_replicas: total,
+                        canary_replicas: Some(0),
+                        events: run.events,
+                        requeue_after: 300,
+                        aborted: run.aborted,
+                    };
                 }
                 if passed {
                     run.event(false, "AnalysisPassed", format!("step {idx}: analysis passed"));
@@ -417,7 +534,7 @@ pub fn decide(strategy: &CanaryStrategy, previous: Option<&CanaryStatus>, total:
     if let Some((a, _)) = active_analysis(strategy, &run.status) {
         requeue = requeue.min(a.interval.get().as_secs().max(1));
     }
-    let canary = canary_replicas(total, run.status.weight);
+    let canary = canary_replicas(total, target_weight.max(run.status.weight));
     Decision {
         status: run.status,
         stable_template: StableTemplate::Current,

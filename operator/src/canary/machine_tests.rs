@@ -142,7 +142,14 @@ fn failed_background_analysis_aborts_to_stable() {
 
 #[test]
 fn consecutive_errors_abort_and_are_never_a_pass() {
-    let s = strategy(STEPS.replace("analysis: {interval: 10s, failureLimit: 1,", "analysis: {interval: 10s, failureLimit: 1, consecutiveErrorLimit: 2,").as_str());
+    let s = strategy(
+        STEPS
+            .replace(
+                "analysis: {interval: 10s, failureLimit: 1,",
+                "analysis: {interval: 10s, failureLimit: 1, consecutiveErrorLimit: 2,",
+            )
+            .as_str(),
+    );
     let mut d = decide(&s, None, 5, &obs(0, 0), None);
     d = decide(&s, Some(&d.status), 5, &obs(1, 1), None);
     for (i, t) in [10, 20].iter().enumerate() {
@@ -163,7 +170,8 @@ fn a_new_revision_supersedes_the_rollout() {
     let s = strategy(STEPS);
     let d = decide(&s, None, 5, &obs(0, 0), None);
     let d = decide(&s, Some(&d.status), 5, &obs(1, 1), None);
-    let mut o = obs(2, 1);
+    // The new revision's canary Deployment has no ready pods yet.
+    let mut o = obs(2, 0);
     o.desired_revision = "newer".into();
     let d = decide(&s, Some(&d.status), 5, &o, None);
     assert_eq!(d.status.current_step_index, 0);
@@ -201,8 +209,18 @@ fn restart_in_every_phase_resumes_without_repeating_or_skipping() {
     // every phase: a restarted operator continues where it was.
     let s = strategy(STEPS);
     let mut status: Option<CanaryStatus> = None;
-    let script: Vec<(i64, i32, Option<Vec<(String, Verdict)>>)> =
-        vec![(0, 0, None), (1, 1, None), (2, 1, None), (40, 1, None), (41, 3, None), (50, 3, ok()), (60, 3, ok()), (61, 3, None), (62, 5, None), (63, 5, None)];
+    let script: Vec<(i64, i32, Option<Vec<(String, Verdict)>>)> = vec![
+        (0, 0, None),
+        (1, 1, None),
+        (2, 1, None),
+        (40, 1, None),
+        (41, 3, None),
+        (50, 3, ok()),
+        (60, 3, ok()),
+        (61, 3, None),
+        (62, 5, None),
+        (63, 5, None),
+    ];
     for (t, ready, m) in script {
         let mut o = obs(t, ready);
         o.measurement = m;
@@ -212,7 +230,10 @@ fn restart_in_every_phase_resumes_without_repeating_or_skipping() {
         replay.measurement = None;
         let r = decide(&s, Some(&d.status), 5, &replay, None);
         assert!(r.status.current_step_index >= d.status.current_step_index);
-        assert!(r.status.current_step_index <= d.status.current_step_index + 1, "a replay skipped a step at t={t}");
+        assert!(
+            r.status.current_step_index <= d.status.current_step_index + 1,
+            "a replay skipped a step at t={t}"
+        );
         assert_eq!(r.status.canary_revision, d.status.canary_revision);
         status = Some(d.status);
     }

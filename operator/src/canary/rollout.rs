@@ -32,7 +32,10 @@ pub struct RolloutPlan {
 }
 
 fn now() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs() as i64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
 }
 
 fn ready_on_current_template(d: &Deployment) -> i32 {
@@ -46,7 +49,11 @@ fn ready_on_current_template(d: &Deployment) -> i32 {
 
 /// The stable Deployment as it runs, with another replica count: kept by re-applying it.
 fn keep(d: &Deployment, replicas: i32) -> Deployment {
-    let mut k = Deployment { metadata: d.metadata.clone(), spec: d.spec.clone(), status: None };
+    let mut k = Deployment {
+        metadata: d.metadata.clone(),
+        spec: d.spec.clone(),
+        status: None,
+    };
     k.metadata.resource_version = None;
     k.metadata.uid = None;
     k.metadata.managed_fields = None;
@@ -64,7 +71,18 @@ fn keep(d: &Deployment, replicas: i32) -> Deployment {
 }
 
 fn config_map_of(d: &Deployment) -> Option<String> {
-    d.spec.as_ref()?.template.spec.as_ref()?.volumes.as_ref()?.iter().find(|v| v.name == "config")?.config_map.as_ref().map(|c| c.name.clone())
+    d.spec
+        .as_ref()?
+        .template
+        .spec
+        .as_ref()?
+        .volumes
+        .as_ref()?
+        .iter()
+        .find(|v| v.name == "config")?
+        .config_map
+        .as_ref()
+        .map(|c| c.name.clone())
 }
 
 pub async fn plan(
@@ -79,11 +97,22 @@ pub async fn plan(
     let total = pxd.spec.replicas;
     let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.clone());
     let Some(strategy) = strategy else {
-        return RolloutPlan { plans: vec![TrackPlan { track: Track::Stable, replicas: total, revision }], kept_stable: None, kept_config_map: None, decision: None };
+        return RolloutPlan {
+            plans: vec![TrackPlan {
+                track: Track::Stable,
+                replicas: total,
+                revision,
+            }],
+            kept_stable: None,
+            kept_config_map: None,
+            decision: None,
+        };
     };
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
     let stable_revision = stable.as_deref().and_then(status::revision_of);
-    let stable_rolled_out = stable.as_deref().is_some_and(|d| status::rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
+    let stable_rolled_out = stable
+        .as_deref()
+        .is_some_and(|d| status::rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
     let canary_ready = canary
         .as_deref()
         .filter(|d| status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()))
@@ -99,28 +128,50 @@ pub async fn plan(
     };
     // Measure first when an analysis is due, from the status as it stands.
     if let Some(prev) = &previous {
-        if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) && machine::measurement_due(&strategy, prev, obs.now) {
+        if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str())
+            && machine::measurement_due(&strategy, prev, obs.now)
+        {
             if let Some((analysis, _)) = machine::active_analysis(&strategy, prev) {
                 obs.measurement = Some(measure(owner, ctx, analysis).await);
             }
         }
     }
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
-    let mut out = RolloutPlan { plans: Vec::new(), kept_stable: None, kept_config_map: None, decision: None };
+    let mut out = RolloutPlan {
+        plans: Vec::new(),
+        kept_stable: None,
+        kept_config_map: None,
+        decision: None,
+    };
     match decision.stable_template {
-        StableTemplate::Desired => out.plans.push(TrackPlan { track: Track::Stable, replicas: decision.stable_replicas, revision: revision.clone() }),
+        StableTemplate::Desired => out.plans.push(TrackPlan {
+            track: Track::Stable,
+            replicas: decision.stable_replicas,
+            revision: revision.clone(),
+        }),
         StableTemplate::Current => match stable.as_deref() {
             Some(d) => {
                 out.kept_stable = Some(keep(d, decision.stable_replicas));
                 out.kept_config_map = config_map_of(d);
             }
-            None => out.plans.push(TrackPlan { track: Track::Stable, replicas: decision.stable_replicas, revision: revision.clone() }),
+            None => out.plans.push(TrackPlan {
+                track: Track::Stable,
+                replicas: decision.stable_replicas,
+                revision: revision.clone(),
+            }),
         },
     }
     if let Some(replicas) = decision.canary_replicas {
-        out.plans.push(TrackPlan { track: Track::Canary, replicas, revision });
+        out.plans.push(TrackPlan {
+            track: Track::Canary,
+            replicas,
+            revision,
+        });
     }
-    if decision.status.phase == machine::COMPLETED || decision.status.phase == machine::ABORTED || decision.status.phase == machine::IDLE {
+    if decision.status.phase == machine::COMPLETED
+        || decision.status.phase == machine::ABORTED
+        || decision.status.phase == machine::IDLE
+    {
         ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
     }
     out.decision = Some(decision);
@@ -141,7 +192,10 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
     let mut out = Vec::new();
     for m in &analysis.metrics {
         let verdict = if let Some(q) = &m.prometheus {
-            let query = q.query.replace("{{canary}}", &selector(owner, "canary")).replace("{{stable}}", &selector(owner, "stable"));
+            let query = q
+                .query
+                .replace("{{canary}}", &selector(owner, "canary"))
+                .replace("{{stable}}", &selector(owner, "stable"));
             match source::prometheus_scalar(&ctx.http, &q.address, &query).await {
                 Ok(Some(v)) => match condition_holds(&q.success_condition, v) {
                     Some(true) => Verdict::Success(v),
@@ -153,7 +207,9 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
             }
         } else {
             match &windows {
-                Ok(Some((canary, stable))) => judge_builtin(m, canary, Some(stable), analysis.min_requests, analysis.on_no_data),
+                Ok(Some((canary, stable))) => {
+                    judge_builtin(m, canary, Some(stable), analysis.min_requests, analysis.on_no_data)
+                }
                 Ok(None) => Verdict::Inconclusive("baseline taken; the next measurement has a window".into()),
                 Err(e) => Verdict::Error(e.clone()),
             }
@@ -161,7 +217,11 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
         if let Verdict::Success(v) | Verdict::Failure(v) = verdict {
             ctx.metrics
                 .analysis_value
-                .get_or_create(&crate::metrics::MeasurementLabels { namespace: owner.namespace.clone(), proxydeployment: owner.name.clone(), metric: m.name.clone() })
+                .get_or_create(&crate::metrics::MeasurementLabels {
+                    namespace: owner.namespace.clone(),
+                    proxydeployment: owner.name.clone(),
+                    metric: m.name.clone(),
+                })
                 .set(v);
         }
         tracing::info!(metric = %m.name, ?verdict, "canary measurement");
@@ -171,17 +231,34 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
 }
 
 fn selector(owner: &Owner, track: &str) -> String {
-    format!("namespace=\"{}\",proxydeployment=\"{}\",track=\"{track}\"", owner.namespace, owner.name)
+    format!(
+        "namespace=\"{}\",proxydeployment=\"{}\",track=\"{track}\"",
+        owner.namespace, owner.name
+    )
 }
 
-async fn prometheus_windows(ctx: &Context, address: &str, owner: &Owner, window_secs: i64) -> Result<(Window, Window), String> {
+async fn prometheus_windows(
+    ctx: &Context,
+    address: &str,
+    owner: &Owner,
+    window_secs: i64,
+) -> Result<(Window, Window), String> {
     let mut out = Vec::new();
     for track in ["canary", "stable"] {
         let [requests, errors, p99] = source::builtin_queries(&owner.namespace, &owner.name, track, window_secs);
-        let requests = source::prometheus_scalar(&ctx.http, address, &requests).await?.unwrap_or(0.0);
-        let errors = source::prometheus_scalar(&ctx.http, address, &errors).await?.unwrap_or(0.0);
+        let requests = source::prometheus_scalar(&ctx.http, address, &requests)
+            .await?
+            .unwrap_or(0.0);
+        let errors = source::prometheus_scalar(&ctx.http, address, &errors)
+            .await?
+            .unwrap_or(0.0);
         let p99 = source::prometheus_scalar(&ctx.http, address, &p99).await?;
-        out.push(Window { requests, errors_5xx: errors, buckets: Vec::new(), p99_ms: p99 });
+        out.push(Window {
+            requests,
+            errors_5xx: errors,
+            buckets: Vec::new(),
+            p99_ms: p99,
+        });
     }
     let stable = out.pop().unwrap_or_default();
     let canary = out.pop().unwrap_or_default();
@@ -195,12 +272,24 @@ async fn direct_windows(ctx: &Context, owner: &Owner, window_secs: i64) -> Resul
         .list(&ListParams::default().labels(&format!("{}={}", labels::INSTANCE, owner.name)))
         .await
         .map_err(|e| format!("listing proxy pods: {e}"))?;
-    let mut snap = Snapshot { at: now(), canary: HashMap::new(), stable: HashMap::new() };
+    let mut snap = Snapshot {
+        at: now(),
+        canary: HashMap::new(),
+        stable: HashMap::new(),
+    };
     let mut scraped = 0;
     for pod in list.items {
-        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else { continue };
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
         let name = pod.metadata.name.clone().unwrap_or_default();
-        let track = pod.metadata.labels.as_ref().and_then(|l| l.get(labels::TRACK)).cloned().unwrap_or_default();
+        let track = pod
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::TRACK))
+            .cloned()
+            .unwrap_or_default();
         match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
             Ok(text) => {
                 scraped += 1;
@@ -217,7 +306,9 @@ async fn direct_windows(ctx: &Context, owner: &Owner, window_secs: i64) -> Resul
     if scraped == 0 {
         return Err("no proxy pod could be scraped".into());
     }
-    Ok(ctx.snapshots.push(&format!("{}/{}", owner.namespace, owner.name), snap, window_secs))
+    Ok(ctx
+        .snapshots
+        .push(&format!("{}/{}", owner.namespace, owner.name), snap, window_secs))
 }
 
 /// The command annotation, if any.
@@ -226,4 +317,3 @@ pub const COMMAND_ANNOTATION: &str = "proxyfleet.io/command";
 pub fn command_of(pxd: &ProxyDeployment) -> Option<Command> {
     Command::parse(pxd.metadata.annotations.as_ref()?.get(COMMAND_ANNOTATION)?)
 }
-

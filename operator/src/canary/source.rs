@@ -36,7 +36,9 @@ pub fn parse_proxy_metrics(text: &str) -> PodCounters {
         if line.starts_with('#') {
             continue;
         }
-        let Some((series, value)) = line.rsplit_once(' ') else { continue };
+        let Some((series, value)) = line.rsplit_once(' ') else {
+            continue;
+        };
         let Ok(value) = value.parse::<f64>() else { continue };
         let (name, labels) = series.split_once('{').unwrap_or((series, ""));
         match name {
@@ -75,14 +77,21 @@ pub struct Snapshot {
 
 fn delta(new: &PodCounters, old: Option<&PodCounters>) -> PodCounters {
     // A counter that went down means the pod restarted: count from zero.
-    let Some(old) = old.filter(|o| o.requests <= new.requests) else { return new.clone() };
+    let Some(old) = old.filter(|o| o.requests <= new.requests) else {
+        return new.clone();
+    };
     PodCounters {
         requests: new.requests - old.requests,
         errors_5xx: (new.errors_5xx - old.errors_5xx).max(0.0),
         buckets: new
             .buckets
             .iter()
-            .map(|(le, c)| (*le, (c - old.buckets.iter().find(|(l, _)| l == le).map_or(0.0, |b| b.1)).max(0.0)))
+            .map(|(le, c)| {
+                (
+                    *le,
+                    (c - old.buckets.iter().find(|(l, _)| l == le).map_or(0.0, |b| b.1)).max(0.0),
+                )
+            })
             .collect(),
     }
 }
@@ -118,13 +127,21 @@ impl SnapshotHistory {
         let mut all = self.by_fleet.lock().ok()?;
         let history = all.entry(fleet.to_string()).or_default();
         // The newest snapshot at least `window` old, else the oldest we have.
-        let base = history.iter().rev().find(|s| snap.at - s.at >= window).or(history.front()).cloned();
+        let base = history
+            .iter()
+            .rev()
+            .find(|s| snap.at - s.at >= window)
+            .or(history.front())
+            .cloned();
         history.push_back(snap.clone());
         while history.len() > 64 || history.front().is_some_and(|s| snap.at - s.at > window * 4 + 60) {
             history.pop_front();
         }
         let base = base?;
-        Some((window_between(&snap.canary, &base.canary), window_between(&snap.stable, &base.stable)))
+        Some((
+            window_between(&snap.canary, &base.canary),
+            window_between(&snap.stable, &base.stable),
+        ))
     }
 
     pub fn forget(&self, fleet: &str) {
@@ -143,7 +160,9 @@ impl Default for HttpGetter {
     fn default() -> Self {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
-        Self { client: Client::builder(TokioExecutor::new()).build(connector) }
+        Self {
+            client: Client::builder(TokioExecutor::new()).build(connector),
+        }
     }
 }
 
@@ -181,13 +200,20 @@ pub fn url_encode(s: &str) -> String {
 
 /// Runs an instant PromQL query and returns its single scalar result.
 pub async fn prometheus_scalar(http: &HttpGetter, address: &str, query: &str) -> Result<Option<f64>, String> {
-    let url = format!("{}/api/v1/query?query={}", address.trim_end_matches('/'), url_encode(query));
+    let url = format!(
+        "{}/api/v1/query?query={}",
+        address.trim_end_matches('/'),
+        url_encode(query)
+    );
     let body = http.get(&url).await?;
-    let v: serde_json::Value = serde_json::from_str(&body).map_err(|e| format!("Prometheus answer is not JSON: {e}"))?;
+    let v: serde_json::Value =
+        serde_json::from_str(&body).map_err(|e| format!("Prometheus answer is not JSON: {e}"))?;
     if v["status"] != "success" {
         return Err(format!("Prometheus error: {}", v["error"]));
     }
-    let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else { return Ok(None) };
+    let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else {
+        return Ok(None);
+    };
     let value = first["value"][1].as_str().and_then(|s| s.parse::<f64>().ok());
     Ok(value.filter(|x| x.is_finite()))
 }
@@ -231,11 +257,32 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
 
     #[test]
     fn windows_are_deltas_and_survive_pod_restarts() {
-        let old = HashMap::from([("a".to_string(), PodCounters { requests: 100.0, errors_5xx: 10.0, buckets: vec![(f64::INFINITY, 100.0)] })]);
+        let old = HashMap::from([(
+            "a".to_string(),
+            PodCounters {
+                requests: 100.0,
+                errors_5xx: 10.0,
+                buckets: vec![(f64::INFINITY, 100.0)],
+            },
+        )]);
         let new = HashMap::from([
-            ("a".to_string(), PodCounters { requests: 150.0, errors_5xx: 20.0, buckets: vec![(f64::INFINITY, 150.0)] }),
+            (
+                "a".to_string(),
+                PodCounters {
+                    requests: 150.0,
+                    errors_5xx: 20.0,
+                    buckets: vec![(f64::INFINITY, 150.0)],
+                },
+            ),
             // restarted pod: its counters start again from zero
-            ("b".to_string(), PodCounters { requests: 7.0, errors_5xx: 0.0, buckets: vec![(f64::INFINITY, 7.0)] }),
+            (
+                "b".to_string(),
+                PodCounters {
+                    requests: 7.0,
+                    errors_5xx: 0.0,
+                    buckets: vec![(f64::INFINITY, 7.0)],
+                },
+            ),
         ]);
         let w = window_between(&new, &old);
         assert_eq!(w.requests, 57.0);
@@ -247,7 +294,14 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
         let h = SnapshotHistory::default();
         let snap = |at, n: f64| Snapshot {
             at,
-            canary: HashMap::from([("c".to_string(), PodCounters { requests: n, errors_5xx: 0.0, buckets: vec![] })]),
+            canary: HashMap::from([(
+                "c".to_string(),
+                PodCounters {
+                    requests: n,
+                    errors_5xx: 0.0,
+                    buckets: vec![],
+                },
+            )]),
             stable: HashMap::new(),
         };
         assert!(h.push("ns/demo", snap(0, 0.0), 30).is_none());

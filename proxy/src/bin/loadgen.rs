@@ -1,0 +1,156 @@
+//! proxyfleet-loadgen: a steady, rate-limited HTTP(S) load for e2e tests. Opens a new
+//! connection every `--new-conn-every` requests per worker (so handshakes keep happening) and
+//! keeps the others alive; counts outcomes and prints a JSON summary at the end.
+//!
+//!   proxyfleet-loadgen --url https://demo.example.com/ --connect 10.96.0.5:443 --ca ca.crt \
+//!       --rate 50 --duration 60s [--workers 4] [--new-conn-every 20] [--summary out.json]
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use clap::Parser;
+use http_body_util::{BodyExt, Empty};
+use hyper_util::rt::TokioIo;
+use rustls::pki_types::ServerName;
+
+#[derive(Parser, Clone)]
+struct Args {
+    #[arg(long)]
+    url: http::Uri,
+    /// Address to connect to instead of resolving the URL's host.
+    #[arg(long)]
+    connect: String,
+    /// PEM CA bundle to verify the server (HTTPS).
+    #[arg(long)]
+    ca: Option<String>,
+    /// Requests per second, all workers together.
+    #[arg(long, default_value_t = 50)]
+    rate: u64,
+    #[arg(long, default_value = "30s")]
+    duration: proxyfleet_config::HumanDuration,
+    #[arg(long, default_value_t = 4)]
+    workers: u64,
+    #[arg(long, default_value_t = 20)]
+    new_conn_every: u64,
+    /// Also write the summary here.
+    #[arg(long)]
+    summary: Option<String>,
+}
+
+#[derive(Default)]
+struct Counts {
+    ok: AtomicU64,
+    status_4xx: AtomicU64,
+    status_5xx: AtomicU64,
+    errors: AtomicU64,
+    connections: AtomicU64,
+}
+
+type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
+
+async fn connect(args: &Args, tls: &Option<tokio_rustls::TlsConnector>) -> Result<Sender, String> {
+    let tcp = tokio::net::TcpStream::connect(&args.connect).await.map_err(|e| e.to_string())?;
+    let host = args.url.host().unwrap_or("localhost").to_string();
+    let sender = match tls {
+        Some(c) => {
+            let name = ServerName::try_from(host).map_err(|e| e.to_string())?;
+            let s = c.connect(name, tcp).await.map_err(|e| e.to_string())?;
+            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            send
+        }
+        None => {
+            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(|e| e.to_string())?;
+            tokio::spawn(conn);
+            send
+        }
+    };
+    Ok(sender)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let args = Args::parse();
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    let tls = args.ca.as_ref().map(|path| {
+        let mut roots = rustls::RootCertStore::empty();
+        let pem = std::fs::read(path).expect("reading --ca");
+        for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
+            let _ = roots.add(c);
+        }
+        let cfg = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+        tokio_rustls::TlsConnector::from(Arc::new(cfg))
+    });
+    let counts = Arc::new(Counts::default());
+    let deadline = Instant::now() + args.duration.get();
+    let per_worker = Duration::from_secs_f64(args.workers as f64 / args.rate.max(1) as f64);
+    let mut tasks = Vec::new();
+    for _ in 0..args.workers {
+        let (args, tls, counts) = (args.clone(), tls.clone(), counts.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut sender: Option<Sender> = None;
+            let mut on_conn = 0;
+            let mut tick = tokio::time::interval(per_worker);
+            while Instant::now() < deadline {
+                tick.tick().await;
+                if sender.is_none() || on_conn >= args.new_conn_every {
+                    match connect(&args, &tls).await {
+                        Ok(s) => {
+                            counts.connections.fetch_add(1, Ordering::Relaxed);
+                            sender = Some(s);
+                            on_conn = 0;
+                        }
+                        Err(e) => {
+                            counts.errors.fetch_add(1, Ordering::Relaxed);
+                            eprintln!("connect: {e}");
+                            continue;
+                        }
+                    }
+                }
+                let Some(s) = sender.as_mut() else { continue };
+                on_conn += 1;
+                let req = http::Request::builder()
+                    .uri(args.url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+                    .header("host", args.url.host().unwrap_or("localhost"))
+                    .body(Empty::<Bytes>::new())
+                    .expect("request");
+                let result = match tokio::time::timeout(Duration::from_secs(10), s.send_request(req)).await {
+                    Ok(Ok(resp)) => {
+                        let status = resp.status().as_u16();
+                        let _ = resp.into_body().collect().await;
+                        Ok(status)
+                    }
+                    Ok(Err(e)) => Err(e.to_string()),
+                    Err(_) => Err("timeout".to_string()),
+                };
+                match result {
+                    Ok(200..=399) => counts.ok.fetch_add(1, Ordering::Relaxed),
+                    Ok(400..=499) => counts.status_4xx.fetch_add(1, Ordering::Relaxed),
+                    Ok(_) => counts.status_5xx.fetch_add(1, Ordering::Relaxed),
+                    Err(e) => {
+                        eprintln!("request: {e}");
+                        sender = None;
+                        counts.errors.fetch_add(1, Ordering::Relaxed)
+                    }
+                };
+            }
+        }));
+    }
+    for t in tasks {
+        let _ = t.await;
+    }
+    let summary = format!(
+        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}}}",
+        counts.ok.load(Ordering::Relaxed),
+        counts.status_4xx.load(Ordering::Relaxed),
+        counts.status_5xx.load(Ordering::Relaxed),
+        counts.errors.load(Ordering::Relaxed),
+        counts.connections.load(Ordering::Relaxed)
+    );
+    println!("{summary}");
+    if let Some(p) = args.summary {
+        let _ = std::fs::write(p, summary);
+    }
+}
