@@ -4,6 +4,9 @@ root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 . "$root/e2e/lib/versions.sh"
 export PATH="$K8S_BIN:$PATH"
 VERSION=$(sed -n 's/^version = "\(.*\)"/\1/p' "$root/Cargo.toml" | head -1)
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
+CARGO_TARGET_DIR_RELEASE=$CARGO_TARGET_DIR/x86_64-unknown-linux-gnu/release
+PLUGIN=$CARGO_TARGET_DIR_RELEASE/kubectl-proxyfleet
 export KUBECONFIG=${KUBECONFIG:-/var/lib/proxyfleet/clusters/main/admin.kubeconfig}
 
 say() { printf '  [%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }

@@ -66,6 +66,9 @@ pub struct Stores {
 
 pub struct Context {
     pub client: Client,
+    /// The status this operator last wrote per object (uid → resourceVersion after the write,
+    /// status). The watch cache can lag behind our own write; decisions must not.
+    pub written_status: std::sync::Mutex<std::collections::HashMap<String, (u64, crate::crd::ProxyDeploymentStatus)>>,
     pub http: crate::canary::source::HttpGetter,
     pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,
@@ -123,9 +126,30 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
     result
 }
 
+/// The object with the newest status we know: our own last write when the cache lags behind it.
+fn with_latest_status(pxd: Arc<ProxyDeployment>, ctx: &Context) -> Arc<ProxyDeployment> {
+    let (Some(uid), Some(rv)) = (pxd.metadata.uid.as_deref(), pxd.metadata.resource_version.as_deref()) else {
+        return pxd;
+    };
+    let Ok(cached_rv) = rv.parse::<u64>() else { return pxd };
+    let Some((written_rv, status)) = ctx.written_status.lock().ok().and_then(|m| m.get(uid).cloned()) else {
+        return pxd;
+    };
+    if written_rv <= cached_rv {
+        return pxd;
+    }
+    let mut newer = (*pxd).clone();
+    newer.status = Some(status);
+    Arc::new(newer)
+}
+
 async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let pxd = with_latest_status(pxd, &ctx);
     let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
     if pxd.metadata.deletion_timestamp.is_some() {
+        if let Ok(mut m) = ctx.written_status.lock() {
+            m.remove(&owner.reference.uid);
+        }
         // Owned objects go with it through their owner references.
         return Ok(Action::await_change());
     }
@@ -265,12 +289,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
             let deleted = [
                 ctx.applier
-                    .delete_orphans(
-                        &ctx.stores.config_maps,
-                        &owner.namespace,
-                        uid,
-                        &names(desired.config_maps.iter().map(|o| o.metadata.name.clone()).collect()),
-                    )
+                    .delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, &keep_config_maps)
                     .await?,
                 ctx.applier
                     .delete_orphans(
@@ -336,17 +355,28 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             "kind": "ProxyDeployment",
             "status": new_status,
         });
-        api.patch_status(
-            &owner.name,
-            &PatchParams::apply(labels::FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
-        .await
-        .map_err(|source| Error::Status {
-            namespace: owner.namespace.clone(),
-            name: owner.name.clone(),
-            source,
-        })?;
+        let written = api
+            .patch_status(
+                &owner.name,
+                &PatchParams::apply(labels::FIELD_MANAGER).force(),
+                &Patch::Apply(&patch),
+            )
+            .await
+            .map_err(|source| Error::Status {
+                namespace: owner.namespace.clone(),
+                name: owner.name.clone(),
+                source,
+            })?;
+        if let Some(rv) = written
+            .metadata
+            .resource_version
+            .as_deref()
+            .and_then(|r| r.parse::<u64>().ok())
+        {
+            if let Ok(mut m) = ctx.written_status.lock() {
+                m.insert(owner.reference.uid.clone(), (rv, new_status.clone()));
+            }
+        }
         ctx.metrics.api_write("ProxyDeployment/status", "apply");
     }
     if new_status.phase == Some(crate::crd::Phase::Progressing) || new_status.phase == Some(crate::crd::Phase::Pending)
@@ -462,6 +492,7 @@ pub async fn run(
         settings,
         http: Default::default(),
         snapshots: Default::default(),
+        written_status: Default::default(),
     });
     let pxds: Api<ProxyDeployment> = Api::all(client.clone());
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());

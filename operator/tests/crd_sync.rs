@@ -4,7 +4,10 @@
 fn checked_in_crds_match_the_code() {
     let generated = proxyfleet_operator::schema::crd_yaml();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    for path in ["crds/proxydeployments.proxyfleet.io.yaml", "charts/proxyfleet/crds/proxydeployments.proxyfleet.io.yaml"] {
+    for path in [
+        "crds/proxydeployments.proxyfleet.io.yaml",
+        "charts/proxyfleet/crds/proxydeployments.proxyfleet.io.yaml",
+    ] {
         let on_disk = std::fs::read_to_string(root.join(path)).unwrap_or_default();
         assert!(on_disk == generated, "{path} is out of date: run `make crds`");
     }

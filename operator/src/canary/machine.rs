@@ -306,6 +306,14 @@ pub fn decide(
     );
 
     if stable_rev == obs.desired_revision {
+        // Stable already runs the canary revision: we promoted it (even if the status we were
+        // handed predates that write).
+        if in_rollout
+            && run.status.phase != ABORTED
+            && run.status.canary_revision.as_deref() == Some(stable_rev.as_str())
+        {
+            run.status.phase = PROMOTING.into();
+        }
         if in_rollout && run.status.phase != PROMOTING {
             // The spec went back to what stable runs: the rollout is moot.
             let mut s = idle("spec returned to the stable revision; rollout cancelled");
@@ -469,7 +477,10 @@ pub fn decide(
             }
             // Scale towards the step's weight; status.weight changes once it is reached.
             target_weight = w;
-            run.status.message = Some(format!("step {idx}: waiting for {target} canary pod(s) ready ({} now)", obs.canary_ready));
+            run.status.message = Some(format!(
+                "step {idx}: waiting for {target} canary pod(s) ready ({} now)",
+                obs.canary_ready
+            ));
             break;
         } else if let Some(p) = &step.pause {
             run.status.phase = PAUSED.into();

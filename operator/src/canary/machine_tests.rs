@@ -252,3 +252,25 @@ fn measurement_is_due_per_interval() {
     assert!(!measurement_due(&s, &d.status, 15));
     assert!(measurement_due(&s, &d.status, 20));
 }
+
+#[test]
+fn a_stale_status_after_promotion_still_completes() {
+    let s = strategy(STEPS);
+    let mut st = CanaryStatus {
+        phase: PROGRESSING.into(),
+        current_step_index: 4,
+        weight: 100,
+        canary_revision: Some("new".into()),
+        stable_revision: Some("old".into()),
+        ..Default::default()
+    };
+    st.message = Some("stale".into());
+    let mut o = obs(100, 5);
+    o.stable_revision = Some("new".into());
+    o.stable_rolled_out = false;
+    let d = decide(&s, Some(&st), 5, &o, None);
+    assert_eq!(d.status.phase, PROMOTING);
+    o.stable_rolled_out = true;
+    let d = decide(&s, Some(&d.status), 5, &o, None);
+    assert_eq!(d.status.phase, COMPLETED);
+}

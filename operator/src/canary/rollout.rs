@@ -97,6 +97,7 @@ pub async fn plan(
     let total = pxd.spec.replicas;
     let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.clone());
     let Some(strategy) = strategy else {
+        tracing::debug!("no canary strategy: plain rolling update");
         return RolloutPlan {
             plans: vec![TrackPlan {
                 track: Track::Stable,
@@ -168,6 +169,16 @@ pub async fn plan(
             revision,
         });
     }
+    tracing::info!(
+        phase = %decision.status.phase,
+        step = decision.status.current_step_index,
+        weight = decision.status.weight,
+        stable_template = ?decision.stable_template,
+        stable_replicas = decision.stable_replicas,
+        canary_replicas = ?decision.canary_replicas,
+        kept_config_map = ?out.kept_config_map,
+        "canary decision"
+    );
     if decision.status.phase == machine::COMPLETED
         || decision.status.phase == machine::ABORTED
         || decision.status.phase == machine::IDLE

@@ -51,18 +51,24 @@ struct Counts {
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 
 async fn connect(args: &Args, tls: &Option<tokio_rustls::TlsConnector>) -> Result<Sender, String> {
-    let tcp = tokio::net::TcpStream::connect(&args.connect).await.map_err(|e| e.to_string())?;
+    let tcp = tokio::net::TcpStream::connect(&args.connect)
+        .await
+        .map_err(|e| e.to_string())?;
     let host = args.url.host().unwrap_or("localhost").to_string();
     let sender = match tls {
         Some(c) => {
             let name = ServerName::try_from(host).map_err(|e| e.to_string())?;
             let s = c.connect(name, tcp).await.map_err(|e| e.to_string())?;
-            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s)).await.map_err(|e| e.to_string())?;
+            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(s))
+                .await
+                .map_err(|e| e.to_string())?;
             tokio::spawn(conn);
             send
         }
         None => {
-            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.map_err(|e| e.to_string())?;
+            let (send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+                .await
+                .map_err(|e| e.to_string())?;
             tokio::spawn(conn);
             send
         }
@@ -80,7 +86,9 @@ async fn main() {
         for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
             let _ = roots.add(c);
         }
-        let cfg = rustls::ClientConfig::builder().with_root_certificates(roots).with_no_client_auth();
+        let cfg = rustls::ClientConfig::builder()
+            .with_root_certificates(roots)
+            .with_no_client_auth();
         tokio_rustls::TlsConnector::from(Arc::new(cfg))
     });
     let counts = Arc::new(Counts::default());

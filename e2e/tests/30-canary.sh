@@ -1,0 +1,143 @@
+#!/usr/bin/env bash
+# Canary rollouts on the real cluster with real load and a real Prometheus:
+# healthy promotion, rollback on 5xx (Prometheus and direct sources), rollback on latency,
+# operator restart mid-step, Prometheus unreachable.
+. "$(dirname "$0")/../lib/testlib.sh"
+. "$root/e2e/lib/operator.sh"
+. "$root/e2e/lib/prometheus.sh"
+
+install_operator
+start_prometheus
+ns=$(test_namespace e2e-canary)
+LOADGEN=$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen
+trap 'stop_prometheus; kill $(jobs -p) 2>/dev/null; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
+
+# The example, with 5 replicas and a canary strategy analysed every 10 s.
+strategy() { # strategy SOURCE_YAML
+  cat <<YAML
+  strategy:
+    canary:
+      steps:
+        - setWeight: 20
+        - analysis: {interval: 10s, window: 20s, count: 2, failureLimit: 0, minRequests: 20, source: $1, metrics: [{name: p99, p99LatencyMs: {max: 200}}, {name: errors, errorRate5xx: {max: 5}}]}
+        - setWeight: 50
+        - analysis: {interval: 10s, window: 20s, count: 1, failureLimit: 0, minRequests: 20, source: $1, metrics: [{name: p99, p99LatencyMs: {max: 200}}, {name: errors, errorRate5xx: {max: 5}}]}
+        - setWeight: 100
+YAML
+}
+PROM_SOURCE="{prometheus: {address: 'http://$PROM_ADDR'}}"
+sed "s/echo.default.svc.cluster.local/echo.$ns.svc.cluster.local/; s/^  replicas: 2$/  replicas: 5/" "$root/examples/basic.yaml" > /tmp/canary-base.yaml
+{ cat /tmp/canary-base.yaml; strategy "$PROM_SOURCE"; } | kubectl apply -n "$ns" -f - >/dev/null
+kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null || fail "demo not Ready"
+
+ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
+kubectl get secret -n "$ns" demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d > /tmp/canary-ca.crt
+load() { # load SECONDS SUMMARY_FILE — 40 req/s through the Service, new connections regularly
+  "$LOADGEN" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/canary-ca.crt --rate 40 --workers 4 \
+    --new-conn-every 25 --duration "${1}s" --summary "$2" >/dev/null 2>>/tmp/canary-load.err &
+}
+phase() { kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.phase}'; }
+# Canary pods the Service still sends traffic to (ready endpoints named demo-canary-*).
+canary_pods() { kubectl get endpointslices -n "$ns" -l kubernetes.io/service-name=demo -o jsonpath='{range .items[*].endpoints[?(@.conditions.ready==true)]}{.targetRef.name}{"\n"}{end}' | grep -c '^demo-canary-' || true; }
+route_patch() { kubectl patch -n "$ns" pxd/demo --type=json -p "[{\"op\":\"replace\",\"path\":\"/spec/routes/0\",\"value\":$1}]" >/dev/null; }
+wait_phase() { # wait_phase PHASE SECONDS
+  local end=$(( $(date +%s) + $2 ))
+  while [ "$(phase)" != "$1" ]; do
+    [ "$(date +%s)" -lt "$end" ] || { kubectl get pxd -n "$ns" demo -o yaml | sed -n '/^status:/,$p' >&2; fail "phase $(phase), wanted $1"; }
+    sleep 1
+  done
+}
+# Seconds from the first failed measurement to no canary pod serving.
+time_to_rollback() {
+  local first_bad="" t
+  local end=$(( $(date +%s) + 180 ))
+  while [ "$(date +%s)" -lt "$end" ]; do
+    if [ -z "$first_bad" ] && kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.metrics[*].failures}' | grep -q '[1-9]'; then
+      first_bad=$(date +%s)
+    fi
+    if [ "$(phase)" = Aborted ] && [ "$(canary_pods)" = 0 ]; then
+      t=$(date +%s); echo $(( t - ${first_bad:-$t} )); return 0
+    fi
+    sleep 1
+  done
+  return 1
+}
+
+say "1. healthy canary: 20% → analysis → 50% → analysis → 100% → promoted"
+load 150 /tmp/canary-healthy.json
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","retries":{"attempts":1}}'
+wait_phase Completed 150
+wait
+kubectl get pxd -n "$ns" demo
+for s in 0 1 2 3 4; do
+  n=$(kubectl get events -n "$ns" --field-selector reason=StepCompleted -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' 2>/dev/null | grep -c "^step $s:" || true)
+  [ "$n" -le 1 ] || fail "step $s completed $n times"
+done
+say "healthy rollout load: $(cat /tmp/canary-healthy.json)"
+grep -q '"status_5xx": 0, "errors": 0' /tmp/canary-healthy.json || fail "requests failed during a healthy rollout"
+kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null
+
+say "2. canary answering 5xx on 20% (Prometheus source) → automatic rollback"
+load 120 /tmp/canary-bad.json
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","fault":{"abort":{"status":503,"percent":20}}}'
+t=$(time_to_rollback) || fail "no rollback after 5xx"
+say "first bad measurement → all traffic on stable: ${t}s (analysis interval 10s)"
+echo "$t" > /tmp/canary-rollback-5xx-prometheus.txt
+kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}' | grep -q RolloutAborted || fail "not Degraded/RolloutAborted"
+wait
+
+say "3. canary adding 300ms (P99) → rollback on latency"
+{ cat /tmp/canary-base.yaml; strategy "$PROM_SOURCE"; } | kubectl apply -n "$ns" -f - >/dev/null
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","fault":{"delay":{"duration":"300ms","percent":100}}}'
+load 120 /tmp/canary-slow.json
+t=$(time_to_rollback) || fail "no rollback on latency"
+kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q p99 || fail "abort reason does not name p99"
+say "latency rollback after ${t}s"
+wait
+
+say "4. 5xx canary with the direct source, Prometheus stopped"
+stop_prometheus
+{ cat /tmp/canary-base.yaml; strategy "{}"; } | kubectl apply -n "$ns" -f - >/dev/null
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"5s","fault":{"abort":{"status":503,"percent":20}}}'
+load 120 /tmp/canary-direct.json
+t=$(time_to_rollback) || fail "no rollback with the direct source"
+say "direct source: first bad measurement → all traffic on stable: ${t}s"
+echo "$t" > /tmp/canary-rollback-5xx-direct.txt
+wait
+
+say "5. operator killed in the middle of a step → resumes, no step repeated or skipped"
+{ cat /tmp/canary-base.yaml; strategy "{}"; } | kubectl apply -n "$ns" -f - >/dev/null
+kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null || true
+kubectl delete events -n "$ns" --field-selector reason=StepCompleted >/dev/null 2>&1 || true
+load 150 /tmp/canary-restart.json
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"4s"}'
+retry 60 bash -c "[ \"\$(kubectl get pxd -n $ns demo -o jsonpath='{.status.canary.phase}')\" = Analyzing ]"
+kubectl delete pod -n proxyfleet-system -l app.kubernetes.io/name=proxyfleet-operator --wait=false >/dev/null
+wait_phase Completed 180
+wait
+for s in 0 1 2 3 4; do
+  n=$(kubectl get events -n "$ns" --field-selector reason=StepCompleted -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' | grep -c "^step $s:" || true)
+  [ "$n" = 1 ] || fail "after the restart step $s completed $n times"
+done
+say "every step completed exactly once across the restart"
+
+say "6. Prometheus unreachable → errors, abort by consecutiveErrorLimit, never a pass"
+cat /tmp/canary-base.yaml > /tmp/canary-unreach.yaml
+cat >> /tmp/canary-unreach.yaml <<YAML
+  strategy:
+    canary:
+      steps:
+        - setWeight: 20
+        - analysis: {interval: 5s, count: 3, consecutiveErrorLimit: 2, source: {prometheus: {address: 'http://10.244.0.1:9'}}, metrics: [{name: errors, errorRate5xx: {max: 5}}]}
+        - setWeight: 100
+YAML
+kubectl apply -n "$ns" -f /tmp/canary-unreach.yaml >/dev/null
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"3s"}'
+wait_phase Aborted 120
+kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q consecutiveErrorLimit || fail "abort does not cite consecutiveErrorLimit"
+[ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.metrics[0].successes}')" = 0 ] || fail "an unreachable source counted as a success"
+
+say "kubectl proxyfleet status exits non-zero on an aborted rollout"
+"$PLUGIN" get pxd demo -n "$ns" >&2
+if "$PLUGIN" -n "$ns" status demo --timeout 10 >/dev/null 2>&1; then fail "status exited 0"; fi
+say "ok"
