@@ -2,6 +2,7 @@
 SHELL := /bin/bash
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/proxyfleet/target
 export PATH := $(HOME)/.cargo/bin:$(PATH)
+K8S_BIN := $(shell . e2e/lib/versions.sh && echo $$K8S_BIN)
 
 .PHONY: demo test lint unit e2e images cluster-up cluster-down crds bench setup
 
@@ -18,6 +19,8 @@ setup:
 lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
+	$(K8S_BIN)/helm lint charts/proxyfleet
+	lua5.1 e2e/gitops/argocd-health-test.lua charts/proxyfleet/files/argocd-health.lua
 
 unit:
 	cargo test --workspace --locked
@@ -37,6 +40,7 @@ cluster-down:
 crds:
 	cargo run -q -p proxyfleet-operator --bin crdgen > crds/proxydeployments.proxyfleet.io.yaml
 	cp crds/proxydeployments.proxyfleet.io.yaml charts/proxyfleet/crds/
+	cargo run -q -p proxyfleet-operator --bin crdgen -- --reference > docs/crd-reference.md
 
 bench:
 	bash bench/run.sh

@@ -40,3 +40,43 @@ pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::
 pub fn crd_yaml() -> String {
     serde_yaml::to_string(&crd()).unwrap_or_default()
 }
+
+/// Every spec field with its type and description, as a Markdown table (docs/crd-reference.md),
+/// generated from the CRD schema so it never drifts.
+pub fn reference_markdown() -> String {
+    let crd = serde_json::to_value(crd()).unwrap_or(Value::Null);
+    let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
+    let mut rows = Vec::new();
+    walk("spec", schema, &mut rows);
+    let mut out = String::from(
+        "# ProxyDeployment reference (proxyfleet.io/v1alpha1)\n\nGenerated from the CRD by `make crds`; do not edit.\n\n| field | type | description |\n|---|---|---|\n",
+    );
+    for (path, ty, desc) in rows {
+        out.push_str(&format!("| `{path}` | {ty} | {} |\n", desc.replace('\n', " ").replace('|', "\\|")));
+    }
+    out
+}
+
+fn walk(path: &str, s: &Value, rows: &mut Vec<(String, String, String)>) {
+    let ty = s["type"].as_str().unwrap_or("object").to_string();
+    let mut ty_text = ty.clone();
+    if let Some(v) = s["enum"].as_array() {
+        ty_text = format!("{ty}: {}", v.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "));
+    }
+    if let Some(d) = s.get("default") {
+        ty_text.push_str(&format!(" (default `{d}`)"));
+    }
+    rows.push((path.to_string(), ty_text, s["description"].as_str().unwrap_or("").to_string()));
+    // Kubernetes core types (affinity, tolerations, resources) are documented upstream.
+    if path.contains(".affinity") || path.contains(".tolerations") || path.contains(".resources") || path.contains(".topologySpreadConstraints") {
+        return;
+    }
+    if let Some(props) = s["properties"].as_object() {
+        for (k, v) in props {
+            walk(&format!("{path}.{k}"), v, rows);
+        }
+    }
+    if ty == "array" {
+        walk(&format!("{path}[]"), &s["items"], rows);
+    }
+}

@@ -1,4 +1,9 @@
-//! Prints the ProxyDeployment CRD YAML (checked in under crds/ and the chart's crds/).
+//! Prints the ProxyDeployment CRD YAML (checked in under crds/ and the chart's crds/), or with
+//! `--reference` the field reference in Markdown (docs/crd-reference.md).
 fn main() {
-    print!("{}", proxyfleet_operator::schema::crd_yaml());
+    if std::env::args().any(|a| a == "--reference") {
+        print!("{}", proxyfleet_operator::schema::reference_markdown());
+    } else {
+        print!("{}", proxyfleet_operator::schema::crd_yaml());
+    }
 }
