@@ -10,7 +10,7 @@ install_operator
 start_prometheus
 ns=$(test_namespace e2e-canary)
 LOADGEN=$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen
-trap 'stop_prometheus; kill $(jobs -p) 2>/dev/null; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'stop_prometheus; pkill -f proxyfleet-loadgen 2>/dev/null; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
 
 # The example, with 5 replicas and a canary strategy analysed every 10 s.
 strategy() { # strategy SOURCE_YAML
@@ -35,6 +35,7 @@ kubectl get secret -n "$ns" demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d >
 load() { # load SECONDS SUMMARY_FILE — 40 req/s through the Service, new connections regularly
   "$LOADGEN" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/canary-ca.crt --rate 40 --workers 4 \
     --new-conn-every 25 --duration "${1}s" --summary "$2" >/dev/null 2>>/tmp/canary-load.err &
+  LOAD_PID=$!
 }
 phase() { kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.phase}'; }
 # Canary pods the Service still sends traffic to (ready endpoints named demo-canary-*).
@@ -48,6 +49,11 @@ wait_phase() { # wait_phase PHASE SECONDS
   done
 }
 # Seconds from the first failed measurement to no canary pod serving.
+# Occurrences of an event reason on pxd/demo (events.k8s.io series are counted).
+event_total() {
+  kubectl get events.events.k8s.io -n "$ns" --field-selector "regarding.name=demo,reason=$1" -o json \
+    | jq '[.items[] | (.series.count // 1)] | add // 0'
+}
 time_to_rollback() {
   local first_bad="" t
   local end=$(( $(date +%s) + 180 ))
@@ -67,12 +73,11 @@ say "1. healthy canary: 20% → analysis → 50% → analysis → 100% → promo
 load 150 /tmp/canary-healthy.json
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","retries":{"attempts":1}}'
 wait_phase Completed 150
-wait
+kill -TERM $LOAD_PID; wait $LOAD_PID
 kubectl get pxd -n "$ns" demo
-for s in 0 1 2 3 4; do
-  n=$(kubectl get events -n "$ns" --field-selector reason=StepCompleted -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' 2>/dev/null | grep -c "^step $s:" || true)
-  [ "$n" -le 1 ] || fail "step $s completed $n times"
-done
+# 3 weight steps and 2 analysis steps, each completed exactly once.
+[ "$(event_total StepCompleted)" = 3 ] || fail "StepCompleted $(event_total StepCompleted) times, want 3"
+[ "$(event_total AnalysisPassed)" = 2 ] || fail "AnalysisPassed $(event_total AnalysisPassed) times, want 2"
 say "healthy rollout load: $(cat /tmp/canary-healthy.json)"
 grep -q '"status_5xx": 0, "errors": 0' /tmp/canary-healthy.json || fail "requests failed during a healthy rollout"
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null
@@ -84,7 +89,7 @@ t=$(time_to_rollback) || fail "no rollback after 5xx"
 say "first bad measurement → all traffic on stable: ${t}s (analysis interval 10s)"
 echo "$t" > /tmp/canary-rollback-5xx-prometheus.txt
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}' | grep -q RolloutAborted || fail "not Degraded/RolloutAborted"
-wait
+wait $LOAD_PID
 
 say "3. canary adding 300ms (P99) → rollback on latency"
 { cat /tmp/canary-base.yaml; strategy "$PROM_SOURCE"; } | kubectl apply -n "$ns" -f - >/dev/null
@@ -93,7 +98,7 @@ load 120 /tmp/canary-slow.json
 t=$(time_to_rollback) || fail "no rollback on latency"
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q p99 || fail "abort reason does not name p99"
 say "latency rollback after ${t}s"
-wait
+wait $LOAD_PID
 
 say "4. 5xx canary with the direct source, Prometheus stopped"
 stop_prometheus
@@ -103,22 +108,20 @@ load 120 /tmp/canary-direct.json
 t=$(time_to_rollback) || fail "no rollback with the direct source"
 say "direct source: first bad measurement → all traffic on stable: ${t}s"
 echo "$t" > /tmp/canary-rollback-5xx-direct.txt
-wait
+wait $LOAD_PID
 
 say "5. operator killed in the middle of a step → resumes, no step repeated or skipped"
 { cat /tmp/canary-base.yaml; strategy "{}"; } | kubectl apply -n "$ns" -f - >/dev/null
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null || true
-kubectl delete events -n "$ns" --field-selector reason=StepCompleted >/dev/null 2>&1 || true
+steps_before=$(event_total StepCompleted); analyses_before=$(event_total AnalysisPassed)
 load 150 /tmp/canary-restart.json
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"4s"}'
 retry 60 bash -c "[ \"\$(kubectl get pxd -n $ns demo -o jsonpath='{.status.canary.phase}')\" = Analyzing ]"
 kubectl delete pod -n proxyfleet-system -l app.kubernetes.io/name=proxyfleet-operator --wait=false >/dev/null
 wait_phase Completed 180
-wait
-for s in 0 1 2 3 4; do
-  n=$(kubectl get events -n "$ns" --field-selector reason=StepCompleted -o jsonpath='{range .items[*]}{.note}{"\n"}{end}' | grep -c "^step $s:" || true)
-  [ "$n" = 1 ] || fail "after the restart step $s completed $n times"
-done
+wait $LOAD_PID
+steps=$(( $(event_total StepCompleted) - steps_before )); analyses=$(( $(event_total AnalysisPassed) - analyses_before ))
+[ "$steps" = 3 ] && [ "$analyses" = 2 ] || fail "across the restart: $steps weight steps (want 3), $analyses analyses (want 2)"
 say "every step completed exactly once across the restart"
 
 say "6. Prometheus unreachable → errors, abort by consecutiveErrorLimit, never a pass"

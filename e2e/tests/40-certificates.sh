@@ -7,7 +7,7 @@
 
 install_operator
 ns=$(test_namespace e2e-certs)
-trap 'kill $(jobs -p) 2>/dev/null; kubectl delete ns e2e-certs --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'pkill -f proxyfleet-loadgen 2>/dev/null; kubectl delete ns e2e-certs --wait=false >/dev/null 2>&1 || true' EXIT
 # Leaves live 3 minutes and renew 2m10s before expiry: a rotation about every 50 s.
 sed "s/echo.default.svc.cluster.local/echo.$ns.svc.cluster.local/; s/managed: {duration: 2160h}.*/managed: {duration: 3m, renewBefore: 2m10s}/" \
   "$root/examples/basic.yaml" | kubectl apply -n "$ns" -f - >/dev/null
@@ -22,6 +22,7 @@ served_serial() {
 say "continuous HTTPS load (new connections every 10 requests) while leaves rotate"
 "$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/certs-ca.crt \
   --rate 30 --workers 3 --new-conn-every 10 --duration 170s --summary /tmp/certs-load.json >/dev/null 2>/tmp/certs-load.err &
+LOAD=$!
 serials=()
 t0=$(date +%s)
 changes=()
@@ -33,7 +34,7 @@ while [ $(( $(date +%s) - t0 )) -lt 165 ]; do
   fi
   sleep 3
 done
-wait
+wait $LOAD
 say "load: $(cat /tmp/certs-load.json); serial changes at: ${changes[*]}"
 [ ${#serials[@]} -ge 3 ] || fail "expected at least two rotations, saw serials: ${serials[*]}"
 grep -q '"status_5xx": 0, "errors": 0' /tmp/certs-load.json || { cat /tmp/certs-load.err | tail -5 >&2; fail "requests failed during rotation"; }

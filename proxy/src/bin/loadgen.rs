@@ -92,16 +92,27 @@ async fn main() {
         tokio_rustls::TlsConnector::from(Arc::new(cfg))
     });
     let counts = Arc::new(Counts::default());
+    // SIGTERM ends the run early; the summary is still written.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            if let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                term.recv().await;
+                stop.store(true, Ordering::Relaxed);
+            }
+        });
+    }
     let deadline = Instant::now() + args.duration.get();
     let per_worker = Duration::from_secs_f64(args.workers as f64 / args.rate.max(1) as f64);
     let mut tasks = Vec::new();
     for _ in 0..args.workers {
-        let (args, tls, counts) = (args.clone(), tls.clone(), counts.clone());
+        let (args, tls, counts, stop) = (args.clone(), tls.clone(), counts.clone(), stop.clone());
         tasks.push(tokio::spawn(async move {
             let mut sender: Option<Sender> = None;
             let mut on_conn = 0;
             let mut tick = tokio::time::interval(per_worker);
-            while Instant::now() < deadline {
+            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
                 if sender.is_none() || on_conn >= args.new_conn_every {
                     match connect(&args, &tls).await {
