@@ -111,9 +111,11 @@ pub async fn plan(
     };
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
     let stable_revision = stable.as_deref().and_then(status::revision_of);
-    let stable_rolled_out = stable
-        .as_deref()
-        .is_some_and(|d| status::rolled_out(d, d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0)));
+    // Rolled out means: the spec's revision, all `total` pods updated and ready. Judged against
+    // what we want, not the cached spec, which may predate our last write.
+    let stable_rolled_out = stable.as_deref().is_some_and(|d| {
+        status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()) && status::rolled_out(d, total)
+    });
     let canary_ready = canary
         .as_deref()
         .filter(|d| status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()))
