@@ -15,7 +15,7 @@ kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null |
 ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
 kubectl get secret -n "$ns" demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d > /tmp/certs-ca.crt
 served_serial() {
-  openssl s_client -connect "$ip:443" -servername demo.example.com -CAfile /tmp/certs-ca.crt </dev/null 2>/dev/null \
+  timeout 5 openssl s_client -connect "$ip:443" -servername demo.example.com -CAfile /tmp/certs-ca.crt </dev/null 2>/dev/null \
     | openssl x509 -noout -serial 2>/dev/null | cut -d= -f2 | tr 'A-F' 'a-f' | sed 's/^0*//'
 }
 

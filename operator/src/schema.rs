@@ -52,7 +52,10 @@ pub fn reference_markdown() -> String {
         "# ProxyDeployment reference (proxyfleet.io/v1alpha1)\n\nGenerated from the CRD by `make crds`; do not edit.\n\n| field | type | description |\n|---|---|---|\n",
     );
     for (path, ty, desc) in rows {
-        out.push_str(&format!("| `{path}` | {ty} | {} |\n", desc.replace('\n', " ").replace('|', "\\|")));
+        out.push_str(&format!(
+            "| `{path}` | {ty} | {} |\n",
+            desc.replace('\n', " ").replace('|', "\\|")
+        ));
     }
     out
 }
@@ -61,14 +64,25 @@ fn walk(path: &str, s: &Value, rows: &mut Vec<(String, String, String)>) {
     let ty = s["type"].as_str().unwrap_or("object").to_string();
     let mut ty_text = ty.clone();
     if let Some(v) = s["enum"].as_array() {
-        ty_text = format!("{ty}: {}", v.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", "));
+        ty_text = format!(
+            "{ty}: {}",
+            v.iter().filter_map(|x| x.as_str()).collect::<Vec<_>>().join(", ")
+        );
     }
     if let Some(d) = s.get("default") {
         ty_text.push_str(&format!(" (default `{d}`)"));
     }
-    rows.push((path.to_string(), ty_text, s["description"].as_str().unwrap_or("").to_string()));
+    rows.push((
+        path.to_string(),
+        ty_text,
+        s["description"].as_str().unwrap_or("").to_string(),
+    ));
     // Kubernetes core types (affinity, tolerations, resources) are documented upstream.
-    if path.contains(".affinity") || path.contains(".tolerations") || path.contains(".resources") || path.contains(".topologySpreadConstraints") {
+    if path.contains(".affinity")
+        || path.contains(".tolerations")
+        || path.contains(".resources")
+        || path.contains(".topologySpreadConstraints")
+    {
         return;
     }
     if let Some(props) = s["properties"].as_object() {

@@ -18,5 +18,8 @@ fn field_reference_matches_the_code() {
     let generated = proxyfleet_operator::schema::reference_markdown();
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let on_disk = std::fs::read_to_string(root.join("docs/crd-reference.md")).unwrap_or_default();
-    assert!(on_disk == generated, "docs/crd-reference.md is out of date: run `make crds`");
+    assert!(
+        on_disk == generated,
+        "docs/crd-reference.md is out of date: run `make crds`"
+    );
 }

@@ -3,6 +3,10 @@
 //! Reading order: `server` (process, listeners, drain) → `handler` (the request phases) →
 //! `router` → `upstream` (balancer, pool) → `tls` → `state` / `reload` → `metrics` / `admin`.
 
+// Errors here are built at start-up and on reload only, never on the request path; their size
+// does not matter.
+#![allow(clippy::result_large_err)]
+
 pub mod admin;
 pub mod body;
 pub mod connect;

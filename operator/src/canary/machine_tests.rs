@@ -2,6 +2,9 @@ use super::analysis::Verdict;
 use super::machine::*;
 use super::spec::*;
 
+/// (time, canary pods ready, measurement) fed to the machine in order.
+type ScriptStep = (i64, i32, Option<Vec<(String, Verdict)>>);
+
 fn strategy(yaml: &str) -> CanaryStrategy {
     serde_yaml::from_str(yaml).unwrap()
 }
@@ -209,7 +212,7 @@ fn restart_in_every_phase_resumes_without_repeating_or_skipping() {
     // every phase: a restarted operator continues where it was.
     let s = strategy(STEPS);
     let mut status: Option<CanaryStatus> = None;
-    let script: Vec<(i64, i32, Option<Vec<(String, Verdict)>>)> = vec![
+    let script: Vec<ScriptStep> = vec![
         (0, 0, None),
         (1, 1, None),
         (2, 1, None),
