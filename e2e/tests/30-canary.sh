@@ -10,7 +10,7 @@ install_operator
 start_prometheus
 ns=$(test_namespace e2e-canary)
 LOADGEN=$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen
-trap 'stop_prometheus; pkill -f proxyfleet-loadgen 2>/dev/null; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'stop_prometheus; pkill -f proxyfleet-loadgen 2>/dev/null || true; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
 
 # The example, with 5 replicas and a canary strategy analysed every 10 s.
 strategy() { # strategy SOURCE_YAML
@@ -89,7 +89,7 @@ t=$(time_to_rollback) || fail "no rollback after 5xx"
 say "first bad measurement → all traffic on stable: ${t}s (analysis interval 10s)"
 echo "$t" > /tmp/canary-rollback-5xx-prometheus.txt
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}' | grep -q RolloutAborted || fail "not Degraded/RolloutAborted"
-wait $LOAD_PID
+kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 
 say "3. canary adding 300ms (P99) → rollback on latency"
 { cat /tmp/canary-base.yaml; strategy "$PROM_SOURCE"; } | kubectl apply -n "$ns" -f - >/dev/null
@@ -98,7 +98,7 @@ load 120 /tmp/canary-slow.json
 t=$(time_to_rollback) || fail "no rollback on latency"
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q p99 || fail "abort reason does not name p99"
 say "latency rollback after ${t}s"
-wait $LOAD_PID
+kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 
 say "4. 5xx canary with the direct source, Prometheus stopped"
 stop_prometheus
@@ -108,7 +108,7 @@ load 120 /tmp/canary-direct.json
 t=$(time_to_rollback) || fail "no rollback with the direct source"
 say "direct source: first bad measurement → all traffic on stable: ${t}s"
 echo "$t" > /tmp/canary-rollback-5xx-direct.txt
-wait $LOAD_PID
+kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 
 say "5. operator killed in the middle of a step → resumes, no step repeated or skipped"
 { cat /tmp/canary-base.yaml; strategy "{}"; } | kubectl apply -n "$ns" -f - >/dev/null
@@ -119,7 +119,7 @@ route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout
 retry 60 bash -c "[ \"\$(kubectl get pxd -n $ns demo -o jsonpath='{.status.canary.phase}')\" = Analyzing ]"
 kubectl delete pod -n proxyfleet-system -l app.kubernetes.io/name=proxyfleet-operator --wait=false >/dev/null
 wait_phase Completed 180
-wait $LOAD_PID
+kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 steps=$(( $(event_total StepCompleted) - steps_before )); analyses=$(( $(event_total AnalysisPassed) - analyses_before ))
 [ "$steps" = 3 ] && [ "$analyses" = 2 ] || fail "across the restart: $steps weight steps (want 3), $analyses analyses (want 2)"
 say "every step completed exactly once across the restart"
