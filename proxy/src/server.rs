@@ -92,10 +92,18 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         );
     }
     let no_route_metrics = metrics.route_handles("", "");
+    // A pod that cannot reach any upstream yet must not receive traffic: with DNS upstreams,
+    // readiness waits for their first resolution (at most 30 s).
+    let dns_upstreams: Vec<_> = state
+        .upstreams
+        .values()
+        .filter(|u| u.config.dns.is_some())
+        .cloned()
+        .collect();
     let shared = Arc::new(Shared {
         state: ArcSwap::from_pointee(state),
         metrics,
-        ready: AtomicBool::new(true),
+        ready: AtomicBool::new(dns_upstreams.is_empty()),
         resumption,
         config_path,
         no_route_metrics,
@@ -116,6 +124,21 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     tokio::spawn(crate::admin::serve(admin, shared.clone()));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
+    if !dns_upstreams.is_empty() {
+        let shared = shared.clone();
+        let shutdown = shutdown_rx.clone();
+        tokio::spawn(async move {
+            let started = std::time::Instant::now();
+            while !dns_upstreams.iter().all(|u| !u.endpoints.load().is_empty())
+                && started.elapsed() < Duration::from_secs(30)
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            if !*shutdown.borrow() {
+                shared.ready.store(true, Ordering::Relaxed);
+            }
+        });
+    }
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
     let graceful = Arc::new(GracefulShutdown::new());
     let conn_limit = Arc::new(Semaphore::new(config.limits.max_connections as usize));

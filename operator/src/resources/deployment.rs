@@ -143,7 +143,7 @@ pub fn desired_deployment(
         }),
         period_seconds: Some(period),
         failure_threshold: Some(failure),
-        timeout_seconds: Some(2),
+        timeout_seconds: Some(3),
         ..Default::default()
     };
 
@@ -154,7 +154,9 @@ pub fn desired_deployment(
         args: Some(vec!["--config".into(), format!("{CONFIG_DIR}/{CONFIG_FILE}")]),
         ports: Some(ports),
         volume_mounts: Some(mounts),
-        readiness_probe: Some(probe("/readyz", 2, 1)),
+        // A loaded node can make one probe slow; never pull every pod at once for that.
+        // Drain does not depend on readiness: endpoints go when a pod starts terminating.
+        readiness_probe: Some(probe("/readyz", 2, 3)),
         liveness_probe: Some(probe("/healthz", 10, 3)),
         resources: spec.resources.clone(),
         security_context: Some(SecurityContext {
