@@ -46,6 +46,12 @@ struct Counts {
     status_5xx: AtomicU64,
     errors: AtomicU64,
     connections: AtomicU64,
+    /// Connects refused or unreachable once, then retried (as client libraries do for a
+    /// Service VIP whose endpoint set is changing). Reported, not hidden.
+    connect_retries: AtomicU64,
+    /// Requests the server closed the connection under before reading them (keep-alive
+    /// race), retried once on a new connection, as hyper-util's client does.
+    request_retries: AtomicU64,
 }
 
 type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
@@ -115,7 +121,13 @@ async fn main() {
             while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
                 tick.tick().await;
                 if sender.is_none() || on_conn >= args.new_conn_every {
-                    match connect(&args, &tls).await {
+                    let mut attempt = connect(&args, &tls).await;
+                    if attempt.is_err() {
+                        counts.connect_retries.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                        attempt = connect(&args, &tls).await;
+                    }
+                    match attempt {
                         Ok(s) => {
                             counts.connections.fetch_add(1, Ordering::Relaxed);
                             sender = Some(s);
@@ -130,12 +142,28 @@ async fn main() {
                 }
                 let Some(s) = sender.as_mut() else { continue };
                 on_conn += 1;
-                let req = http::Request::builder()
-                    .uri(args.url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-                    .header("host", args.url.host().unwrap_or("localhost"))
-                    .body(Empty::<Bytes>::new())
-                    .expect("request");
-                let result = match tokio::time::timeout(Duration::from_secs(10), s.send_request(req)).await {
+                let make = || {
+                    http::Request::builder()
+                        .uri(args.url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+                        .header("host", args.url.host().unwrap_or("localhost"))
+                        .body(Empty::<Bytes>::new())
+                        .expect("request")
+                };
+                let mut sent = tokio::time::timeout(Duration::from_secs(10), s.send_request(make())).await;
+                if matches!(&sent, Ok(Err(e)) if e.is_canceled()) {
+                    // The server closed this keep-alive connection before reading the request.
+                    counts.request_retries.fetch_add(1, Ordering::Relaxed);
+                    match connect(&args, &tls).await {
+                        Ok(mut fresh) => {
+                            counts.connections.fetch_add(1, Ordering::Relaxed);
+                            sent = tokio::time::timeout(Duration::from_secs(10), fresh.send_request(make())).await;
+                            sender = Some(fresh);
+                            on_conn = 1;
+                        }
+                        Err(e) => eprintln!("reconnect: {e}"),
+                    }
+                }
+                let result = match sent {
                     Ok(Ok(resp)) => {
                         let status = resp.status().as_u16();
                         let _ = resp.into_body().collect().await;
@@ -161,12 +189,14 @@ async fn main() {
         let _ = t.await;
     }
     let summary = format!(
-        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}}}",
+        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}, \"connect_retries\": {}, \"request_retries\": {}}}",
         counts.ok.load(Ordering::Relaxed),
         counts.status_4xx.load(Ordering::Relaxed),
         counts.status_5xx.load(Ordering::Relaxed),
         counts.errors.load(Ordering::Relaxed),
-        counts.connections.load(Ordering::Relaxed)
+        counts.connections.load(Ordering::Relaxed),
+        counts.connect_retries.load(Ordering::Relaxed),
+        counts.request_retries.load(Ordering::Relaxed)
     );
     println!("{summary}");
     if let Some(p) = args.summary {
