@@ -49,6 +49,9 @@ struct Counts {
     /// Connects refused or unreachable once, then retried (as client libraries do for a
     /// Service VIP whose endpoint set is changing). Reported, not hidden.
     connect_retries: AtomicU64,
+    /// TCP connects that failed twice (refused/unreachable before any TLS byte): reported
+    /// apart from `errors`, which counts TLS handshake and request failures.
+    tcp_connect_failures: AtomicU64,
     /// Requests the server closed the connection under before reading them (keep-alive
     /// race), retried once on a new connection, as hyper-util's client does.
     request_retries: AtomicU64,
@@ -59,7 +62,7 @@ type Sender = hyper::client::conn::http1::SendRequest<Empty<Bytes>>;
 async fn connect(args: &Args, tls: &Option<tokio_rustls::TlsConnector>) -> Result<Sender, String> {
     let tcp = tokio::net::TcpStream::connect(&args.connect)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| format!("tcp: {e}"))?;
     let host = args.url.host().unwrap_or("localhost").to_string();
     let sender = match tls {
         Some(c) => {
@@ -134,7 +137,11 @@ async fn main() {
                             on_conn = 0;
                         }
                         Err(e) => {
-                            counts.errors.fetch_add(1, Ordering::Relaxed);
+                            if e.starts_with("tcp: ") {
+                                counts.tcp_connect_failures.fetch_add(1, Ordering::Relaxed);
+                            } else {
+                                counts.errors.fetch_add(1, Ordering::Relaxed);
+                            }
                             eprintln!("connect: {e}");
                             continue;
                         }
@@ -189,14 +196,15 @@ async fn main() {
         let _ = t.await;
     }
     let summary = format!(
-        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}, \"connect_retries\": {}, \"request_retries\": {}}}",
+        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}, \"connect_retries\": {}, \"request_retries\": {}, \"tcp_connect_failures\": {}}}",
         counts.ok.load(Ordering::Relaxed),
         counts.status_4xx.load(Ordering::Relaxed),
         counts.status_5xx.load(Ordering::Relaxed),
         counts.errors.load(Ordering::Relaxed),
         counts.connections.load(Ordering::Relaxed),
         counts.connect_retries.load(Ordering::Relaxed),
-        counts.request_retries.load(Ordering::Relaxed)
+        counts.request_retries.load(Ordering::Relaxed),
+        counts.tcp_connect_failures.load(Ordering::Relaxed)
     );
     println!("{summary}");
     if let Some(p) = args.summary {
