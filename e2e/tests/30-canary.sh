@@ -54,8 +54,11 @@ event_total() {
   kubectl get events.events.k8s.io -n "$ns" --field-selector "regarding.name=demo,reason=$1" -o json \
     | jq '[.items[] | (.series.count // 1)] | add // 0'
 }
-time_to_rollback() {
+canary_rev() { kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.canaryRevision}'; }
+time_to_rollback() { # time_to_rollback PREVIOUS_CANARY_REVISION
   local first_bad="" t
+  # Wait for the new rollout first: the previous one may still show Aborted.
+  retry 60 bash -c "[ \"\$(kubectl get pxd -n $ns demo -o jsonpath='{.status.canary.canaryRevision}')\" != '$1' ]"
   local end=$(( $(date +%s) + 180 ))
   while [ "$(date +%s)" -lt "$end" ]; do
     if [ -z "$first_bad" ] && kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.metrics[*].failures}' | grep -q '[1-9]'; then
@@ -84,28 +87,31 @@ kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null
 
 say "2. canary answering 5xx on 20% (Prometheus source) → automatic rollback"
 load 120 /tmp/canary-bad.json
+prev=$(canary_rev)
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","fault":{"abort":{"status":503,"percent":20}}}'
-t=$(time_to_rollback) || fail "no rollback after 5xx"
+t=$(time_to_rollback "$prev") || fail "no rollback after 5xx"
 say "first bad measurement → all traffic on stable: ${t}s (analysis interval 10s)"
 echo "$t" > /tmp/canary-rollback-5xx-prometheus.txt
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Degraded")].reason}' | grep -q RolloutAborted || fail "not Degraded/RolloutAborted"
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 
 say "3. canary adding 300ms (P99) → rollback on latency"
+prev=$(canary_rev)
 { cat /tmp/canary-base.yaml; strategy "$PROM_SOURCE"; } | kubectl apply -n "$ns" -f - >/dev/null
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"6s","fault":{"delay":{"duration":"300ms","percent":100}}}'
 load 120 /tmp/canary-slow.json
-t=$(time_to_rollback) || fail "no rollback on latency"
+t=$(time_to_rollback "$prev") || fail "no rollback on latency"
 kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q p99 || fail "abort reason does not name p99"
 say "latency rollback after ${t}s"
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 
 say "4. 5xx canary with the direct source, Prometheus stopped"
 stop_prometheus
+prev=$(canary_rev)
 { cat /tmp/canary-base.yaml; strategy "{}"; } | kubectl apply -n "$ns" -f - >/dev/null
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"5s","fault":{"abort":{"status":503,"percent":20}}}'
 load 120 /tmp/canary-direct.json
-t=$(time_to_rollback) || fail "no rollback with the direct source"
+t=$(time_to_rollback "$prev") || fail "no rollback with the direct source"
 say "direct source: first bad measurement → all traffic on stable: ${t}s"
 echo "$t" > /tmp/canary-rollback-5xx-direct.txt
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
