@@ -46,6 +46,14 @@ fn watched_dirs(config: &ProxyConfig, config_path: Option<&PathBuf>) -> Vec<Path
     parent_dirs(files.into_iter().chain(config_path))
 }
 
+fn count_failure(shared: &Shared) {
+    shared
+        .metrics
+        .reloads
+        .get_or_create(&ResultLabels { result: "failure" })
+        .inc();
+}
+
 /// Reloads from disk now. Returns whether the new state was taken.
 pub fn reload(shared: &Shared) -> bool {
     let current = shared.state.load_full();
@@ -53,11 +61,7 @@ pub fn reload(shared: &Shared) -> bool {
         Some(path) => match read_config(path) {
             Ok(c) => c,
             Err(e) => {
-                shared
-                    .metrics
-                    .reloads
-                    .get_or_create(&ResultLabels { result: "failure" })
-                    .inc();
+                count_failure(shared);
                 tracing::error!(error = %e, "reload refused; keeping the running configuration");
                 return false;
             }
@@ -71,11 +75,7 @@ pub fn reload(shared: &Shared) -> bool {
             .map(|l| &l.address)
             .ne(current.config.listeners.iter().map(|l| &l.address))
     {
-        shared
-            .metrics
-            .reloads
-            .get_or_create(&ResultLabels { result: "failure" })
-            .inc();
+        count_failure(shared);
         tracing::error!(
             "reload refused: listener addresses changed; that needs a restart (the operator rolls pods for it)"
         );
@@ -99,11 +99,7 @@ pub fn reload(shared: &Shared) -> bool {
             true
         }
         Err(e) => {
-            shared
-                .metrics
-                .reloads
-                .get_or_create(&ResultLabels { result: "failure" })
-                .inc();
+            count_failure(shared);
             tracing::error!(error = %e, "reload failed; keeping the running state");
             false
         }

@@ -156,6 +156,19 @@ struct Run {
 }
 
 impl Run {
+    /// All traffic on stable, the canary scaled to zero.
+    fn into_aborted(self, total: i32) -> Decision {
+        Decision {
+            status: self.status,
+            stable_template: StableTemplate::Current,
+            stable_replicas: total,
+            canary_replicas: Some(0),
+            events: self.events,
+            requeue_after: 300,
+            aborted: self.aborted,
+        }
+    }
+
     fn event(&mut self, warning: bool, reason: &'static str, message: String) {
         self.events.push(Event {
             warning,
@@ -399,15 +412,7 @@ pub fn decide(
     }
 
     if run.status.phase == ABORTED {
-        return Decision {
-            status: run.status,
-            stable_template: StableTemplate::Current,
-            stable_replicas: total,
-            canary_replicas: Some(0),
-            events: run.events,
-            requeue_after: 300,
-            aborted: run.aborted,
-        };
+        return run.into_aborted(total);
     }
 
     // Background analysis judges every step once the canary carries traffic.
@@ -415,15 +420,7 @@ pub fn decide(
         let (_, failed) = run.record(analysis, verdicts, now);
         if let Some(why) = failed {
             run.abort("AnalysisFailed", why);
-            return Decision {
-                status: run.status,
-                stable_template: StableTemplate::Current,
-                stable_replicas: total,
-                canary_replicas: Some(0),
-                events: run.events,
-                requeue_after: 300,
-                aborted: run.aborted,
-            };
+            return run.into_aborted(total);
         }
     }
 
@@ -519,15 +516,7 @@ pub fn decide(
                 let (passed, failed) = run.record(a, verdicts, now);
                 if let Some(why) = failed {
                     run.abort("AnalysisFailed", why);
-                    return Decision {
-                        status: run.status,
-                        stable_template: StableTemplate::Current,
-                        stable_replicas: total,
-                        canary_replicas: Some(0),
-                        events: run.events,
-                        requeue_after: 300,
-                        aborted: run.aborted,
-                    };
+                    return run.into_aborted(total);
                 }
                 if passed {
                     run.event(false, "AnalysisPassed", format!("step {idx}: analysis passed"));
