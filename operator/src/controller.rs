@@ -76,6 +76,7 @@ pub struct Context {
     pub recorder: Recorder,
     pub metrics: Arc<Metrics>,
     pub settings: OperatorSettings,
+    pub propagation: crate::propagation::reconcile::Propagation,
 }
 
 impl Context {
@@ -147,6 +148,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let pxd = with_latest_status(pxd, &ctx);
     let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
     if pxd.metadata.deletion_timestamp.is_some() {
+        // Members first (per the deletion policy), then the finalizer goes.
+        if let Some(again) = crate::propagation::reconcile::finalize(&pxd, &owner, &ctx).await {
+            return Ok(Action::requeue(again));
+        }
         if let Ok(mut m) = ctx.written_status.lock() {
             m.remove(&owner.reference.uid);
         }
@@ -345,9 +350,23 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         problem,
         extra_conditions: vec![certs.condition.clone()],
     };
+    let propagation = crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await;
+    let mut observed = observed;
+    if let Some(c) = propagation.condition.clone() {
+        observed.extra_conditions.push(c);
+    }
+    if let Some(again) = propagation.requeue {
+        requeue = requeue.min(again);
+    }
     let mut new_status = status::compute(&pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     new_status.certificates = certs.statuses.clone();
     new_status.canary = canary_status;
+    new_status.clusters = propagation.clusters;
+    if propagation.condition.is_none() {
+        new_status
+            .conditions
+            .retain(|c| c.type_ != crate::conditions::PROPAGATED);
+    }
     if pxd.status.as_ref() != Some(&new_status) {
         let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
         let patch = serde_json::json!({
@@ -455,8 +474,37 @@ pub async fn run(
     let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
     let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
     let (secrets, f6) = owned_store::<Secret>(&client);
+    // Member cluster Secrets: every change re-reconciles all fleets (placements may select it).
+    let (cluster_tx, cluster_rx) = futures::channel::mpsc::unbounded::<()>();
+    let mut cluster_sources = vec![(
+        settings.clusters_namespace.clone(),
+        crate::propagation::clusters::CLUSTER_LABEL.to_string(),
+    )];
+    if let Some(ns) = &settings.argocd_namespace {
+        cluster_sources.push((
+            ns.clone(),
+            format!("{}=cluster", crate::propagation::clusters::ARGOCD_SECRET_TYPE),
+        ));
+    }
+    let mut cluster_secrets = Vec::new();
+    let mut cluster_watches = Vec::new();
+    for (ns, selector) in cluster_sources {
+        let (reader, writer) = reflector::store();
+        let tx = cluster_tx.clone();
+        let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
+        cluster_watches.push(
+            reflector::reflector(writer, watcher(api, watcher::Config::default().labels(&selector)))
+                .default_backoff()
+                .touched_objects()
+                .for_each(move |_| {
+                    let _ = tx.unbounded_send(());
+                    futures::future::ready(())
+                }),
+        );
+        cluster_secrets.push(reader);
+    }
     let caches = tokio::spawn(async move {
-        tokio::join!(f1, f2, f3, f4, f5, f6);
+        tokio::join!(f1, f2, f3, f4, f5, f6, futures::future::join_all(cluster_watches));
     });
     let stores = Stores {
         deployments,
@@ -483,6 +531,7 @@ pub async fn run(
             instance: Some(identity),
         },
     );
+    let settings_propagation = (settings.propagation_resync, settings.propagation_cleanup_timeout);
     let ctx = Arc::new(Context {
         client: client.clone(),
         stores,
@@ -493,6 +542,12 @@ pub async fn run(
         http: Default::default(),
         snapshots: Default::default(),
         written_status: Default::default(),
+        propagation: crate::propagation::reconcile::Propagation {
+            cluster_secrets,
+            clients: Default::default(),
+            resync: settings_propagation.0,
+            cleanup_timeout: settings_propagation.1,
+        },
     });
     let pxds: Api<ProxyDeployment> = Api::all(client.clone());
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
@@ -501,6 +556,7 @@ pub async fn run(
         .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())
+        .reconcile_all_on(cluster_rx)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx.clone())
         .for_each(|res| {

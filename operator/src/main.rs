@@ -34,6 +34,18 @@ struct Args {
     /// Lifetime of newly created managed CAs.
     #[arg(long, default_value = "8760h", env = "PROXYFLEET_CA_DURATION")]
     ca_duration: proxyfleet_config::HumanDuration,
+    /// Namespace of member cluster Secrets (label proxyfleet.io/cluster); defaults to the lease namespace.
+    #[arg(long, env = "PROXYFLEET_CLUSTERS_NAMESPACE")]
+    clusters_namespace: Option<String>,
+    /// Also read Argo CD cluster Secrets (argocd.argoproj.io/secret-type=cluster) from this namespace.
+    #[arg(long, env = "PROXYFLEET_ARGOCD_NAMESPACE")]
+    argocd_namespace: Option<String>,
+    /// How often member clusters are re-read for drift and status.
+    #[arg(long, default_value = "15s", env = "PROXYFLEET_PROPAGATION_RESYNC")]
+    propagation_resync: proxyfleet_config::HumanDuration,
+    /// How long deleting a propagated fleet waits for unreachable members before letting go.
+    #[arg(long, default_value = "5m", env = "PROXYFLEET_PROPAGATION_CLEANUP_TIMEOUT")]
+    propagation_cleanup_timeout: proxyfleet_config::HumanDuration,
     /// Log format: json or text.
     #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
     log_format: String,
@@ -73,6 +85,13 @@ async fn main() -> std::process::ExitCode {
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
     let mut settings = OperatorSettings {
         ca_duration: args.ca_duration.get(),
+        clusters_namespace: args
+            .clusters_namespace
+            .clone()
+            .unwrap_or_else(|| args.lease_namespace.clone()),
+        argocd_namespace: args.argocd_namespace.clone().filter(|n| !n.is_empty()),
+        propagation_resync: args.propagation_resync.get(),
+        propagation_cleanup_timeout: args.propagation_cleanup_timeout.get(),
         ..Default::default()
     };
     if let Some(img) = &args.default_proxy_image {

@@ -261,8 +261,15 @@ fn secret_with(meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
     }
 }
 
+/// Whether the fleet's certificates come from the namespace's managed CA.
+pub fn uses_managed_ca(spec: &crate::crd::ProxyDeploymentSpec) -> bool {
+    let tls = spec.tls.clone().unwrap_or_default();
+    let serves_tls = spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
+    (serves_tls || tls.upstream_client_certificate) && tls.secret_name.is_none() && tls.cert_manager.is_none()
+}
+
 /// The namespace's CA and the bundle leaves should trust, creating the CA when missing.
-async fn ensure_ca(namespace: &str, ctx: &Context) -> Result<(KeyedCert, issue::CertInfo, String), String> {
+pub(crate) async fn ensure_ca(namespace: &str, ctx: &Context) -> Result<(KeyedCert, issue::CertInfo, String), String> {
     if let Some(s) = cached_secret(ctx, namespace, CA_SECRET) {
         if let (Some(cert_pem), Some(key_pem)) = (text(&s, "ca.crt"), text(&s, "ca.key")) {
             let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;

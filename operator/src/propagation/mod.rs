@@ -1,3 +1,8 @@
-//! Propagating ProxyDeployments to member clusters.
+//! Propagating ProxyDeployments to member clusters (see docs/multicluster.md).
 
+pub mod clusters;
+pub mod member;
+pub mod placement;
+pub mod reconcile;
 pub mod spec;
+pub mod status;

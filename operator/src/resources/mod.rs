@@ -19,6 +19,14 @@ pub struct OperatorSettings {
     pub default_proxy_image: String,
     /// Lifetime of newly created managed CAs.
     pub ca_duration: std::time::Duration,
+    /// Where member cluster Secrets (label `proxyfleet.io/cluster`) are read.
+    pub clusters_namespace: String,
+    /// Where Argo CD's cluster Secrets are read, when set.
+    pub argocd_namespace: Option<String>,
+    /// How often members are re-read for drift and status.
+    pub propagation_resync: std::time::Duration,
+    /// How long a deleted propagated fleet waits for unreachable members.
+    pub propagation_cleanup_timeout: std::time::Duration,
 }
 
 impl Default for OperatorSettings {
@@ -26,6 +34,10 @@ impl Default for OperatorSettings {
         Self {
             default_proxy_image: format!("proxyfleet.local/proxy:{}", env!("CARGO_PKG_VERSION")),
             ca_duration: std::time::Duration::from_secs(365 * 24 * 3600),
+            clusters_namespace: "proxyfleet-system".into(),
+            argocd_namespace: None,
+            propagation_resync: std::time::Duration::from_secs(15),
+            propagation_cleanup_timeout: std::time::Duration::from_secs(300),
         }
     }
 }

@@ -1,0 +1,199 @@
+//! The thin I/O shell towards member clusters: one cached client per cluster Secret version,
+//! every call bounded by a timeout so one unreachable member never stalls the others.
+
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, Secret};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+
+use super::clusters::MemberCluster;
+use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_OBJECT, HUB_UID, PROPAGATED_HASH};
+use crate::crd::ProxyDeployment;
+use crate::labels;
+
+/// How long one member call may take before the member counts as unreachable.
+pub const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Why a member could not be brought to the desired state.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MemberError {
+    /// No answer (connection refused, timeout, TLS failure): the member keeps its last state.
+    #[error("unreachable: {0}")]
+    Unreachable(String),
+    /// The member's API server answered and refused (admission, RBAC, conflict).
+    #[error("refused by the member: {0}")]
+    Refused(String),
+    /// The cluster Secret cannot make a client.
+    #[error("{0}")]
+    BadCredentials(String),
+}
+
+fn classify(what: &str, e: kube::Error) -> MemberError {
+    match e {
+        kube::Error::Api(s) if s.code < 500 => MemberError::Refused(format!("{what}: {} ({})", s.message, s.reason)),
+        other => MemberError::Unreachable(format!("{what}: {other}")),
+    }
+}
+
+async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, kube::Error>>) -> Result<T, MemberError> {
+    match tokio::time::timeout(CALL_TIMEOUT, f).await {
+        Ok(r) => r.map_err(|e| classify(what, e)),
+        Err(_) => Err(MemberError::Unreachable(format!(
+            "{what}: no answer within {CALL_TIMEOUT:?}"
+        ))),
+    }
+}
+
+/// Clients per member cluster, rebuilt when its Secret changes.
+#[derive(Default)]
+pub struct MemberClients {
+    clients: Mutex<HashMap<String, (String, Client)>>,
+}
+
+impl MemberClients {
+    pub async fn client(&self, cluster: &MemberCluster) -> Result<Client, MemberError> {
+        if let Some((version, c)) = self.clients.lock().ok().and_then(|m| m.get(&cluster.name).cloned()) {
+            if version == cluster.secret_version {
+                return Ok(c);
+            }
+        }
+        let kubeconfig: Kubeconfig = cluster.kubeconfig.clone().map_err(MemberError::BadCredentials)?;
+        let mut config = Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+            .await
+            .map_err(|e| MemberError::BadCredentials(format!("cluster Secret {}: {e}", cluster.secret)))?;
+        config.connect_timeout = Some(Duration::from_secs(3));
+        config.read_timeout = Some(CALL_TIMEOUT);
+        config.write_timeout = Some(CALL_TIMEOUT);
+        let client = Client::try_from(config)
+            .map_err(|e| MemberError::BadCredentials(format!("cluster Secret {}: {e}", cluster.secret)))?;
+        if let Ok(mut m) = self.clients.lock() {
+            m.insert(cluster.name.clone(), (cluster.secret_version.clone(), client.clone()));
+        }
+        Ok(client)
+    }
+
+    /// Forgets clients of clusters no longer registered.
+    pub fn retain(&self, registered: &[MemberCluster]) {
+        if let Ok(mut m) = self.clients.lock() {
+            m.retain(|name, _| registered.iter().any(|c| &c.name == name));
+        }
+    }
+}
+
+/// The member's copy of the fleet, if any.
+pub async fn observe(client: &Client, namespace: &str, name: &str) -> Result<Option<ProxyDeployment>, MemberError> {
+    let api: Api<ProxyDeployment> = Api::namespaced(client.clone(), namespace);
+    bounded("reading the ProxyDeployment", api.get_opt(name)).await
+}
+
+/// Creates the namespace when missing (never deletes it).
+async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), MemberError> {
+    let api: Api<Namespace> = Api::all(client.clone());
+    if bounded("reading the namespace", api.get_opt(namespace))
+        .await?
+        .is_some()
+    {
+        return Ok(());
+    }
+    let ns = Namespace {
+        metadata: kube::api::ObjectMeta {
+            name: Some(namespace.into()),
+            labels: Some(BTreeMap::from([(
+                labels::MANAGED_BY.to_string(),
+                FIELD_MANAGER.to_string(),
+            )])),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    match bounded("creating the namespace", api.create(&PostParams::default(), &ns)).await {
+        Err(MemberError::Refused(m)) if m.contains("AlreadyExists") => Ok(()),
+        other => other.map(|_| ()),
+    }
+}
+
+/// Brings the member to `object`: namespace, then the shared CA (before the fleet, so the
+/// member's operator never creates a CA of its own), then the ProxyDeployment.
+pub async fn apply(
+    client: &Client,
+    namespace: &str,
+    name: &str,
+    object: &serde_json::Value,
+    ca: Option<&Secret>,
+) -> Result<ProxyDeployment, MemberError> {
+    ensure_namespace(client, namespace).await?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    if let Some(ca) = ca {
+        let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
+        let ca_name = ca.metadata.name.clone().unwrap_or_default();
+        bounded(
+            "applying the CA Secret",
+            secrets.patch(&ca_name, &params, &Patch::Apply(ca)),
+        )
+        .await?;
+    }
+    let api: Api<ProxyDeployment> = Api::namespaced(client.clone(), namespace);
+    bounded(
+        "applying the ProxyDeployment",
+        api.patch(name, &params, &Patch::Apply(object)),
+    )
+    .await
+}
+
+/// What clean-up did in one member.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Released {
+    NothingThere,
+    Deleted,
+    Orphaned,
+}
+
+/// Removes (or, by the policy recorded on it, orphans) the member's copy — only when it carries
+/// this hub object's uid. Anything else of that name is not ours and is left alone.
+pub async fn release(client: &Client, namespace: &str, name: &str, hub_uid: &str) -> Result<Released, MemberError> {
+    let Some(current) = observe(client, namespace, name).await? else {
+        return Ok(Released::NothingThere);
+    };
+    let labels = current.metadata.labels.clone().unwrap_or_default();
+    if labels.get(HUB_UID).map(String::as_str) != Some(hub_uid) {
+        return Ok(Released::NothingThere);
+    }
+    let orphan = current
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(DELETION_POLICY))
+        .is_some_and(|p| p == "Orphan");
+    let api: Api<ProxyDeployment> = Api::namespaced(client.clone(), namespace);
+    if orphan {
+        // Left running, no longer ours: our labels and annotations go, the spec stays.
+        let patch = serde_json::json!({"metadata": {
+            "labels": {HUB_UID: null, labels::MANAGED_BY: null},
+            "annotations": {HUB_OBJECT: null, PROPAGATED_HASH: null, DELETION_POLICY: null},
+        }});
+        bounded(
+            "orphaning the ProxyDeployment",
+            api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+        return Ok(Released::Orphaned);
+    }
+    let uid = current.metadata.uid.clone();
+    let params = DeleteParams {
+        preconditions: uid.map(|uid| kube::api::Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    };
+    match bounded("deleting the ProxyDeployment", api.delete(name, &params)).await {
+        Ok(_) => Ok(Released::Deleted),
+        Err(MemberError::Refused(m)) if m.contains("NotFound") => Ok(Released::NothingThere),
+        Err(e) => Err(e),
+    }
+}

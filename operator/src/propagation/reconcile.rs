@@ -1,0 +1,445 @@
+//! The hub side of propagation, run inside the ProxyDeployment reconcile when `spec.placement`
+//! is set (or was: the finalizer remembers). Safety rules, in order of importance:
+//! - a failure to list clusters or to reach a member never deletes anything anywhere;
+//! - only objects labelled with this hub object's uid are ever deleted or orphaned;
+//! - a bad override applies nothing to any cluster;
+//! - deletion waits for members' clean-up at most `cleanup_timeout`, then lets go and says so.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use futures::future::join_all;
+use futures::FutureExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::reflector::Store;
+use kube::ResourceExt;
+
+use super::clusters::{self, MemberCluster};
+use super::member::{self, MemberClients, MemberError, Released};
+use super::placement::{self, MemberObject, HUB_OBJECT, HUB_UID};
+use super::spec::ClusterStatus;
+use super::status::{self, Observation};
+use crate::certs;
+use crate::conditions::Want;
+use crate::controller::Context;
+use crate::crd::ProxyDeployment;
+use crate::labels;
+use crate::resources::Owner;
+
+/// Finalizer on hub objects that were propagated: members are cleaned up before they go.
+pub const FINALIZER: &str = "proxyfleet.io/propagation";
+
+/// Propagation's share of the operator's state.
+pub struct Propagation {
+    /// Cluster Secrets: ours, and Argo CD's when configured.
+    pub cluster_secrets: Vec<Store<Secret>>,
+    pub clients: MemberClients,
+    /// How often members are re-read (drift, member status) without a hub change.
+    pub resync: Duration,
+    /// How long a deleted hub object waits for unreachable members.
+    pub cleanup_timeout: Duration,
+}
+
+/// What propagation adds to the hub object's status.
+pub struct Outcome {
+    /// `None`: the fleet is not propagated; the `Propagated` condition is removed.
+    pub condition: Option<Want>,
+    pub clusters: Vec<ClusterStatus>,
+    pub requeue: Option<Duration>,
+}
+
+impl Outcome {
+    fn none() -> Self {
+        Self {
+            condition: None,
+            clusters: Vec::new(),
+            requeue: None,
+        }
+    }
+}
+
+fn has_finalizer(pxd: &ProxyDeployment) -> bool {
+    pxd.finalizers().iter().any(|f| f == FINALIZER)
+}
+
+/// Every registered member cluster, or an error when any cluster list is not loaded yet.
+fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, String> {
+    let mut out = Vec::new();
+    for store in &p.cluster_secrets {
+        if store.wait_until_ready().now_or_never().is_none() {
+            return Err("the cluster Secrets are not loaded yet".into());
+        }
+        out.extend(store.state().iter().filter_map(|s| clusters::from_secret(s)));
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+async fn set_finalizers(pxd: &ProxyDeployment, ctx: &Context, finalizers: Vec<String>) -> Result<(), String> {
+    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &pxd.namespace().unwrap_or_default());
+    // The resourceVersion makes this a compare-and-swap: a concurrent change fails it, we retry.
+    let patch = serde_json::json!({"metadata": {
+        "finalizers": finalizers,
+        "resourceVersion": pxd.resource_version(),
+    }});
+    api.patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map(|_| ctx.metrics.api_write("ProxyDeployment", "patch"))
+        .map_err(|e| format!("updating finalizers: {e}"))
+}
+
+/// The CA Secret members get when the fleet uses the managed issuer: the hub's namespace CA,
+/// so a client trusts one root whichever cluster answers (see docs/multicluster.md).
+async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Result<Option<Secret>, String> {
+    if !certs::reconcile::uses_managed_ca(&pxd.spec) {
+        return Ok(None);
+    }
+    let (ca, _, bundle) = certs::reconcile::ensure_ca(namespace, ctx).await?;
+    let data = [("ca.crt", ca.cert_pem), ("ca.key", ca.key_pem), ("bundle.crt", bundle)]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.into_bytes())))
+        .collect::<BTreeMap<_, _>>();
+    Ok(Some(Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(certs::reconcile::CA_SECRET.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+                ("proxyfleet.io/ca".to_string(), "true".to_string()),
+            ])),
+            annotations: Some(BTreeMap::from([(HUB_OBJECT.to_string(), format!("{namespace}/*"))])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(data),
+        ..Default::default()
+    }))
+}
+
+/// `desired` ⊆ `actual`: every field we set has our value (the member may add defaults).
+fn contains(actual: &serde_json::Value, desired: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (actual, desired) {
+        (Value::Object(a), Value::Object(d)) => d.iter().all(|(k, dv)| a.get(k).is_some_and(|av| contains(av, dv))),
+        (Value::Array(a), Value::Array(d)) => a.len() == d.len() && a.iter().zip(d).all(|(av, dv)| contains(av, dv)),
+        (a, d) => a == d,
+    }
+}
+
+/// Brings one member to its object. Does not take over an object propagated from elsewhere.
+async fn sync_one(
+    clients: &MemberClients,
+    cluster: &MemberCluster,
+    owner: &Owner,
+    desired: &MemberObject,
+    ca: Option<&Secret>,
+) -> Observation {
+    let run = async {
+        let client = clients.client(cluster).await?;
+        let current = member::observe(&client, &owner.namespace, &owner.name).await?;
+        if let Some(current) = current {
+            let labels = current.metadata.labels.clone().unwrap_or_default();
+            if labels.get(HUB_UID) != Some(&owner.reference.uid) {
+                return Err(MemberError::Refused(format!(
+                    "{}/{} exists there and was not propagated from this object; not taking it over",
+                    owner.namespace, owner.name
+                )));
+            }
+            let hash_matches = current
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(placement::PROPAGATED_HASH))
+                == Some(&desired.hash);
+            let spec_matches =
+                serde_json::to_value(&current.spec).is_ok_and(|actual| contains(&actual, &desired.object["spec"]));
+            if hash_matches && spec_matches {
+                return Ok(current);
+            }
+            tracing::info!(cluster = %cluster.name, drift = hash_matches, "applying to member");
+        }
+        member::apply(&client, &owner.namespace, &owner.name, &desired.object, ca).await
+    };
+    match run.await {
+        Ok(m) => Observation::Synced {
+            member: Box::new(m),
+            desired_hash: desired.hash.clone(),
+        },
+        Err(e) => Observation::Failed(e),
+    }
+}
+
+/// Releases the fleet from `clusters` (delete or orphan, per the policy recorded on each copy).
+/// Returns the clusters where that could not be done, with why.
+async fn release_from(
+    p: &Propagation,
+    clusters: &[&MemberCluster],
+    owner: &Owner,
+    ctx: &Context,
+) -> Vec<(String, MemberError)> {
+    let results = join_all(clusters.iter().map(|c| async move {
+        let r = match p.clients.client(c).await {
+            Ok(client) => member::release(&client, &owner.namespace, &owner.name, &owner.reference.uid).await,
+            Err(e) => Err(e),
+        };
+        (c.name.clone(), r)
+    }))
+    .await;
+    let mut failed = Vec::new();
+    for (name, r) in results {
+        match r {
+            Ok(Released::NothingThere) => {}
+            Ok(Released::Deleted) => {
+                ctx.record(
+                    owner,
+                    "MemberDeleted",
+                    &format!("deleted the fleet's copy in cluster {name}"),
+                )
+                .await
+            }
+            Ok(Released::Orphaned) => {
+                ctx.record(
+                    owner,
+                    "MemberOrphaned",
+                    &format!("left the fleet's copy in cluster {name} (Orphan)"),
+                )
+                .await
+            }
+            Err(e) => failed.push((name, e)),
+        }
+    }
+    failed
+}
+
+/// Propagates a live (not deleted) hub object.
+pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Outcome {
+    let p = &ctx.propagation;
+    let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
+    let keep_previous = |condition: Want| Outcome {
+        condition: Some(condition),
+        clusters: previous.clone(),
+        requeue: Some(Duration::from_secs(10)),
+    };
+    let registered = match registered(p) {
+        Ok(r) => r,
+        Err(m) => {
+            return keep_previous(Want::new(
+                crate::conditions::PROPAGATED,
+                false,
+                "ClusterListUnavailable",
+                m,
+            ))
+        }
+    };
+    p.clients.retain(&registered);
+
+    let Some(placement) = &pxd.spec.placement else {
+        if !has_finalizer(pxd) {
+            return Outcome::none();
+        }
+        // Placement removed: release the fleet everywhere, then drop the finalizer.
+        let all: Vec<&MemberCluster> = registered.iter().collect();
+        let failed = release_from(p, &all, owner, ctx).await;
+        if failed.is_empty() {
+            let rest: Vec<String> = pxd.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+            if let Err(e) = set_finalizers(pxd, ctx, rest).await {
+                tracing::warn!(error = %e, "could not remove the propagation finalizer");
+            }
+            return Outcome::none();
+        }
+        let message = failed
+            .iter()
+            .map(|(n, e)| format!("{n}: {e}"))
+            .collect::<Vec<_>>()
+            .join("; ");
+        return keep_previous(Want::new(
+            crate::conditions::PROPAGATED,
+            false,
+            "CleanupPending",
+            format!("placement removed; clean-up pending in {message}"),
+        ));
+    };
+
+    if !has_finalizer(pxd) {
+        let mut f = pxd.finalizers().to_vec();
+        f.push(FINALIZER.into());
+        if let Err(e) = set_finalizers(pxd, ctx, f).await {
+            // Without the finalizer a deletion could leave members behind: do not propagate yet.
+            return keep_previous(Want::new(crate::conditions::PROPAGATED, false, "FinalizerNotSet", e));
+        }
+    }
+
+    let selection = match placement::select(placement, &registered) {
+        Ok(s) => s,
+        Err(m) => {
+            let mut out = keep_previous(status::condition(&[], Some(&m)));
+            out.requeue = None;
+            return out;
+        }
+    };
+    let prev = |name: &str| previous.iter().find(|c| c.name == name);
+    let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+
+    // Every cluster's object first; one bad override and nothing is written anywhere.
+    let objects: Result<Vec<MemberObject>, String> = selection
+        .targets
+        .iter()
+        .map(|c| placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c))
+        .collect();
+    let ca = match &objects {
+        Ok(_) => shared_ca(pxd, &owner.namespace, ctx).await,
+        Err(_) => Ok(None),
+    };
+    let mut entries: Vec<ClusterStatus> = match (&objects, &ca) {
+        (Err(message), _) | (_, Err(message)) => {
+            let entries: Vec<ClusterStatus> = selection
+                .targets
+                .iter()
+                .map(|c| {
+                    status::cluster_status(&c.name, &Observation::NotApplied(message.clone()), prev(&c.name), &now)
+                })
+                .collect();
+            let invalid = objects.as_ref().err().cloned();
+            let condition = match invalid {
+                Some(m) => {
+                    ctx.warn(owner, "InvalidOverride", &m).await;
+                    status::condition(&entries, Some(&m))
+                }
+                None => Want::new(crate::conditions::PROPAGATED, false, "CAUnavailable", message.clone()),
+            };
+            return Outcome {
+                condition: Some(condition),
+                clusters: entries,
+                requeue: Some(p.resync),
+            };
+        }
+        (Ok(objects), Ok(ca)) => {
+            let observations = join_all(
+                selection
+                    .targets
+                    .iter()
+                    .zip(objects)
+                    .map(|(c, o)| sync_one(&p.clients, c, owner, o, ca.as_ref())),
+            )
+            .await;
+            selection
+                .targets
+                .iter()
+                .zip(&observations)
+                .map(|(c, o)| status::cluster_status(&c.name, o, prev(&c.name), &now))
+                .collect()
+        }
+    };
+    for name in &selection.unknown {
+        entries.push(status::cluster_status(
+            name,
+            &Observation::NotRegistered,
+            prev(name),
+            &now,
+        ));
+    }
+    entries.sort_by(|a, b| a.name.cmp(&b.name));
+    for e in &entries {
+        let was = prev(&e.name);
+        if e.applied && was.is_none_or(|w| !w.applied) {
+            ctx.record(owner, "Propagated", &format!("applied to cluster {}", e.name))
+                .await;
+        } else if !e.reachable && was.is_none_or(|w| w.reachable) {
+            ctx.warn(
+                owner,
+                "ClusterUnreachable",
+                &format!("cluster {}: {}", e.name, e.message.as_deref().unwrap_or("")),
+            )
+            .await;
+        }
+    }
+
+    // Clusters that left the placement (label change, name removed): release there.
+    let leaving: Vec<&MemberCluster> = registered
+        .iter()
+        .filter(|c| !selection.targets.iter().any(|t| t.name == c.name))
+        .collect();
+    let failed = release_from(p, &leaving, owner, ctx).await;
+    for (name, e) in failed {
+        // Not selected and not reachable: nothing is deleted; tried again next resync.
+        tracing::debug!(cluster = %name, error = %e, "could not check a cluster outside the placement");
+    }
+
+    Outcome {
+        condition: Some(status::condition(&entries, None)),
+        clusters: entries,
+        requeue: Some(p.resync),
+    }
+}
+
+/// Clean-up of a deleted hub object. Returns when to look again, or `None` once the finalizer
+/// is gone.
+pub async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Option<Duration> {
+    if !has_finalizer(pxd) {
+        return None;
+    }
+    let p = &ctx.propagation;
+    let deleted_for = pxd
+        .metadata
+        .deletion_timestamp
+        .as_ref()
+        .map(|t| {
+            let secs = k8s_openapi::jiff::Timestamp::now().as_second() - t.0.as_second();
+            Duration::from_secs(secs.max(0) as u64)
+        })
+        .unwrap_or_default();
+    let timed_out = deleted_for >= p.cleanup_timeout;
+    let failed = match registered(p) {
+        Ok(registered) => {
+            let all: Vec<&MemberCluster> = registered.iter().collect();
+            release_from(p, &all, owner, ctx)
+                .await
+                .into_iter()
+                .map(|(n, e)| format!("{n}: {e}"))
+                .collect()
+        }
+        Err(m) => vec![m],
+    };
+    if !failed.is_empty() && !timed_out {
+        tracing::info!(pending = %failed.join("; "), "waiting for member clean-up");
+        return Some(Duration::from_secs(5));
+    }
+    if !failed.is_empty() {
+        ctx.warn(
+            owner,
+            "CleanupTimedOut",
+            &format!(
+                "gave up after {:?}; the fleet's copies may remain in: {}",
+                p.cleanup_timeout,
+                failed.join("; ")
+            ),
+        )
+        .await;
+    }
+    let rest: Vec<String> = pxd.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+    match set_finalizers(pxd, ctx, rest).await {
+        Ok(()) => None,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not remove the propagation finalizer");
+            Some(Duration::from_secs(5))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::contains;
+    use serde_json::json;
+
+    #[test]
+    fn contains_tolerates_member_defaults_but_not_edits() {
+        let desired = json!({"replicas": 2, "routes": [{"name": "a"}]});
+        assert!(contains(
+            &json!({"replicas": 2, "routes": [{"name": "a", "timeout": "15s"}], "x": 1}),
+            &desired
+        ));
+        assert!(!contains(&json!({"replicas": 7, "routes": [{"name": "a"}]}), &desired));
+        assert!(!contains(&json!({"replicas": 2, "routes": []}), &desired));
+    }
+}

@@ -1,0 +1,250 @@
+//! Pure: what the hub says about each member and about propagation as a whole.
+//! `lastSyncTime` moves only when an entry changes, so a quiet resync writes no status.
+
+use super::member::MemberError;
+use super::spec::ClusterStatus;
+use crate::conditions::{Want, PROPAGATED};
+use crate::crd::ProxyDeployment;
+
+/// What one reconcile learned about one selected cluster.
+#[derive(Debug)]
+pub enum Observation {
+    /// Named in `placement.clusters`, but no cluster Secret has that name.
+    NotRegistered,
+    /// The member answered; `member` is its copy after our apply (or as found, if unchanged).
+    Synced {
+        member: Box<ProxyDeployment>,
+        desired_hash: String,
+    },
+    Failed(MemberError),
+    /// Overrides could not be applied; nothing was written anywhere.
+    NotApplied(String),
+}
+
+fn member_summary(member: &ProxyDeployment) -> (Option<i64>, Option<String>, Option<bool>, Option<String>) {
+    let Some(status) = &member.status else {
+        return (
+            None,
+            None,
+            None,
+            Some("the member's operator has not reported yet".into()),
+        );
+    };
+    let ready = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::conditions::READY)
+        .map(|c| c.status == "True");
+    let message = status
+        .conditions
+        .iter()
+        .find(|c| c.type_ == crate::conditions::DEGRADED && c.status == "True")
+        .map(|c| format!("{}: {}", c.reason, c.message));
+    (
+        status.observed_generation,
+        status.phase.map(|p| p.as_str().to_string()),
+        ready,
+        message,
+    )
+}
+
+pub fn cluster_status(
+    name: &str,
+    observation: &Observation,
+    previous: Option<&ClusterStatus>,
+    now: &str,
+) -> ClusterStatus {
+    let mut entry = ClusterStatus {
+        name: name.to_string(),
+        ..Default::default()
+    };
+    match observation {
+        Observation::NotRegistered => {
+            entry.message = Some(format!("no cluster Secret named {name:?} is registered"));
+        }
+        Observation::Synced { member, desired_hash } => {
+            entry.reachable = true;
+            let applied_hash = member
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(super::placement::PROPAGATED_HASH));
+            entry.applied = applied_hash == Some(desired_hash);
+            let member_generation = member.metadata.generation;
+            let (observed, phase, ready, message) = member_summary(member);
+            // The member's status is about the current spec only once it observed its generation.
+            entry.observed_generation = observed;
+            entry.phase = phase;
+            entry.ready = ready;
+            entry.message = match (observed, member_generation) {
+                (Some(o), Some(g)) if o < g => Some("the member's operator has not caught up with the spec yet".into()),
+                _ => message,
+            };
+        }
+        Observation::Failed(e) => {
+            entry.reachable = !matches!(e, MemberError::Unreachable(_) | MemberError::BadCredentials(_));
+            entry.message = Some(e.to_string());
+            // What we knew of the member's state stays: it keeps serving with it.
+            if let Some(p) = previous {
+                entry.observed_generation = p.observed_generation;
+                entry.phase = p.phase.clone();
+                entry.ready = p.ready;
+            }
+        }
+        Observation::NotApplied(message) => {
+            entry.reachable = previous.is_some_and(|p| p.reachable);
+            entry.message = Some(message.clone());
+            if let Some(p) = previous {
+                entry.observed_generation = p.observed_generation;
+                entry.phase = p.phase.clone();
+                entry.ready = p.ready;
+            }
+        }
+    }
+    entry.last_sync_time = match previous {
+        Some(p) if same_but_time(p, &entry) => p.last_sync_time.clone(),
+        _ => Some(now.to_string()),
+    };
+    entry
+}
+
+fn same_but_time(a: &ClusterStatus, b: &ClusterStatus) -> bool {
+    ClusterStatus {
+        last_sync_time: None,
+        ..a.clone()
+    } == ClusterStatus {
+        last_sync_time: None,
+        ..b.clone()
+    }
+}
+
+/// The `Propagated` condition over all selected clusters.
+pub fn condition(entries: &[ClusterStatus], invalid: Option<&str>) -> Want {
+    if let Some(message) = invalid {
+        return Want::new(PROPAGATED, false, "InvalidPlacement", message);
+    }
+    if entries.is_empty() {
+        return Want::new(
+            PROPAGATED,
+            false,
+            "NoClustersSelected",
+            "the placement selects no registered cluster",
+        );
+    }
+    let behind: Vec<&ClusterStatus> = entries.iter().filter(|e| !e.applied).collect();
+    if behind.is_empty() {
+        return Want::new(
+            PROPAGATED,
+            true,
+            "Propagated",
+            format!("applied to {} cluster(s)", entries.len()),
+        );
+    }
+    let reason = if behind
+        .iter()
+        .any(|e| e.message.as_deref().is_some_and(|m| m.contains("no cluster Secret")))
+    {
+        "ClusterNotFound"
+    } else if behind.iter().any(|e| !e.reachable) {
+        "ClusterUnreachable"
+    } else {
+        "NotApplied"
+    };
+    let names: Vec<String> = behind
+        .iter()
+        .map(|e| format!("{} ({})", e.name, e.message.as_deref().unwrap_or("pending")))
+        .collect();
+    Want::new(
+        PROPAGATED,
+        false,
+        reason,
+        format!(
+            "{}/{} cluster(s) up to date; behind: {}",
+            entries.len() - behind.len(),
+            entries.len(),
+            names.join("; ")
+        ),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn member(hash: &str, generation: i64, observed: i64) -> ProxyDeployment {
+        let mut m: ProxyDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+            "metadata": {"name": "demo", "namespace": "ns", "generation": generation},
+            "spec": {"listeners": [], "routes": [], "upstreams": []},
+            "status": {"observedGeneration": observed, "phase": "Ready",
+                       "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": "",
+                                       "lastTransitionTime": "2026-01-01T00:00:00Z"}]},
+        }))
+        .unwrap();
+        m.metadata.annotations = Some(BTreeMap::from([(
+            super::super::placement::PROPAGATED_HASH.to_string(),
+            hash.to_string(),
+        )]));
+        m
+    }
+
+    #[test]
+    fn synced_member_reports_its_own_status() {
+        let o = Observation::Synced {
+            member: Box::new(member("h1", 3, 3)),
+            desired_hash: "h1".into(),
+        };
+        let s = cluster_status("eu-1", &o, None, "t1");
+        assert!(s.applied && s.reachable);
+        assert_eq!(s.phase.as_deref(), Some("Ready"));
+        assert_eq!(s.ready, Some(true));
+        assert_eq!(s.observed_generation, Some(3));
+        assert_eq!(s.last_sync_time.as_deref(), Some("t1"));
+        // Nothing changed: the time stays, so the status is not rewritten.
+        let again = cluster_status("eu-1", &o, Some(&s), "t2");
+        assert_eq!(again, s);
+        let lagging = Observation::Synced {
+            member: Box::new(member("h1", 4, 3)),
+            desired_hash: "h1".into(),
+        };
+        assert!(cluster_status("eu-1", &lagging, Some(&s), "t3")
+            .message
+            .unwrap()
+            .contains("not caught up"));
+    }
+
+    #[test]
+    fn an_unreachable_member_keeps_its_last_known_state() {
+        let ok = cluster_status(
+            "eu-1",
+            &Observation::Synced {
+                member: Box::new(member("h1", 1, 1)),
+                desired_hash: "h1".into(),
+            },
+            None,
+            "t1",
+        );
+        let down = cluster_status(
+            "eu-1",
+            &Observation::Failed(MemberError::Unreachable("connection refused".into())),
+            Some(&ok),
+            "t2",
+        );
+        assert!(!down.reachable && !down.applied);
+        assert_eq!(down.phase.as_deref(), Some("Ready"));
+        let c = condition(&[ok.clone(), down], None);
+        assert!(!c.status);
+        assert_eq!(c.reason, "ClusterUnreachable");
+        assert!(c.message.contains("1/2"), "{}", c.message);
+        assert!(condition(&[ok], None).status);
+    }
+
+    #[test]
+    fn unknown_clusters_and_bad_overrides_have_their_reasons() {
+        let unknown = cluster_status("ap-9", &Observation::NotRegistered, None, "t");
+        assert_eq!(condition(&[unknown], None).reason, "ClusterNotFound");
+        assert_eq!(condition(&[], Some("bad patch")).reason, "InvalidPlacement");
+        assert_eq!(condition(&[], None).reason, "NoClustersSelected");
+    }
+}
