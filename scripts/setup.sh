@@ -11,6 +11,7 @@ for pkg_cmd in containerd:containerd runc:runc iptables:iptables conntrack:connt
   command -v "$c" >/dev/null 2>&1 || need+=("$p")
 done
 [ -x /usr/lib/cni/bridge ] || need+=(containernetworking-plugins)
+python3 -c 'import yaml' 2>/dev/null || need+=(python3-yaml)
 if [ ${#need[@]} -gt 0 ]; then
   log "installing Debian packages: ${need[*]}"
   apt-get update -qq >/dev/null

@@ -38,7 +38,7 @@ struct Args {
     #[arg(long, env = "PROXYFLEET_CLUSTERS_NAMESPACE")]
     clusters_namespace: Option<String>,
     /// Also read Argo CD cluster Secrets (argocd.argoproj.io/secret-type=cluster) from this namespace.
-    #[arg(long, env = "PROXYFLEET_ARGOCD_NAMESPACE")]
+    #[arg(long, default_value = "argocd", env = "PROXYFLEET_ARGOCD_NAMESPACE")]
     argocd_namespace: Option<String>,
     /// How often member clusters are re-read for drift and status.
     #[arg(long, default_value = "15s", env = "PROXYFLEET_PROPAGATION_RESYNC")]
