@@ -14,6 +14,8 @@ members=(member-1 member-2)
 mk() { kubectl --kubeconfig "/var/lib/proxyfleet/clusters/$1/admin.kubeconfig" "${@:2}"; }
 MEMBER_PIDS=()
 cleanup() {
+  # The hub object first, while members still answer (its finalizer cleans them up).
+  kubectl delete pxd -n e2e-prop --all --timeout=30s >/dev/null 2>&1 || true
   for p in "${MEMBER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
   kubectl delete ns e2e-prop --wait=false >/dev/null 2>&1 || true
   kubectl delete secret -n proxyfleet-system member-1 --ignore-not-found >/dev/null 2>&1 || true
@@ -35,8 +37,10 @@ done
 say "members up; their operators run as processes (pids ${MEMBER_PIDS[*]})"
 
 # The hub reaches members at the bridge address (its operator runs in a pod).
+# Credentials inline (--flatten): kubeconfigs that read files are refused by the operator.
 kubeconfig_for_hub() {
-  sed "s#https://127.0.0.1:#https://10.244.0.1:#" "/var/lib/proxyfleet/clusters/$1/admin.kubeconfig"
+  kubectl --kubeconfig "/var/lib/proxyfleet/clusters/$1/admin.kubeconfig" config view --raw --flatten --minify \
+    | sed "s#https://127.0.0.1:#https://10.244.0.1:#"
 }
 kubectl create secret generic member-1 -n proxyfleet-system --from-file=kubeconfig=<(kubeconfig_for_hub member-1) \
   --dry-run=client -o yaml | kubectl apply -f - >/dev/null

@@ -360,6 +360,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     }
     let mut new_status = status::compute(&pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     new_status.certificates = certs.statuses.clone();
+    new_status.ca_rotation = certs.ca_rotation.clone();
     new_status.canary = canary_status;
     new_status.clusters = propagation.clusters;
     if propagation.condition.is_none() {

@@ -1,5 +1,7 @@
 //! Certificates: the managed CA, leaf issuance and renewal, cert-manager and existing Secrets.
 
+pub mod ca;
+pub mod ca_rotation;
 pub mod issue;
 pub mod reconcile;
 pub mod spec;

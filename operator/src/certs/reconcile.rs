@@ -20,7 +20,7 @@ use crate::metrics::CertLabels;
 use crate::resources::deployment::MountedSecrets;
 use crate::resources::Owner;
 
-pub const CA_SECRET: &str = "proxyfleet-ca";
+pub use super::ca::CA_SECRET;
 
 pub fn serving_secret_name(pxd: &str) -> String {
     format!("{pxd}-tls")
@@ -38,6 +38,8 @@ pub struct CertOutcome {
     /// When set, the fleet must not roll to a new revision (its certificate is not there).
     pub blocking: Option<String>,
     pub requeue_after: Option<Duration>,
+    /// The managed CA's rotation progress (managed issuer only).
+    pub ca_rotation: Option<super::spec::CaRotationStatus>,
 }
 
 fn now() -> i64 {
@@ -79,6 +81,7 @@ fn failure(reason: &str, message: String) -> CertOutcome {
         condition: Want::new(CERTIFICATES_READY, false, reason, message.clone()),
         blocking: Some(message),
         requeue_after: Some(Duration::from_secs(30)),
+        ca_rotation: None,
     }
 }
 
@@ -95,6 +98,7 @@ pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
             condition: Want::new(CERTIFICATES_READY, true, "NotNeeded", "no HTTPS listener"),
             blocking: None,
             requeue_after: None,
+            ca_rotation: None,
         };
     }
     let outcome = if let Some(secret_name) = &tls.secret_name {
@@ -158,6 +162,7 @@ async fn existing_secret(owner: &Owner, secret_name: &str, ctx: &Context) -> Cer
                 },
                 blocking: None,
                 requeue_after: Some(Duration::from_secs(3600)),
+                ca_rotation: None,
             }
         }
         Ok(None) => failure(
@@ -230,6 +235,7 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
                 condition: Want::new(CERTIFICATES_READY, true, "Issued", "issued by cert-manager"),
                 blocking: None,
                 requeue_after: Some(Duration::from_secs(600)),
+                ca_rotation: None,
             },
             None => failure(
                 "WaitingForCertManager",
@@ -268,56 +274,6 @@ pub fn uses_managed_ca(spec: &crate::crd::ProxyDeploymentSpec) -> bool {
     (serves_tls || tls.upstream_client_certificate) && tls.secret_name.is_none() && tls.cert_manager.is_none()
 }
 
-/// The namespace's CA and the bundle leaves should trust, creating the CA when missing.
-pub(crate) async fn ensure_ca(namespace: &str, ctx: &Context) -> Result<(KeyedCert, issue::CertInfo, String), String> {
-    if let Some(s) = cached_secret(ctx, namespace, CA_SECRET) {
-        if let (Some(cert_pem), Some(key_pem)) = (text(&s, "ca.crt"), text(&s, "ca.key")) {
-            let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
-            let bundle = text(&s, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
-            return Ok((KeyedCert { cert_pem, key_pem }, info, bundle));
-        }
-    }
-    // Not in the cache: ask the API server before creating one, so a lagging cache never
-    // replaces a CA.
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    if let Ok(Some(s)) = api.get_opt(CA_SECRET).await {
-        if let (Some(cert_pem), Some(key_pem)) = (text(&s, "ca.crt"), text(&s, "ca.key")) {
-            let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
-            let bundle = text(&s, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
-            return Ok((KeyedCert { cert_pem, key_pem }, info, bundle));
-        }
-        return Err(format!(
-            "Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"
-        ));
-    }
-    let ca = issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration)
-        .map_err(|e| e.to_string())?;
-    let mut meta = k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
-        name: Some(CA_SECRET.into()),
-        namespace: Some(namespace.into()),
-        labels: Some(BTreeMap::from([
-            (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
-            ("proxyfleet.io/ca".to_string(), "true".to_string()),
-        ])),
-        ..Default::default()
-    };
-    meta.annotations = None;
-    let mut secret = secret_with(meta, &[("ca.crt", &ca.cert_pem), ("ca.key", &ca.key_pem)]);
-    secret.type_ = Some("Opaque".into());
-    api.patch(
-        CA_SECRET,
-        &PatchParams::apply(labels::FIELD_MANAGER).force(),
-        &Patch::Apply(&secret),
-    )
-    .await
-    .map_err(|e| format!("creating CA Secret: {e}"))?;
-    ctx.metrics.api_write("Secret", "apply");
-    tracing::info!(%namespace, "created managed CA");
-    let info = issue::parse_pem(&ca.cert_pem).ok_or("new CA unparsable")?;
-    let bundle = ca.cert_pem.clone();
-    Ok((ca, info, bundle))
-}
-
 async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls: bool, ctx: &Context) -> CertOutcome {
     let settings = tls.managed.clone().unwrap_or_default();
     if settings.key_algorithm == KeyAlgorithm::RSA2048 {
@@ -326,12 +282,13 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
             issue::IssueError::Unsupported(KeyAlgorithm::RSA2048).to_string(),
         );
     }
-    let (ca, ca_info, bundle) = match ensure_ca(&owner.namespace, ctx).await {
+    let material = match super::ca::ensure(&owner.namespace, ctx).await {
         Ok(x) => x,
         Err(e) => return failure("CAUnavailable", e),
     };
+    let (ca, ca_info, bundle) = (&material.ca, &material.info, &material.bundle);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
-    let mut statuses = vec![status_of("ca", CA_SECRET, &ca_info, None)];
+    let mut statuses = vec![status_of("ca", CA_SECRET, ca_info, None)];
     let mut secrets = MountedSecrets::default();
     let mut next_renewal = i64::MAX;
     let mut wanted: Vec<(String, Vec<String>, bool)> = Vec::new();
@@ -350,19 +307,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
         ));
     }
     for (secret_name, names, client) in wanted {
-        match ensure_leaf(
-            owner,
-            &secret_name,
-            &names,
-            client,
-            &ca,
-            &ca_info,
-            &bundle,
-            &settings,
-            ctx,
-        )
-        .await
-        {
+        match ensure_leaf(owner, &secret_name, &names, client, ca, ca_info, bundle, &settings, ctx).await {
             Ok(info) => {
                 next_renewal = next_renewal.min(issue::renewal_time(&info, settings.renew_before.map(|d| d.get())));
                 statuses.push(status_of(
@@ -392,7 +337,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
             }
         }
     }
-    let wait = (next_renewal - now()).clamp(1, 3600) as u64;
+    let wait = ((next_renewal - now()).clamp(1, 3600) as u64).min(material.requeue.as_secs().max(1));
     CertOutcome {
         secrets,
         statuses,
@@ -400,10 +345,12 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
             CERTIFICATES_READY,
             true,
             "Issued",
-            format!("issued by the managed CA, next renewal in {wait}s"),
+            // No countdown here: a message that changes every reconcile is a status write each time.
+            "issued by the managed CA",
         ),
         blocking: None,
         requeue_after: Some(Duration::from_secs(wait)),
+        ca_rotation: Some(material.rotation.clone()),
     }
 }
 

@@ -95,11 +95,15 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
     if !certs::reconcile::uses_managed_ca(&pxd.spec) {
         return Ok(None);
     }
-    let (ca, _, bundle) = certs::reconcile::ensure_ca(namespace, ctx).await?;
-    let data = [("ca.crt", ca.cert_pem), ("ca.key", ca.key_pem), ("bundle.crt", bundle)]
-        .into_iter()
-        .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.into_bytes())))
-        .collect::<BTreeMap<_, _>>();
+    let m = certs::ca::ensure(namespace, ctx).await?;
+    let data = [
+        ("ca.crt", m.ca.cert_pem),
+        ("ca.key", m.ca.key_pem),
+        ("bundle.crt", m.bundle),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_string(), k8s_openapi::ByteString(v.into_bytes())))
+    .collect::<BTreeMap<_, _>>();
     Ok(Some(Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(certs::reconcile::CA_SECRET.into()),

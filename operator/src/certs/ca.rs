@@ -1,0 +1,408 @@
+//! The namespace's managed CA: its Secret (`proxyfleet-ca`), created when missing, and the I/O
+//! shell of its rotation (the decisions are in `ca_rotation`).
+//!
+//! Secret keys: `ca.crt`/`ca.key` (the signing CA), `bundle.crt` (what everything trusts),
+//! `next.crt`/`next.key` (the CA being introduced), `previous.crt` (the CA being retired).
+//! Every rotation write is a compare-and-swap on the Secret's resourceVersion, so concurrent
+//! reconciles of fleets sharing the CA cannot both generate a next CA.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Pod, Secret};
+use k8s_openapi::ByteString;
+use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::runtime::reflector::ObjectRef;
+use sha2::{Digest, Sha256};
+
+use super::ca_rotation::{self, Observations, RotationState, Write};
+use super::issue::{self, CertInfo, KeyedCert};
+use super::spec::CaRotationStatus;
+use crate::controller::Context;
+use crate::labels;
+use crate::resources::config_map::ADMIN_PORT;
+
+pub const CA_SECRET: &str = "proxyfleet-ca";
+
+/// What leaves are issued with and what they publish.
+pub struct CaMaterial {
+    pub ca: KeyedCert,
+    pub info: CertInfo,
+    /// The trust bundle (PEM, one or two CAs).
+    pub bundle: String,
+    pub rotation: CaRotationStatus,
+    pub requeue: Duration,
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn text(secret: &Secret, key: &str) -> Option<String> {
+    secret
+        .data
+        .as_ref()?
+        .get(key)
+        .and_then(|b| String::from_utf8(b.0.clone()).ok())
+}
+
+fn annotation(secret: &Secret, key: &str) -> Option<String> {
+    secret.metadata.annotations.as_ref()?.get(key).cloned()
+}
+
+fn b64(s: &str) -> String {
+    use base64::Engine;
+    base64::engine::general_purpose::STANDARD.encode(s.as_bytes())
+}
+
+pub fn sha256_hex(s: &str) -> String {
+    Sha256::digest(s.as_bytes())
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+async fn read_secret(namespace: &str, ctx: &Context) -> Result<Option<Secret>, String> {
+    if let Some(s) = ctx.stores.secrets.get(&ObjectRef::new(CA_SECRET).within(namespace)) {
+        return Ok(Some((*s).clone()));
+    }
+    // Not in the cache: ask the API server before creating one, so a lagging cache never
+    // replaces a CA.
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    api.get_opt(CA_SECRET)
+        .await
+        .map_err(|e| format!("reading CA Secret: {e}"))
+}
+
+async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
+    let ca = issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration)
+        .map_err(|e| e.to_string())?;
+    let secret = Secret {
+        metadata: kube::api::ObjectMeta {
+            name: Some(CA_SECRET.into()),
+            namespace: Some(namespace.into()),
+            labels: Some(BTreeMap::from([
+                (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
+                ("proxyfleet.io/ca".to_string(), "true".to_string()),
+            ])),
+            ..Default::default()
+        },
+        type_: Some("Opaque".into()),
+        data: Some(
+            [("ca.crt", &ca.cert_pem), ("ca.key", &ca.key_pem)]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), ByteString(v.as_bytes().to_vec())))
+                .collect(),
+        ),
+        ..Default::default()
+    };
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let written = api
+        .patch(
+            CA_SECRET,
+            &PatchParams::apply(labels::FIELD_MANAGER).force(),
+            &Patch::Apply(&secret),
+        )
+        .await
+        .map_err(|e| format!("creating CA Secret: {e}"))?;
+    ctx.metrics.api_write("Secret", "apply");
+    tracing::info!(%namespace, "created managed CA");
+    Ok(written)
+}
+
+/// The namespace's CA, created when missing, with one rotation step taken when one is due.
+pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
+    let secret = match read_secret(namespace, ctx).await? {
+        Some(s) => s,
+        None => create(namespace, ctx).await?,
+    };
+    let (Some(_), Some(_)) = (text(&secret, "ca.crt"), text(&secret, "ca.key")) else {
+        return Err(format!(
+            "Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"
+        ));
+    };
+    let (secret, step) = match rotate(namespace, &secret, ctx).await {
+        Ok(Some((written, step))) => (written, step),
+        Ok(None) => (secret, None),
+        Err(e) => {
+            tracing::warn!(%namespace, error = %e, "CA rotation step not taken; retrying");
+            (secret, None)
+        }
+    };
+    material(&secret, step)
+}
+
+fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMaterial, String> {
+    let cert_pem = text(secret, "ca.crt").ok_or("CA Secret has no ca.crt")?;
+    let key_pem = text(secret, "ca.key").ok_or("CA Secret has no ca.key")?;
+    let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
+    let bundle = text(secret, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
+    let state = state_of(secret);
+    let serial_of = |key: &str| text(secret, key).and_then(|p| issue::parse_pem(&p)).map(|i| i.serial);
+    let (message, requeue) = match &step {
+        Some(s) => (s.message.clone(), s.requeue),
+        None => (String::new(), Duration::from_secs(3600)),
+    };
+    let rotating = state.phase != ca_rotation::STABLE;
+    let rotation = CaRotationStatus {
+        phase: state.phase.clone(),
+        old_ca_serial: if state.has_previous {
+            serial_of("previous.crt")
+        } else if rotating {
+            Some(info.serial.clone())
+        } else {
+            None
+        },
+        new_ca_serial: if state.has_next {
+            serial_of("next.crt")
+        } else if rotating {
+            Some(info.serial.clone())
+        } else {
+            None
+        },
+        phase_started_at: (state.since > 0).then(|| issue::rfc3339(state.since)),
+        message: (!message.is_empty()).then_some(message),
+    };
+    Ok(CaMaterial {
+        ca: KeyedCert { cert_pem, key_pem },
+        info,
+        bundle,
+        rotation,
+        requeue: if rotating {
+            requeue.min(Duration::from_secs(5))
+        } else {
+            requeue
+        },
+    })
+}
+
+fn state_of(secret: &Secret) -> RotationState {
+    RotationState {
+        phase: annotation(secret, ca_rotation::PHASE_ANNOTATION).unwrap_or_else(|| ca_rotation::STABLE.into()),
+        since: annotation(secret, ca_rotation::SINCE_ANNOTATION)
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0),
+        has_next: text(secret, "next.crt").is_some(),
+        has_previous: text(secret, "previous.crt").is_some(),
+    }
+}
+
+/// Leaf Secrets of the namespace issued by the managed CA: (total, with `bundle`, issued by
+/// `issuer`), and the serials of those issued by `issuer`.
+fn leaves(namespace: &str, bundle: &str, issuer: &str, ctx: &Context) -> ((usize, usize, usize), Vec<String>) {
+    let mut counts = (0, 0, 0);
+    let mut current_serials = Vec::new();
+    for s in ctx.stores.secrets.state() {
+        let ours = s.metadata.namespace.as_deref() == Some(namespace)
+            && s.metadata.name.as_deref() != Some(CA_SECRET)
+            && s.type_.as_deref() == Some("kubernetes.io/tls");
+        let Some(cert) = text(&s, "tls.crt").filter(|_| ours) else {
+            continue;
+        };
+        counts.0 += 1;
+        if text(&s, "ca.crt").as_deref() == Some(bundle) {
+            counts.1 += 1;
+        }
+        if let Some(info) = issue::parse_pem(&cert).filter(|i| i.issuer == issuer) {
+            counts.2 += 1;
+            current_serials.push(info.serial);
+        }
+    }
+    (counts, current_serials)
+}
+
+/// What one proxy pod reports on /config.
+struct PodReport {
+    bundle_sha: Option<String>,
+    serials: Vec<String>,
+}
+
+fn parse_config_report(body: &str) -> PodReport {
+    let mut report = PodReport {
+        bundle_sha: None,
+        serials: Vec::new(),
+    };
+    for line in body.lines().map(str::trim) {
+        if let Some(sha) = line.strip_prefix("trustBundleSha256: ") {
+            report.bundle_sha = Some(sha.trim().to_string()).filter(|s| s != "null");
+        } else if let Some(serial) = line.strip_prefix("serial: ") {
+            report.serials.push(serial.trim().trim_matches('"').to_string());
+        }
+    }
+    report
+}
+
+/// Proxy pods of the namespace that loaded a trust bundle: (total, reporting `sha`, serving only
+/// leaves in `current_serials`).
+async fn pods_with_bundle(
+    namespace: &str,
+    sha: &str,
+    current_serials: &[String],
+    ctx: &Context,
+) -> Result<(usize, usize, usize), String> {
+    let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let selector = format!("{}={}", labels::APP_NAME, labels::PROXY_APP);
+    let pods = api
+        .list(&ListParams::default().labels(&selector))
+        .await
+        .map_err(|e| format!("listing proxy pods: {e}"))?;
+    let mut counts = (0, 0, 0);
+    for pod in pods.items {
+        let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
+            continue;
+        };
+        if !running || pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
+        // A pod that cannot be asked counts as not converged.
+        let report = match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/config")).await {
+            Ok(body) => parse_config_report(&body),
+            Err(_) => PodReport {
+                bundle_sha: Some(String::new()),
+                serials: Vec::new(),
+            },
+        };
+        // A pod with no trust bundle serves nothing from our CA: not part of the rotation.
+        let Some(loaded) = report.bundle_sha else { continue };
+        counts.0 += 1;
+        if loaded == sha {
+            counts.1 += 1;
+        }
+        if !report.serials.is_empty() && report.serials.iter().all(|s| current_serials.contains(s)) {
+            counts.2 += 1;
+        }
+    }
+    Ok(counts)
+}
+
+/// One step of the rotation machine. `Ok(None)` when nothing was written.
+async fn rotate(
+    namespace: &str,
+    secret: &Secret,
+    ctx: &Context,
+) -> Result<Option<(Secret, Option<ca_rotation::Step>)>, String> {
+    if annotation(secret, crate::propagation::placement::HUB_OBJECT).is_some() {
+        // A CA propagated from a hub cluster is rotated there, never here.
+        return Ok(None);
+    }
+    let state = state_of(secret);
+    let cert_pem = text(secret, "ca.crt").unwrap_or_default();
+    let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
+    let bundle = text(secret, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
+    let mut o = Observations {
+        now: now(),
+        ca_renewal_time: ca_rotation::ca_renewal_time(info.not_before, info.not_after),
+        rotation_requested: annotation(secret, ca_rotation::ROTATE_ANNOTATION).is_some(),
+        overlap: annotation(secret, ca_rotation::OVERLAP_ANNOTATION)
+            .and_then(|v| v.parse::<proxyfleet_config::HumanDuration>().ok())
+            .map(|d| d.get())
+            .unwrap_or(ca_rotation::DEFAULT_OVERLAP),
+        ..Default::default()
+    };
+    let phase = state.phase.as_str();
+    if [
+        ca_rotation::PUBLISHING_BUNDLE,
+        ca_rotation::WAITING_FOR_BUNDLE,
+        ca_rotation::REISSUING,
+    ]
+    .contains(&phase)
+    {
+        let (counts, current_serials) = leaves(namespace, &bundle, &info.subject, ctx);
+        (o.leaves_total, o.leaves_with_bundle, o.leaves_on_current_ca) = counts;
+        if phase != ca_rotation::PUBLISHING_BUNDLE {
+            (o.pods_total, o.pods_with_bundle, o.pods_on_current_ca) =
+                pods_with_bundle(namespace, &sha256_hex(&bundle), &current_serials, ctx).await?;
+        }
+    }
+    let step = ca_rotation::decide(&state, &o);
+    let Some(write) = step.write.clone() else {
+        return Ok(Some((secret.clone(), Some(step))));
+    };
+    let mut data = serde_json::Map::new();
+    let mut annotations = serde_json::Map::from_iter([
+        (
+            ca_rotation::PHASE_ANNOTATION.to_string(),
+            step.state.phase.clone().into(),
+        ),
+        (
+            ca_rotation::SINCE_ANNOTATION.to_string(),
+            step.state.since.to_string().into(),
+        ),
+    ]);
+    match write {
+        Write::StartRotation => {
+            let stamp = issue::rfc3339(o.now);
+            let next = issue::new_ca(
+                &format!("proxyfleet CA {namespace} {stamp}"),
+                o.now,
+                ctx.settings.ca_duration,
+            )
+            .map_err(|e| e.to_string())?;
+            data.insert("next.crt".into(), b64(&next.cert_pem).into());
+            data.insert("next.key".into(), b64(&next.key_pem).into());
+            data.insert(
+                "bundle.crt".into(),
+                b64(&format!("{}{}", ensure_newline(&cert_pem), next.cert_pem)).into(),
+            );
+            annotations.insert(ca_rotation::ROTATE_ANNOTATION.into(), serde_json::Value::Null);
+        }
+        Write::SwapToNext => {
+            let next_crt = text(secret, "next.crt").ok_or("no next.crt to swap to")?;
+            let next_key = text(secret, "next.key").ok_or("no next.key to swap to")?;
+            data.insert("ca.crt".into(), b64(&next_crt).into());
+            data.insert("ca.key".into(), b64(&next_key).into());
+            data.insert("previous.crt".into(), b64(&cert_pem).into());
+            data.insert("next.crt".into(), serde_json::Value::Null);
+            data.insert("next.key".into(), serde_json::Value::Null);
+        }
+        Write::DropPrevious => {
+            data.insert("bundle.crt".into(), b64(&cert_pem).into());
+            data.insert("previous.crt".into(), serde_json::Value::Null);
+        }
+        Write::Phase => {}
+    }
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": secret.metadata.resource_version, "annotations": annotations},
+        "data": data,
+    });
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    match api
+        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => {
+            ctx.metrics.api_write("Secret", "patch");
+            tracing::info!(%namespace, phase = %step.state.phase, message = %step.message, "CA rotation");
+            Ok(Some((written, Some(step))))
+        }
+        // Another reconcile moved it first: take the next step from its result next time.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(format!("writing CA Secret: {e}")),
+    }
+}
+
+fn ensure_newline(pem: &str) -> String {
+    if pem.ends_with('\n') {
+        pem.to_string()
+    } else {
+        format!("{pem}\n")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn reads_the_proxy_config_report() {
+        let body = "listeners: []\n---\n# loaded certificates\ncertificates:\n  - listener: https\n    serial: \"0a1b\"\n    subject: \"CN=x\"\n    notAfter: 1\ntrustBundleSha256: abc\n";
+        let r = parse_config_report(body);
+        assert_eq!(r.bundle_sha.as_deref(), Some("abc"));
+        assert_eq!(r.serials, ["0a1b"]);
+        assert!(parse_config_report("trustBundleSha256: null\n").bundle_sha.is_none());
+    }
+}
