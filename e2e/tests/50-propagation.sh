@@ -14,6 +14,7 @@ members=(member-1 member-2)
 mk() { kubectl --kubeconfig "/var/lib/proxyfleet/clusters/$1/admin.kubeconfig" "${@:2}"; }
 MEMBER_PIDS=()
 cleanup() {
+  [ -n "${E2E_KEEP:-}" ] && return 0   # leave everything up for debugging
   # The hub object first, while members still answer (its finalizer cleans them up).
   kubectl delete pxd -n e2e-prop --all --timeout=30s >/dev/null 2>&1 || true
   for p in "${MEMBER_PIDS[@]}"; do kill "$p" 2>/dev/null || true; done
@@ -100,13 +101,15 @@ retry 45 bash -c "kubectl --kubeconfig /var/lib/proxyfleet/clusters/member-1/adm
 say "reverted in $(( $(date +%s) - t1 ))s"
 
 say "member-2's API server stopped: hub reports it unreachable, member-1 unaffected, nothing deleted"
-kill "$(cat /var/lib/proxyfleet/clusters/member-2/pids/kube-apiserver.pid)"
+apiserver_pid=$(cat /var/lib/proxyfleet/clusters/member-2/pids/kube-apiserver.pid)
+kill -KILL "$apiserver_pid"
+while kill -0 "$apiserver_pid" 2>/dev/null; do sleep 0.2; done
 kubectl patch pxd -n "$ns" demo --type=merge -p '{"spec":{"drain":{"deadline":"21s"}}}' >/dev/null
 retry 60 bash -c "kubectl get pxd -n $ns demo -o json | jq -e '.status.clusters[] | select(.name==\"member-2\") | .reachable == false'"
 retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].reason}' | grep -q ClusterUnreachable"
 retry 30 bash -c "kubectl --kubeconfig /var/lib/proxyfleet/clusters/member-1/admin.kubeconfig get pxd -n $ns demo -o jsonpath='{.spec.drain.deadline}' | grep -qx 21s"
 say "hub status: $(clusters_json)"
-"$root/e2e/cluster" up --name member-2 --control-plane-only >/dev/null 2>&1 || fail "member-2 did not restart"
+"$root/e2e/cluster" up --name member-2 --control-plane-only >/tmp/member-2-up.log 2>&1 || { tail -5 /tmp/member-2-up.log >&2; fail "member-2 did not restart"; }
 mk member-2 get pxd -n "$ns" demo >/dev/null || fail "member-2 lost its object while unreachable"
 retry 60 bash -c "kubectl --kubeconfig /var/lib/proxyfleet/clusters/member-2/admin.kubeconfig get pxd -n $ns demo -o jsonpath='{.spec.drain.deadline}' | grep -qx 21s"
 retry 60 bash -c "kubectl get pxd -n $ns demo -o json | jq -e '[.status.clusters[] | select(.applied and .reachable)] | length == 2'"
