@@ -553,7 +553,21 @@ pub async fn run(
     let pxds: Api<ProxyDeployment> = Api::all(client.clone());
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
     let managed = metrics.managed_objects.clone();
-    Controller::new(pxds, watcher::Config::default().any_semantic())
+    let controller = Controller::new(pxds, watcher::Config::default().any_semantic());
+    // A namespace's CA Secret is shared by its fleets (no owner reference): any change to it
+    // (a rotation step, a rotation request) wakes every fleet of that namespace.
+    let fleets = controller.store();
+    let ca_cfg = watcher::Config::default().labels("proxyfleet.io/ca=true");
+    controller
+        .watches(Api::<Secret>::all(client.clone()), ca_cfg, move |secret: Secret| {
+            let namespace = secret.metadata.namespace.unwrap_or_default();
+            fleets
+                .state()
+                .into_iter()
+                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+                .map(|p| ObjectRef::from_obj(&*p))
+                .collect::<Vec<_>>()
+        })
         .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())
