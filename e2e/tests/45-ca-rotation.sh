@@ -15,7 +15,7 @@ ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
 secret_key() { kubectl get secret -n "$ns" "$1" -o json | jq -r --arg k "$2" '.data[$k] // empty' | base64 -d; }
 old_serial=$(secret_key proxyfleet-ca ca.crt | openssl x509 -noout -serial | cut -d= -f2)
 say "CA serial $old_serial; requesting a rotation (overlap 40s)"
-kubectl annotate secret -n "$ns" proxyfleet-ca proxyfleet.io/ca-rotation-overlap=40s proxyfleet.io/rotate-ca=e2e --overwrite >/dev/null
+"$PLUGIN" rotate-ca -n "$ns" --overlap 40s >/dev/null || fail "kubectl proxyfleet rotate-ca failed"
 t0=$(date +%s)
 retry 60 bash -c "kubectl get secret -n $ns demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d | grep -c 'BEGIN CERTIFICATE' | grep -qx 2"
 secret_key demo-tls ca.crt > /tmp/ca-rot-bundle.crt

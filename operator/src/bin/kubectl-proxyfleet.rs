@@ -50,6 +50,12 @@ enum Cmd {
     Pause { name: String },
     /// Continue a paused rollout.
     Resume { name: String },
+    /// Rotate the namespace's managed CA now (phased; progress in `status.caRotation`).
+    RotateCa {
+        /// How long old and new CA are both trusted after leaves are reissued (e.g. 24h).
+        #[arg(long)]
+        overlap: Option<String>,
+    },
     /// Wait for the rollout to finish; exit 0 when Ready, 1 when Degraded or aborted.
     Status {
         name: String,
@@ -66,6 +72,31 @@ async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
     })
+}
+
+async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), String> {
+    use proxyfleet_operator::certs::{ca::CA_SECRET, ca_rotation};
+    let client = Client::try_default()
+        .await
+        .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    let secrets: Api<k8s_openapi::api::core::v1::Secret> = match ns {
+        Some(n) => Api::namespaced(client, n),
+        None => Api::default_namespaced(client),
+    };
+    let mut annotations = serde_json::Map::new();
+    annotations.insert(ca_rotation::ROTATE_ANNOTATION.into(), "requested".into());
+    if let Some(o) = overlap {
+        o.parse::<proxyfleet_config::HumanDuration>()
+            .map_err(|e| format!("--overlap {o}: {e}"))?;
+        annotations.insert(ca_rotation::OVERLAP_ANNOTATION.into(), o.into());
+    }
+    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+    secrets
+        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("secret/{CA_SECRET}: {e}"))?;
+    println!("secret/{CA_SECRET}: rotation requested; follow it with `kubectl get pxd -o custom-columns=NAME:.metadata.name,CA:.status.caRotation.phase`");
+    Ok(())
 }
 
 async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<(), String> {
@@ -271,6 +302,7 @@ async fn main() -> ExitCode {
         Cmd::Pause { name } => command(&api, name, "pause").await,
         Cmd::Resume { name } => command(&api, name, "resume").await,
         Cmd::Status { name, timeout } => return status(&api, name, *timeout).await,
+        Cmd::RotateCa { overlap } => rotate_ca(&cli.namespace, overlap.as_deref()).await,
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
