@@ -9,7 +9,7 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-10}
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
-rm -rf "$work"; mkdir -p "$work"
+rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
 log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 
 command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || {
@@ -24,14 +24,14 @@ log "building proxyfleet-proxy (release)"
 PROXY=$CARGO_TARGET_DIR/release/proxyfleet-proxy
 
 # Certificates: one CA, a server certificate for localhost used by all fronts and the upstream.
-openssl ecparam -name prime256v1 -genkey -noout -out "$work/ca.key" 2>/dev/null
-openssl req -x509 -new -key "$work/ca.key" -days 2 -subj /CN=bench-ca -out "$work/ca.crt" 2>/dev/null
-openssl ecparam -name prime256v1 -genkey -noout -out "$work/tls.key.ec" 2>/dev/null
-openssl pkcs8 -topk8 -nocrypt -in "$work/tls.key.ec" -out "$work/tls.key"
-openssl req -new -key "$work/tls.key" -subj /CN=localhost -out "$work/tls.csr" 2>/dev/null
-printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$work/ext"
-openssl x509 -req -in "$work/tls.csr" -CA "$work/ca.crt" -CAkey "$work/ca.key" -CAcreateserial -days 2 -extfile "$work/ext" -out "$work/tls.crt" 2>/dev/null
-cat "$work/tls.crt" "$work/tls.key" > "$work/haproxy.pem"
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/ca.key" 2>/dev/null
+openssl req -x509 -new -key "$work/certs/ca.key" -days 2 -subj /CN=bench-ca -out "$work/certs/ca.crt" 2>/dev/null
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/tls.key.ec" 2>/dev/null
+openssl pkcs8 -topk8 -nocrypt -in "$work/certs/tls.key.ec" -out "$work/certs/tls.key"
+openssl req -new -key "$work/certs/tls.key" -subj /CN=localhost -out "$work/certs/tls.csr" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$work/certs/ext"
+openssl x509 -req -in "$work/certs/tls.csr" -CA "$work/certs/ca.crt" -CAkey "$work/certs/ca.key" -CAcreateserial -days 2 -extfile "$work/certs/ext" -out "$work/certs/tls.crt" 2>/dev/null
+cat "$work/certs/tls.crt" "$work/certs/tls.key" > "$work/certs/haproxy.pem"
 
 # The upstream: one nginx, a port per front so each front's upstream handshakes are logged apart.
 cat > "$work/upstream.conf" <<CONF
@@ -39,7 +39,7 @@ worker_processes 1; daemon off; pid $work/upstream.pid; error_log $work/upstream
 events { worker_connections 4096; }
 http {
   log_format hs '\$connection_requests \$ssl_session_reused';
-  ssl_certificate $work/tls.crt; ssl_certificate_key $work/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
+  ssl_certificate $work/certs/tls.crt; ssl_certificate_key $work/certs/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
   ssl_session_cache shared:UP:10m; ssl_session_tickets on;
   keepalive_requests 100; keepalive_timeout 60s;
   server { listen 127.0.0.1:19441 ssl; access_log $work/up-proxyfleet.log hs; location / { return 200 "hello from upstream\n"; } }
@@ -57,7 +57,7 @@ http {
   upstream up { server 127.0.0.1:19442; keepalive 64; }
   server {
     listen 127.0.0.1:18442 ssl; http2 on;
-    ssl_certificate $work/tls.crt; ssl_certificate_key $work/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_certificate $work/certs/tls.crt; ssl_certificate_key $work/certs/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
     ssl_session_cache shared:FRONT:10m;
     location / {
       proxy_pass https://up; proxy_http_version 1.1; proxy_set_header Connection "";
@@ -78,26 +78,26 @@ defaults
   timeout client 30s
   timeout server 30s
 frontend fe
-  bind 127.0.0.1:18443 ssl crt $work/haproxy.pem alpn http/1.1
+  bind 127.0.0.1:18443 ssl crt $work/certs/haproxy.pem alpn http/1.1
   default_backend be
 backend be
   http-reuse always
-  server up 127.0.0.1:19443 ssl verify required ca-file $work/ca.crt sni str(localhost)
+  server up 127.0.0.1:19443 ssl verify required ca-file $work/certs/ca.crt sni str(localhost)
 CONF
 
-cat > "$work/proxyfleet.yaml" <<CONF
+cat > "$work/certs/proxyfleet.yaml" <<CONF
 workerThreads: 1
 listeners:
   - name: https
     address: 127.0.0.1:18441
-    tls: {certificates: [{certFile: $work/tls.crt, keyFile: $work/tls.key, default: true}]}
+    tls: {certificates: [{certFile: $work/certs/tls.crt, keyFile: $work/certs/tls.key, default: true}]}
 admin: {address: "127.0.0.1:19901"}
 routes: [{name: all, upstream: up}]
 upstreams:
   - name: up
     endpoints: ["127.0.0.1:19441"]
     protocol: http1
-    tls: {serverName: localhost, caFile: $work/ca.crt}
+    tls: {serverName: localhost, caFile: $work/certs/ca.crt}
     pool: {maxIdlePerEndpoint: 64}
 CONF
 
@@ -105,8 +105,8 @@ rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {
 
 start_front() {
   case $1 in
-    proxyfleet) taskset -c 1 "$PROXY" --config "$work/proxyfleet.yaml" --log-format text >"$work/proxyfleet.log" 2>&1 & echo $! ;;
-    nginx) taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" & echo $! ;;
+    proxyfleet) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text >"$work/proxyfleet.log" 2>&1 & echo $! ;;
+    nginx) taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" >"$work/nginx.out" 2>&1 & echo $! ;;
     haproxy) taskset -c 1 haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! ;;
   esac
 }
@@ -118,7 +118,7 @@ sleep 1
 for front in nginx proxyfleet haproxy; do
   pid=$(start_front $front); port=$(port_of $front)
   for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
-  curl -fsS --cacert "$work/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null || { log "$front does not answer"; exit 1; }
+  curl -fsS --cacert "$work/certs/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null || { log "$front does not answer"; exit 1; }
   sleep 1
   RSS_IDLE[$front]=$(rss_kb $(pids_of $pid))
   log "$front: max throughput (wrk -t1 -c32 ${secs}s, pinned to CPU 0)"
@@ -132,7 +132,7 @@ for front in nginx proxyfleet haproxy; do
   : > "$work/up-$front.log"
   pid=$(start_front $front); port=$(port_of $front); sleep 1
   log "$front: P99 at $rate req/s (half nginx's max; oha -q --latency-correction)"
-  taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure -j "https://127.0.0.1:$port/" > "$work/oha-$front.json" 2>/dev/null || true
+  taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure --output-format json "https://127.0.0.1:$port/" > "$work/oha-$front.json" 2>/dev/null || true
   P99[$front]=$(python3 -c "import json,sys; d=json.load(open('$work/oha-$front.json')); print('%.3f' % (d['latencyPercentiles']['p99']*1000))" 2>/dev/null || echo nan)
   kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; sleep 0.5
   # Upstream handshakes during the fixed-rate run: a connection's first request tells whether
