@@ -17,7 +17,8 @@ use crate::state::ProxyState;
 use crate::tls::parent_dirs;
 
 /// Files whose change means a reload: the config itself and all TLS material it names.
-fn watched_dirs(config: &ProxyConfig, config_path: Option<&PathBuf>) -> Vec<PathBuf> {
+/// Returns the directories to watch and the file names that matter in them.
+fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>, Vec<std::ffi::OsString>) {
     let mut files: Vec<&str> = Vec::new();
     for l in &config.listeners {
         if let Some(t) = &l.tls {
@@ -43,7 +44,23 @@ fn watched_dirs(config: &ProxyConfig, config_path: Option<&PathBuf>) -> Vec<Path
     }
     files.extend(config.trust_bundle_files.iter().map(String::as_str));
     let config_path = config_path.and_then(|p| p.to_str());
-    parent_dirs(files.into_iter().chain(config_path))
+    let all: Vec<&str> = files.into_iter().chain(config_path).collect();
+    let names = all
+        .iter()
+        .filter_map(|f| std::path::Path::new(f).file_name().map(|n| n.to_os_string()))
+        .collect();
+    (parent_dirs(all.into_iter()), names)
+}
+
+/// Whether a file event concerns what we load. Kubernetes updates a mounted Secret or ConfigMap
+/// by swapping the `..data` symlink, so `..`-prefixed names count too. Anything else in the
+/// directory (a log file, say) must not cause reloads.
+fn relevant(event: &notify::Event, names: &[std::ffi::OsString]) -> bool {
+    !matches!(event.kind, notify::EventKind::Access(_))
+        && event.paths.iter().any(|p| {
+            p.file_name()
+                .is_some_and(|n| names.iter().any(|w| w == n) || n.to_str().is_some_and(|s| s.starts_with("..")))
+        })
 }
 
 fn count_failure(shared: &Shared) {
@@ -138,10 +155,10 @@ pub async fn watch(shared: Arc<Shared>) {
 }
 
 fn make_watcher(shared: &Shared, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
-    let dirs = watched_dirs(&shared.state.load().config, shared.config_path.as_ref());
+    let (dirs, names) = watched(&shared.state.load().config, shared.config_path.as_ref());
     let mut watcher = match notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev {
-            if !matches!(ev.kind, notify::EventKind::Access(_)) {
+            if relevant(&ev, &names) {
                 let _ = tx.send(());
             }
         }
@@ -158,4 +175,36 @@ fn make_watcher(shared: &Shared, tx: mpsc::UnboundedSender<()>) -> Option<notify
         }
     }
     Some(watcher)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use notify::event::{CreateKind, ModifyKind};
+
+    fn event(kind: notify::EventKind, path: &str) -> notify::Event {
+        notify::Event::new(kind).add_path(PathBuf::from(path))
+    }
+
+    #[test]
+    fn only_our_files_and_kubernetes_symlink_swaps_reload() {
+        let names = vec![
+            std::ffi::OsString::from("tls.crt"),
+            std::ffi::OsString::from("proxy.yaml"),
+        ];
+        let modify = notify::EventKind::Modify(ModifyKind::Any);
+        assert!(relevant(&event(modify, "/etc/tls/tls.crt"), &names));
+        assert!(relevant(
+            &event(notify::EventKind::Create(CreateKind::Any), "/etc/tls/..data"),
+            &names
+        ));
+        assert!(!relevant(&event(modify, "/etc/tls/access.log"), &names));
+        assert!(!relevant(
+            &event(
+                notify::EventKind::Access(notify::event::AccessKind::Any),
+                "/etc/tls/tls.crt"
+            ),
+            &names
+        ));
+    }
 }
