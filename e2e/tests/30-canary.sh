@@ -32,6 +32,8 @@ kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null |
 
 ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
 kubectl get secret -n "$ns" demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d > /tmp/canary-ca.crt
+# Pods Ready precedes kube-proxy programming the Service by a moment: wait until it answers.
+retry 30 curl -fsS --max-time 3 --cacert /tmp/canary-ca.crt --resolve "demo.example.com:443:$ip" https://demo.example.com/
 load() { # load SECONDS SUMMARY_FILE — 40 req/s through the Service, new connections regularly
   "$LOADGEN" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/canary-ca.crt --rate 40 --workers 4 \
     --new-conn-every 25 --duration "${1}s" --summary "$2" >/dev/null 2>>/tmp/canary-load.err &

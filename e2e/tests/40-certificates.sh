@@ -19,6 +19,9 @@ served_serial() { # the serial a new connection is served (curl writes out the p
     | openssl x509 -noout -serial 2>/dev/null | cut -d= -f2 | tr 'A-F' 'a-f' | sed 's/^0*//' || true
 }
 
+# kubectl wait returns when pods are Ready; kube-proxy programs the Service a moment later (until
+# then the ClusterIP REJECTs): start the load only once the Service answers.
+retry 30 curl -fsS --max-time 3 --cacert /tmp/certs-ca.crt --resolve "demo.example.com:443:$ip" https://demo.example.com/
 say "continuous HTTPS load (new connections every 10 requests) while leaves rotate"
 "$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/certs-ca.crt \
   --rate 30 --workers 3 --new-conn-every 10 --duration 170s --summary /tmp/certs-load.json >/dev/null 2>/tmp/certs-load.err &

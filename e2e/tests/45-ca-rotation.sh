@@ -12,6 +12,8 @@ trap 'pkill -f "proxyfleet-loadgen.*ca-rot" 2>/dev/null || true; kubectl delete 
 sed "s/echo.default.svc.cluster.local/echo.$ns.svc.cluster.local/" "$root/examples/basic.yaml" | kubectl apply -n "$ns" -f - >/dev/null
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null || fail "demo not Ready"
 ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
+# Pods Ready precedes kube-proxy programming the Service by a moment: wait until it answers.
+retry 30 curl -fsS --max-time 3 -k --resolve "demo.example.com:443:$ip" https://demo.example.com/
 secret_key() { kubectl get secret -n "$ns" "$1" -o json | jq -r --arg k "$2" '.data[$k] // empty' | base64 -d; }
 old_serial=$(secret_key proxyfleet-ca ca.crt | openssl x509 -noout -serial | cut -d= -f2)
 say "CA serial $old_serial; requesting a rotation (overlap 40s)"
