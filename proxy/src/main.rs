@@ -20,7 +20,10 @@ struct Args {
 
 fn main() -> ExitCode {
     let args = Args::parse();
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into());
+    // rustls warns for every client that sends an IP address as SNI (curl and wrk to an IP do):
+    // per-connection noise, not news. RUST_LOG overrides.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| "info,rustls::msgs::handshake=error".into());
     if args.log_format == "json" {
         tracing_subscriber::fmt()
             .json()
@@ -41,11 +44,16 @@ fn main() -> ExitCode {
         .worker_threads
         .map(usize::from)
         .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    let runtime = match tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .build()
-    {
+    // One worker: a current-thread runtime (no work-stealing machinery, no cross-thread wakeups
+    // between the accept loop and connections), the shape of one nginx/HAProxy worker.
+    let mut builder = if workers == 1 {
+        tokio::runtime::Builder::new_current_thread()
+    } else {
+        let mut b = tokio::runtime::Builder::new_multi_thread();
+        b.worker_threads(workers);
+        b
+    };
+    let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
             eprintln!("starting the runtime: {e}");
