@@ -41,8 +41,17 @@ until [ "$(kubectl get pxd -n pf-scale -o json | jq '[.items[] | select(.status.
 done
 converged=$(( $(date +%s) - t0 ))
 loaded=$(rss)
+# Quiet means every fleet is Ready (the controller-manager has processed every Deployment).
+until [ "$(kubectl get pxd -n pf-scale -o json | jq '[.items[] | select(.status.phase == "Ready")] | length')" = "$n" ]; do
+  [ $(( $(date +%s) - t0 )) -lt 900 ] || { echo "not all Ready in 900 s" >&2; exit 1; }
+  sleep 2
+done
+ready=$(( $(date +%s) - t0 ))
 sleep 20
+curl -s 127.0.0.1:18099/metrics | grep '^proxyfleet_operator_api_writes_total' > /tmp/operator-scale-writes.0
 w0=$(writes); sleep 60; w1=$(writes)
+curl -s 127.0.0.1:18099/metrics | grep '^proxyfleet_operator_api_writes_total' > /tmp/operator-scale-writes.1
+diff /tmp/operator-scale-writes.0 /tmp/operator-scale-writes.1 >&2 || true
 steady=$(rss)
 objects=$(kubectl get deploy,svc,cm,secret -n pf-scale --no-headers | wc -l)
 cat <<MD
@@ -52,6 +61,7 @@ cat <<MD
 | ProxyDeployments | $n ($objects owned objects) |
 | time until all $n reported status | ${converged} s |
 | operator RSS right after | $loaded MiB |
-| operator RSS after a further 80 s | $steady MiB |
+| time until all $n Ready | ${ready} s |
+| operator RSS when quiet | $steady MiB |
 | API writes in 60 s of quiet resync | $(( w1 - w0 )) |
 MD
