@@ -6,6 +6,8 @@
 . "$root/e2e/lib/operator.sh"
 
 install_operator
+kubectl apply --dry-run=server -f "$root/examples/" >/dev/null || fail "an example in examples/ is refused by the API server"
+say "every example in examples/ passes server-side validation"
 ns=$(test_namespace e2e-operator)
 trap 'kubectl delete ns e2e-operator --wait=false >/dev/null 2>&1 || true' EXIT
 
