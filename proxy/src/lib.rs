@@ -10,6 +10,7 @@
 pub mod admin;
 pub mod body;
 pub mod connect;
+mod first_byte;
 pub mod handler;
 pub mod metrics;
 pub mod reload;

@@ -307,14 +307,14 @@ async fn accept_loop(
                             Some(rustls::HandshakeKind::Resumed) => hs_resumed.inc(),
                             _ => hs_full.inc(),
                         };
-                        serve(&builder, watcher, TokioIo::new(tls), svc).await;
+                        serve(&builder, watcher, tls, svc, handshake_timeout).await;
                     }
                     _ => {
                         hs_failed.inc();
                     }
                 }
             } else {
-                serve(&builder, watcher, TokioIo::new(stream), svc).await;
+                serve(&builder, watcher, stream, svc, handshake_timeout).await;
             }
             active.dec();
             drop(permit);
@@ -322,11 +322,14 @@ async fn accept_loop(
     }
 }
 
+/// Serves one connection; closes it when the client has sent nothing within `first_byte_timeout`
+/// (hyper's header-read timer only starts at the first byte).
 async fn serve<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
-    io: TokioIo<I>,
+    io: I,
     svc: S,
+    first_byte_timeout: Duration,
 ) where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
@@ -337,8 +340,19 @@ async fn serve<I, S>(
         + 'static,
     S::Future: Send + 'static,
 {
-    let conn = builder.serve_connection_with_upgrades(io, svc);
-    let _ = watcher.watch(conn).await;
+    let (io, seen) = crate::first_byte::FirstByte::new(io);
+    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
+    let served = watcher.watch(conn);
+    tokio::pin!(served);
+    tokio::select! {
+        _ = &mut served => return,
+        _ = tokio::time::sleep(first_byte_timeout) => {}
+    }
+    if !seen.load(std::sync::atomic::Ordering::Relaxed) {
+        tracing::debug!("closing a connection that sent nothing");
+        return; // dropping the connection closes it
+    }
+    let _ = served.await;
 }
 
 /// Runs a proxy from a config file until `shutdown` completes, then drains and returns.

@@ -104,6 +104,20 @@ async fn no_route_is_404_and_limits_are_enforced() {
         "body too large"
     );
     assert_eq!(get(a, "x", "/api/ok").await.0, 200);
+    // A client that connects and never sends a byte is closed (after the 2 s header-read
+    // timeout; hyper's own timer would only start at the first byte). The 20 s bound only
+    // keeps a regression from hanging the test.
+    let mut silent = tokio::net::TcpStream::connect(a).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncReadExt::read(&mut silent, &mut buf),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a silent connection was not closed: {read:?}"
+    );
     proxy.running.drain();
 }
 
