@@ -111,7 +111,7 @@ fn writes(metrics: &Metrics) -> f64 {
 }
 
 /// The owner: a plain ConfigMap, so the garbage collector sees a real object.
-async fn owner(client: &Client, namespace: &str, name: &str) -> OwnerReference {
+async fn create_owner(client: &Client, namespace: &str, name: &str) -> OwnerReference {
     let cm = ConfigMap {
         metadata: ObjectMeta {
             name: Some(name.into()),
@@ -155,7 +155,7 @@ async fn apply_creates_then_writes_nothing_then_reverts_an_edit() {
     };
     let ns = TestNamespace::new(&client, "apply").await;
     let store = config_map_store(&client, &ns.name).await;
-    let owner = owner(&client, &ns.name, "owner").await;
+    let owner = create_owner(&client, &ns.name, "owner").await;
     let metrics = Arc::new(Metrics::new());
     let applier = Applier::new(client.clone(), metrics.clone());
     let desired = owned_config_map(&ns.name, "cfg", &owner, "v1");
@@ -203,14 +203,14 @@ async fn orphan_deletion_spares_what_is_not_ours() {
     };
     let ns = TestNamespace::new(&client, "orphans").await;
     let store = config_map_store(&client, &ns.name).await;
-    let owner = owner(&client, &ns.name, "owner").await;
+    let owner = create_owner(&client, &ns.name, "owner").await;
     let applier = Applier::new(client.clone(), Arc::new(Metrics::new()));
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
 
     let keep = owned_config_map(&ns.name, "keep", &owner, "1");
     let stale = owned_config_map(&ns.name, "stale", &owner, "1");
     // Labelled ours, but controlled by another (real) object.
-    let second = owner(&client, &ns.name, "second-owner").await;
+    let second = create_owner(&client, &ns.name, "second-owner").await;
     let other_owner = owned_config_map(&ns.name, "other-owner", &second, "1");
     // Owned by the right object, but without our label (someone else's).
     let mut unlabelled = owned_config_map(&ns.name, "unlabelled", &owner, "1");
