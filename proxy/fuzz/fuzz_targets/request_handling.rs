@@ -28,20 +28,30 @@ fn harness() -> &'static Harness {
     })
 }
 
-async fn exchange(addr: SocketAddr, bytes: &[u8]) -> Vec<u8> {
-    let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else { return Vec::new() };
+async fn exchange(addr: SocketAddr, bytes: &[u8], wait: Duration) -> Vec<u8> {
+    let mut s = match tokio::net::TcpStream::connect(addr).await {
+        Ok(s) => s,
+        Err(e) => return format!("<connect: {e}>").into_bytes(),
+    };
     let _ = s.write_all(bytes).await;
     let _ = s.shutdown().await;
     let mut out = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_millis(500), s.read_to_end(&mut out)).await;
+    if let Err(e) = tokio::time::timeout(wait, s.read_to_end(&mut out)).await {
+        out.extend_from_slice(format!("<read: {e}>").as_bytes());
+    }
     out
 }
 
 fuzz_target!(|data: &[u8]| {
     let h = harness();
     h.rt.block_on(async {
-        exchange(h.addr, data).await;
-        let ok = exchange(h.addr, b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await;
-        assert!(ok.starts_with(b"HTTP/1.1 404"), "proxy stopped answering");
+        exchange(h.addr, data, Duration::from_millis(500)).await;
+        let ok = exchange(
+            h.addr,
+            b"GET /nothing HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+            Duration::from_secs(5),
+        )
+        .await;
+        assert!(ok.starts_with(b"HTTP/1.1 404"), "proxy stopped answering: got {:?}", String::from_utf8_lossy(&ok));
     });
 });
