@@ -30,6 +30,11 @@ kubectl get pxd
 step "sending traffic through the Service, verified against the managed CA"
 ip=$(kubectl get svc demo -o jsonpath='{.spec.clusterIP}')
 kubectl get secret demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d > /tmp/proxyfleet-demo-ca.crt
+# Pods Ready precedes kube-proxy programming the Service by a moment.
+for _ in $(seq 1 30); do
+  curl -s -o /dev/null --max-time 2 --cacert /tmp/proxyfleet-demo-ca.crt --resolve "demo.example.com:443:$ip" https://demo.example.com/ && break
+  sleep 1
+done
 for i in 1 2 3; do
   curl -sS --cacert /tmp/proxyfleet-demo-ca.crt --resolve "demo.example.com:443:$ip" "https://demo.example.com/hello/$i"
 done
