@@ -29,11 +29,17 @@ for i in 1 2; do
   m=member-$i
   "$root/e2e/cluster" up --name "$m" --control-plane-only >/dev/null 2>&1 || fail "could not start $m"
   mk "$m" apply -f "$root/crds/" >/dev/null
+  # Established, not just present: an operator started before that exits ("cannot list").
   retry 30 mk "$m" get crd proxydeployments.proxyfleet.io
+  mk "$m" wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=60s >/dev/null
   KUBECONFIG=/var/lib/proxyfleet/clusters/$m/admin.kubeconfig RUST_LOG=info,kube=warn \
     "$CARGO_TARGET_DIR_RELEASE/proxyfleet-operator" --metrics-addr "127.0.0.1:1809$i" --log-format text \
     --clusters-namespace proxyfleet-system >"/tmp/operator-$m.log" 2>&1 &
   MEMBER_PIDS+=($!)
+done
+sleep 2
+for i in 1 2; do
+  kill -0 "${MEMBER_PIDS[$((i - 1))]}" 2>/dev/null || { tail -3 "/tmp/operator-member-$i.log" >&2; fail "member-$i's operator exited"; }
 done
 say "members up; their operators run as processes (pids ${MEMBER_PIDS[*]})"
 
