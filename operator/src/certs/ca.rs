@@ -34,14 +34,16 @@ pub struct CaMaterial {
     pub requeue: Duration,
 }
 
-fn now() -> i64 {
+/// Unix seconds now.
+pub(super) fn now() -> i64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
 }
 
-fn text(secret: &Secret, key: &str) -> Option<String> {
+/// A Secret's key as UTF-8 text.
+pub(super) fn text(secret: &Secret, key: &str) -> Option<String> {
     secret
         .data
         .as_ref()?

@@ -42,20 +42,7 @@ pub struct CertOutcome {
     pub ca_rotation: Option<super::spec::CaRotationStatus>,
 }
 
-fn now() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_secs() as i64)
-        .unwrap_or(0)
-}
-
-fn text(secret: &Secret, key: &str) -> Option<String> {
-    secret
-        .data
-        .as_ref()?
-        .get(key)
-        .and_then(|b| String::from_utf8(b.0.clone()).ok())
-}
+use super::ca::{now, text};
 
 fn status_of(
     kind: &str,
