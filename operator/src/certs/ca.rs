@@ -137,6 +137,15 @@ pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String
     material(&secret, step)
 }
 
+/// The namespace's CA as it stands, without creating it or taking a rotation step (the fleet's
+/// own certificate reconcile, earlier in the same reconcile, does both).
+pub async fn current(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
+    match read_secret(namespace, ctx).await? {
+        Some(secret) => material(&secret, None),
+        None => Err(format!("no CA Secret {namespace}/{CA_SECRET} yet")),
+    }
+}
+
 fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMaterial, String> {
     let cert_pem = text(secret, "ca.crt").ok_or("CA Secret has no ca.crt")?;
     let key_pem = text(secret, "ca.key").ok_or("CA Secret has no ca.key")?;

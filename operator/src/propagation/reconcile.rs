@@ -95,7 +95,8 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
     if !certs::reconcile::uses_managed_ca(&pxd.spec) {
         return Ok(None);
     }
-    let m = certs::ca::ensure(namespace, ctx).await?;
+    // certs::reconcile::ensure ran earlier in this reconcile: read, do not step the rotation again.
+    let m = certs::ca::current(namespace, ctx).await?;
     let data = [
         ("ca.crt", m.ca.cert_pem),
         ("ca.key", m.ca.key_pem),
