@@ -444,6 +444,18 @@ fn owned_store<K>(client: &Client) -> (Store<K>, impl std::future::Future<Output
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
+    owned_store_with(client, |_: &K| {})
+}
+
+/// [`owned_store`], calling `on_touched` for every object after the cache holds it — so a
+/// reconcile it triggers reads the new version, never the one before.
+fn owned_store_with<K>(
+    client: &Client,
+    mut on_touched: impl FnMut(&K) + Send + 'static,
+) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
     let api: Api<K> = Api::all(client.clone());
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
@@ -457,7 +469,12 @@ where
     )
     .default_backoff()
     .touched_objects()
-    .for_each(|_| futures::future::ready(()));
+    .for_each(move |object| {
+        if let Ok(object) = object {
+            on_touched(&object);
+        }
+        futures::future::ready(())
+    });
     (reader, stream)
 }
 
@@ -474,7 +491,16 @@ pub async fn run(
     let (services, f3) = owned_store::<Service>(&client);
     let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
     let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
-    let (secrets, f6) = owned_store::<Secret>(&client);
+    // A namespace's CA Secret is shared by its fleets (no owner reference): any change to it
+    // (a rotation step, a rotation request) wakes every fleet of that namespace. The wake-up
+    // comes from the same watch that fills the cache the reconcile reads, so the reconcile
+    // always sees the change that woke it.
+    let (ca_tx, ca_rx) = futures::channel::mpsc::unbounded::<String>();
+    let (secrets, f6) = owned_store_with(&client, move |secret: &Secret| {
+        if crate::certs::ca::is_ca_secret(secret) {
+            let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
+        }
+    });
     // Member cluster Secrets: every change re-reconciles all fleets (placements may select it).
     let (cluster_tx, cluster_rx) = futures::channel::mpsc::unbounded::<()>();
     let mut cluster_sources = vec![(
@@ -554,20 +580,18 @@ pub async fn run(
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
     let managed = metrics.managed_objects.clone();
     let controller = Controller::new(pxds, watcher::Config::default().any_semantic());
-    // A namespace's CA Secret is shared by its fleets (no owner reference): any change to it
-    // (a rotation step, a rotation request) wakes every fleet of that namespace.
     let fleets = controller.store();
-    let ca_cfg = watcher::Config::default().labels("proxyfleet.io/ca=true");
+    let ca_changes = ca_rx.flat_map(move |namespace| {
+        let refs: Vec<_> = fleets
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect();
+        futures::stream::iter(refs)
+    });
     controller
-        .watches(Api::<Secret>::all(client.clone()), ca_cfg, move |secret: Secret| {
-            let namespace = secret.metadata.namespace.unwrap_or_default();
-            fleets
-                .state()
-                .into_iter()
-                .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
-                .map(|p| ObjectRef::from_obj(&*p))
-                .collect::<Vec<_>>()
-        })
+        .reconcile_on(ca_changes)
         .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())

@@ -23,6 +23,19 @@ use crate::labels;
 use crate::resources::config_map::ADMIN_PORT;
 
 pub const CA_SECRET: &str = "proxyfleet-ca";
+/// The label every namespace CA Secret carries (ours and those propagated from a hub).
+pub const CA_LABEL: &str = "proxyfleet.io/ca";
+
+/// Whether `secret` is a namespace's CA Secret.
+pub fn is_ca_secret(secret: &Secret) -> bool {
+    secret.metadata.name.as_deref() == Some(CA_SECRET)
+        && secret
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(CA_LABEL))
+            .is_some_and(|v| v == "true")
+}
 
 /// What leaves are issued with and what they publish.
 pub struct CaMaterial {
@@ -88,7 +101,7 @@ async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
             namespace: Some(namespace.into()),
             labels: Some(BTreeMap::from([
                 (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
-                ("proxyfleet.io/ca".to_string(), "true".to_string()),
+                (CA_LABEL.to_string(), "true".to_string()),
             ])),
             ..Default::default()
         },
@@ -407,6 +420,22 @@ fn ensure_newline(pem: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn recognises_ca_secrets_by_name_and_label() {
+        let secret = |name: &str, label: Option<&str>| Secret {
+            metadata: kube::api::ObjectMeta {
+                name: Some(name.into()),
+                labels: label.map(|v| BTreeMap::from([(CA_LABEL.to_string(), v.to_string())])),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        assert!(is_ca_secret(&secret(CA_SECRET, Some("true"))));
+        assert!(!is_ca_secret(&secret(CA_SECRET, Some("false"))));
+        assert!(!is_ca_secret(&secret(CA_SECRET, None)));
+        assert!(!is_ca_secret(&secret("demo-tls", Some("true"))));
+    }
 
     #[test]
     fn reads_the_proxy_config_report() {

@@ -111,7 +111,7 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
             namespace: Some(namespace.into()),
             labels: Some(BTreeMap::from([
                 (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
-                ("proxyfleet.io/ca".to_string(), "true".to_string()),
+                (crate::certs::ca::CA_LABEL.to_string(), "true".to_string()),
             ])),
             annotations: Some(BTreeMap::from([(HUB_OBJECT.to_string(), format!("{namespace}/*"))])),
             ..Default::default()
