@@ -26,7 +26,8 @@ YAML
           | {targets: [.status.podIP + ":9901"],
              labels: {namespace: .metadata.namespace, pod: .metadata.name,
                       proxydeployment: .metadata.labels["proxyfleet.io/proxydeployment"],
-                      track: (.metadata.labels["proxyfleet.io/track"] // "")}}]' > "$PROM_DIR/targets.json.tmp" 2>/dev/null \
+                      track: (.metadata.labels["proxyfleet.io/track"] // ""),
+                      revision: (.metadata.labels["proxyfleet.io/revision"] // "")}}]' > "$PROM_DIR/targets.json.tmp" 2>/dev/null \
         && mv "$PROM_DIR/targets.json.tmp" "$PROM_DIR/targets.json"
       sleep 2
     done

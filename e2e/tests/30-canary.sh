@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Canary rollouts on the real cluster with real load and a real Prometheus:
 # healthy promotion, rollback on 5xx (Prometheus and direct sources), rollback on latency,
-# operator restart mid-step, Prometheus unreachable.
+# operator restart mid-step, Prometheus unreachable, undo.
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
 . "$root/e2e/lib/prometheus.sh"
@@ -154,4 +154,12 @@ kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q c
 say "kubectl proxyfleet status exits non-zero on an aborted rollout"
 "$PLUGIN" get pxd demo -n "$ns" >&2
 if "$PLUGIN" -n "$ns" status demo --timeout 10 >/dev/null 2>&1; then fail "status exited 0"; fi
+
+say "7. undo: back to the previous stable revision (the one scenario 5 promoted)"
+"$PLUGIN" -n "$ns" history demo >&2
+[ "$("$PLUGIN" -n "$ns" history demo | tail -n +2 | wc -l)" -ge 2 ] || fail "fewer than 2 stable revisions kept"
+"$PLUGIN" -n "$ns" undo demo >&2 || fail "undo failed"
+[ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.spec.routes[0].timeout}')" = 4s ] || fail "undo did not restore the route of scenario 5"
+# Stable still runs that revision: the aborted rollout ends at once, nothing to roll out.
+"$PLUGIN" -n "$ns" status demo --timeout 60 >/dev/null || fail "not healthy after undo"
 say "ok"

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
@@ -62,6 +62,7 @@ pub struct Stores {
     pub service_accounts: Store<ServiceAccount>,
     pub pdbs: Store<PodDisruptionBudget>,
     pub secrets: Store<Secret>,
+    pub revisions: Store<ControllerRevision>,
 }
 
 pub struct Context {
@@ -342,6 +343,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         &owner.namespace,
         &deployment_name(&owner.name, Track::Canary),
     );
+    let desired_revision_hash = revision_name.clone();
     let observed = Observed {
         stable,
         canary: canary_cached.as_deref(),
@@ -367,6 +369,17 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         new_status
             .conditions
             .retain(|c| c.type_ != crate::conditions::PROPAGATED);
+    }
+    // A revision every pod runs and serves with is stable: keep it in the history for undo.
+    if new_status.phase == Some(crate::crd::Phase::Ready) {
+        if let (Some(hash), Some(d)) = (&desired_revision_hash, stable) {
+            if status::revision_of(d).as_deref() == Some(hash.as_str()) {
+                if let Err(e) = crate::history::record_stable(&ctx, &owner, &pxd.spec, hash).await {
+                    tracing::warn!(error = %e, "could not record the stable revision; retrying");
+                    requeue = requeue.min(Duration::from_secs(10));
+                }
+            }
+        }
     }
     if pxd.status.as_ref() != Some(&new_status) {
         let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
@@ -491,6 +504,7 @@ pub async fn run(
     let (services, f3) = owned_store::<Service>(&client);
     let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
     let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
+    let (revisions, f7) = owned_store::<ControllerRevision>(&client);
     // A namespace's CA Secret is shared by its fleets (no owner reference): any change to it
     // (a rotation step, a rotation request) wakes every fleet of that namespace. The wake-up
     // comes from the same watch that fills the cache the reconcile reads, so the reconcile
@@ -531,7 +545,7 @@ pub async fn run(
         cluster_secrets.push(reader);
     }
     let caches = tokio::spawn(async move {
-        tokio::join!(f1, f2, f3, f4, f5, f6, futures::future::join_all(cluster_watches));
+        tokio::join!(f1, f2, f3, f4, f5, f6, f7, futures::future::join_all(cluster_watches));
     });
     let stores = Stores {
         deployments,
@@ -540,6 +554,7 @@ pub async fn run(
         service_accounts,
         pdbs,
         secrets,
+        revisions,
     };
     // Decisions need complete caches: wait for every initial list.
     let _ = tokio::join!(
@@ -549,6 +564,7 @@ pub async fn run(
         stores.service_accounts.wait_until_ready(),
         stores.pdbs.wait_until_ready(),
         stores.secrets.wait_until_ready(),
+        stores.revisions.wait_until_ready(),
     );
     tracing::info!("caches synced; starting the controller");
     let recorder = Recorder::new(

@@ -12,6 +12,7 @@ pub mod conditions;
 pub mod controller;
 pub mod crd;
 pub mod desired;
+pub mod history;
 pub mod labels;
 pub mod leader;
 pub mod metrics;

@@ -592,3 +592,136 @@ async fn connect_tunnels_only_to_allowed_targets() {
     assert!(String::from_utf8_lossy(&out).contains("up /tunnelled"));
     proxy.running.drain();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
+    init();
+    let ca = TestCa::new("server ca");
+    let client_ca = TestCa::new("client ca");
+    let stranger_ca = TestCa::new("stranger ca");
+    let dir = tempdir("mtls");
+    let (c, k) = ca.leaf(&["api.example.com"]);
+    write(&dir, "c", &c);
+    write(&dir, "k", &k);
+    let client_ca_file = write(&dir, "client-ca.pem", &client_ca.cert_pem);
+    let up = upstream("up", None, false).await;
+    let yaml = format!(
+        "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      clientCaFile: {client_ca_file}\n      certificates:\n        - {{certFile: {}, keyFile: {}, default: true}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\"]\n",
+        dir.join("c").display(),
+        dir.join("k").display(),
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("https");
+
+    // A certificate from the client CA: served.
+    let trusted = client_ca.leaf(&["client.example.com"]);
+    let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
+        .await
+        .unwrap();
+    assert_eq!(try_tls_get(s, "api.example.com", "/ok").await.unwrap().0, 200);
+
+    // No certificate, or one from another CA: refused (in TLS 1.3 the refusal arrives after
+    // the client's side of the handshake, so it shows on the first request).
+    let untrusted = stranger_ca.leaf(&["client.example.com"]);
+    for cert in [None, Some(&untrusted)] {
+        let refused = match tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], cert).await {
+            Err(_) => true,
+            Ok(s) => try_tls_get(s, "api.example.com", "/x").await.is_err(),
+        };
+        assert!(refused, "a client presenting {cert:?} was served");
+    }
+    // Still serving trusted clients afterwards.
+    let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
+        .await
+        .unwrap();
+    assert_eq!(try_tls_get(s, "api.example.com", "/again").await.unwrap().0, 200);
+    assert_eq!(up.stats.requests.load(Ordering::Relaxed), 2);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upstream_client_certificate_is_presented_to_an_upstream_that_requires_one() {
+    init();
+    let ca = TestCa::new("upstream ca");
+    let client_ca = TestCa::new("proxy client ca");
+    let dir = tempdir("upmtls");
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    let (cc, ck) = client_ca.leaf(&["proxy.example.com"]);
+    let cert_file = write(&dir, "client.crt", &cc);
+    let key_file = write(&dir, "client.key", &ck);
+    let up = upstream_verifying_clients("mtls-up", Some(ca.leaf(&["localhost"])), Some(&client_ca), false).await;
+    let config = |client_cert: &str| {
+        format!(
+            "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\"]\n    tls: {{serverName: localhost, caFile: {ca_file}{client_cert}}}\n",
+            up.addr
+        )
+    };
+    // With the client certificate configured: served.
+    let with_cert = start_proxy(
+        &dir,
+        &config(&format!(
+            ", clientCertificate: {{certFile: {cert_file}, keyFile: {key_file}}}"
+        )),
+    )
+    .await;
+    for i in 0..5 {
+        let (status, body) = get(with_cert.addr("http"), "x", &format!("/m{i}")).await;
+        assert_eq!(status, 200, "{body}");
+        assert!(body.starts_with("mtls-up"), "{body}");
+    }
+    with_cert.running.drain();
+    // Without it the upstream refuses the connection: a 502, never a hang or a 200.
+    let dir2 = tempdir("upmtls2");
+    let without = start_proxy(&dir2, &config("")).await;
+    let (status, _) = get(without.addr("http"), "x", "/no-cert").await;
+    assert_eq!(status, 502);
+    assert_eq!(up.stats.requests.load(Ordering::Relaxed), 5);
+    without.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn active_health_check_takes_an_endpoint_out_and_brings_it_back() {
+    init();
+    let a = upstream("a", None, false).await;
+    let b = upstream("b", None, false).await;
+    let dir = tempdir("health");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\", \"{}\"]\n    healthCheck: {{path: /healthz, interval: 50ms, timeout: 1s}}\n",
+        a.addr, b.addr
+    );
+    b.stats.unhealthy.store(true, Ordering::Relaxed);
+    let proxy = start_proxy(&dir, &yaml).await;
+    let http = proxy.addr("http");
+    // Wait (by outcome, bounded) until b has been checked and marked down.
+    let mut checked = false;
+    for _ in 0..200 {
+        if b.stats.requests.load(Ordering::Relaxed) >= 2 {
+            checked = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(checked, "b was never health-checked");
+    let mut served_by_b = 0;
+    for i in 0..40 {
+        let (status, body) = get(http, "x", &format!("/r{i}")).await;
+        assert_eq!(status, 200, "{body}");
+        served_by_b += usize::from(body.starts_with("b "));
+    }
+    assert_eq!(served_by_b, 0, "an endpoint failing its health check got traffic");
+
+    // Healthy again: it gets traffic again.
+    b.stats.unhealthy.store(false, Ordering::Relaxed);
+    let mut back = false;
+    for i in 0..400 {
+        let (_, body) = get(http, "x", &format!("/back{i}")).await;
+        if body.starts_with("b /back") {
+            back = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(back, "a recovered endpoint never got traffic again");
+    proxy.running.drain();
+}

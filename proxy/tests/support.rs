@@ -91,6 +91,8 @@ pub struct UpstreamStats {
     pub resumed_handshakes: AtomicUsize,
     pub full_handshakes: AtomicUsize,
     pub last_headers: Mutex<Option<http::HeaderMap>>,
+    /// When set, `/healthz` answers 503 (for active health check tests).
+    pub unhealthy: std::sync::atomic::AtomicBool,
 }
 
 pub struct Upstream {
@@ -116,6 +118,9 @@ async fn upstream_answer(
     if let Some(code) = path.strip_prefix("/status/").and_then(|s| s.parse::<u16>().ok()) {
         status = code;
     }
+    if path == "/healthz" && stats.unhealthy.load(Ordering::Relaxed) {
+        status = 503;
+    }
     let body = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
     let mut r = http::Response::new(Full::new(Bytes::from(format!("{name} {path} {body}"))));
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
@@ -125,6 +130,17 @@ async fn upstream_answer(
 /// An upstream on 127.0.0.1. With `tls`, serves that cert (ALPN h2 + http/1.1, resumption on).
 /// With `close_each`, every HTTP/1.1 response closes its connection.
 pub async fn upstream(name: &'static str, tls: Option<(String, String)>, close_each: bool) -> Upstream {
+    upstream_verifying_clients(name, tls, None, close_each).await
+}
+
+/// [`upstream`], and with `client_ca` set, TLS clients must present a certificate it signed.
+pub async fn upstream_verifying_clients(
+    name: &'static str,
+    tls: Option<(String, String)>,
+    client_ca: Option<&TestCa>,
+    close_each: bool,
+) -> Upstream {
+    let client_roots = client_ca.map(|ca| Arc::new(ca.roots()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let stats = Arc::new(UpstreamStats::default());
@@ -133,10 +149,14 @@ pub async fn upstream(name: &'static str, tls: Option<(String, String)>, close_e
             .map(|c| c.unwrap())
             .collect();
         let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
-        let mut cfg = rustls::ServerConfig::builder()
-            .with_no_client_auth()
-            .with_single_cert(certs, key)
-            .unwrap();
+        let builder = rustls::ServerConfig::builder();
+        let builder = match client_roots {
+            Some(roots) => {
+                builder.with_client_cert_verifier(rustls::server::WebPkiClientVerifier::builder(roots).build().unwrap())
+            }
+            None => builder.with_no_client_auth(),
+        };
+        let mut cfg = builder.with_single_cert(certs, key).unwrap();
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
     });
@@ -226,17 +246,55 @@ pub async fn tls_connect(
     ca: &TestCa,
     alpn: &[&[u8]],
 ) -> tokio_rustls::client::TlsStream<tokio::net::TcpStream> {
-    let mut cfg = rustls::ClientConfig::builder()
-        .with_root_certificates(ca.roots())
-        .with_no_client_auth();
+    tls_connect_as(addr, sni, ca, alpn, None).await.unwrap()
+}
+
+/// [`tls_connect`] presenting `client_cert` (cert PEM, key PEM) when given; errors are returned.
+pub async fn tls_connect_as(
+    addr: SocketAddr,
+    sni: Option<&str>,
+    ca: &TestCa,
+    alpn: &[&[u8]],
+    client_cert: Option<&(String, String)>,
+) -> std::io::Result<tokio_rustls::client::TlsStream<tokio::net::TcpStream>> {
+    let builder = rustls::ClientConfig::builder().with_root_certificates(ca.roots());
+    let mut cfg = match client_cert {
+        Some((cert, key)) => {
+            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert.as_bytes())
+                .map(|c| c.unwrap())
+                .collect();
+            let key = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
+            builder.with_client_auth_cert(chain, key).unwrap()
+        }
+        None => builder.with_no_client_auth(),
+    };
     cfg.alpn_protocols = alpn.iter().map(|a| a.to_vec()).collect();
     cfg.enable_sni = sni.is_some();
     let name = ServerName::try_from(sni.unwrap_or("default.example.com").to_string()).unwrap();
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    tokio_rustls::TlsConnector::from(Arc::new(cfg))
-        .connect(name, tcp)
+    let tcp = tokio::net::TcpStream::connect(addr).await?;
+    tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await
+}
+
+/// GET over an established HTTP/1.1 TLS stream; an error when the server refused the
+/// connection after the handshake (TLS 1.3 reports a rejected client certificate then).
+pub async fn try_tls_get(
+    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
+    host: &str,
+    path: &str,
+) -> Result<(u16, String), String> {
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
-        .unwrap()
+        .map_err(|e| e.to_string())?;
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri(path)
+        .header("host", host)
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?;
+    Ok((status, String::from_utf8_lossy(&body.to_bytes()).into_owned()))
 }
 
 pub fn served_dns_names(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Vec<String> {

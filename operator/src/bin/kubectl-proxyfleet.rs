@@ -2,12 +2,14 @@
 //!
 //!   kubectl proxyfleet get pxd NAME [-n NS] [--watch]
 //!   kubectl proxyfleet promote NAME [--full] | abort NAME | retry NAME | pause NAME | resume NAME
+//!   kubectl proxyfleet history NAME | undo NAME [--to-revision N]
 //!   kubectl proxyfleet status NAME [--timeout 600]   (exit 0 healthy, 1 degraded/aborted, 2 timeout)
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::{Parser, Subcommand};
+use k8s_openapi::api::apps::v1::ControllerRevision;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
@@ -50,6 +52,16 @@ enum Cmd {
     Pause { name: String },
     /// Continue a paused rollout.
     Resume { name: String },
+    /// List the kept stable revisions (newest first), for `undo --to-revision`.
+    History { name: String },
+    /// Go back to the previous stable revision (or `--to-revision N`): its pod-shaping spec
+    /// fields are written back into the spec, which then rolls out like any change — or, when
+    /// stable still runs that revision (after an abort), ends the rollout at once.
+    Undo {
+        name: String,
+        #[arg(long)]
+        to_revision: Option<i64>,
+    },
     /// Rotate the namespace's managed CA now (phased; progress in `status.caRotation`).
     RotateCa {
         /// How long old and new CA are both trusted after leaves are reissued (e.g. 24h).
@@ -105,6 +117,70 @@ async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<()
         .await
         .map_err(|e| format!("{name}: {e}"))?;
     println!("proxydeployment/{name}: {cmd} requested");
+    Ok(())
+}
+
+/// This fleet's kept stable revisions, newest first.
+async fn kept_revisions(api: &Api<ProxyDeployment>, name: &str) -> Result<Vec<ControllerRevision>, String> {
+    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    let uid = pxd.metadata.uid.clone().unwrap_or_default();
+    let ns = pxd.metadata.namespace.clone().unwrap_or_default();
+    let crs: Api<ControllerRevision> = Api::namespaced(api.clone().into_client(), &ns);
+    let mut list: Vec<ControllerRevision> = crs
+        .list(&ListParams::default().labels(&format!("{}={name}", labels::INSTANCE)))
+        .await
+        .map_err(|e| format!("listing revisions of {name}: {e}"))?
+        .items
+        .into_iter()
+        .filter(|c| proxyfleet_operator::apply::is_owned_by(c, &uid))
+        .collect();
+    list.sort_by_key(|c| std::cmp::Reverse(c.revision));
+    Ok(list)
+}
+
+async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
+    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    let current = pxd.status.and_then(|s| s.revision);
+    println!("{:<9} {:<10} {:<9} IMAGE", "REVISION", "HASH", "CURRENT");
+    for c in kept_revisions(api, name).await? {
+        let hash = c
+            .metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(labels::REVISION))
+            .cloned()
+            .unwrap_or_default();
+        let image = c
+            .data
+            .as_ref()
+            .and_then(|d| d.0["spec"]["image"].as_str().map(str::to_string))
+            .unwrap_or_else(|| "(operator default)".into());
+        let mark = if current.as_deref() == Some(hash.as_str()) {
+            "*"
+        } else {
+            ""
+        };
+        println!("{:<9} {:<10} {:<9} {image}", c.revision, hash, mark);
+    }
+    Ok(())
+}
+
+async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
+    use proxyfleet_operator::history::{undo_patch, undo_target};
+    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    let current = pxd.status.and_then(|s| s.revision);
+    let kept = kept_revisions(api, name).await?;
+    let target = undo_target(&kept, current.as_deref(), to)?;
+    let patch = undo_patch(target)?;
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .map_err(|e| format!("{name}: {e}"))?;
+    println!(
+        "proxydeployment/{name}: spec set back to revision {} ({}); it rolls out like any change. \
+         With GitOps, revert the source too, or the next sync rolls forward again.",
+        target.revision,
+        target.metadata.name.as_deref().unwrap_or("-")
+    );
     Ok(())
 }
 
@@ -302,6 +378,8 @@ async fn main() -> ExitCode {
         Cmd::Pause { name } => command(&api, name, "pause").await,
         Cmd::Resume { name } => command(&api, name, "resume").await,
         Cmd::Status { name, timeout } => return status(&api, name, *timeout).await,
+        Cmd::History { name } => history(&api, name).await,
+        Cmd::Undo { name, to_revision } => undo(&api, name, *to_revision).await,
         Cmd::RotateCa { overlap } => rotate_ca(&cli.namespace, overlap.as_deref()).await,
     };
     match result {

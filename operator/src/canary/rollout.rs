@@ -135,7 +135,11 @@ pub async fn plan(
             && machine::measurement_due(&strategy, prev, obs.now)
         {
             if let Some((analysis, _)) = machine::active_analysis(&strategy, prev) {
-                obs.measurement = Some(measure(owner, ctx, analysis).await);
+                let revisions = Revisions {
+                    canary: &obs.desired_revision,
+                    stable: obs.stable_revision.as_deref(),
+                };
+                obs.measurement = Some(measure(owner, ctx, analysis, &revisions).await);
             }
         }
     }
@@ -192,13 +196,37 @@ pub async fn plan(
 }
 
 /// Takes one measurement of every metric of `analysis`.
-async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(String, Verdict)> {
+/// The revisions the canary and the stable pods run, which scope every Prometheus query.
+struct Revisions<'a> {
+    canary: &'a str,
+    stable: Option<&'a str>,
+}
+
+impl Revisions<'_> {
+    fn selector(&self, owner: &Owner, track: &str) -> String {
+        let revision = if track == "canary" {
+            Some(self.canary)
+        } else {
+            self.stable
+        };
+        source::track_selector(&owner.namespace, &owner.name, track, revision)
+    }
+}
+
+async fn measure(
+    owner: &Owner,
+    ctx: &Context,
+    analysis: &Analysis,
+    revisions: &Revisions<'_>,
+) -> Vec<(String, Verdict)> {
     let window_secs = analysis.window.get().as_secs().max(1) as i64;
     let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
     let windows: Result<Option<(Window, Window)>, String> = if !builtin {
         Ok(None)
     } else if let Some(p) = &analysis.source.prometheus {
-        prometheus_windows(ctx, &p.address, owner, window_secs).await.map(Some)
+        prometheus_windows(ctx, &p.address, owner, revisions, window_secs)
+            .await
+            .map(Some)
     } else {
         direct_windows(ctx, owner, window_secs).await
     };
@@ -207,8 +235,8 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
         let verdict = if let Some(q) = &m.prometheus {
             let query = q
                 .query
-                .replace("{{canary}}", &selector(owner, "canary"))
-                .replace("{{stable}}", &selector(owner, "stable"));
+                .replace("{{canary}}", &revisions.selector(owner, "canary"))
+                .replace("{{stable}}", &revisions.selector(owner, "stable"));
             match source::prometheus_scalar(&ctx.http, &q.address, &query).await {
                 Ok(Some(v)) => match condition_holds(&q.success_condition, v) {
                     Some(true) => Verdict::Success(v),
@@ -243,22 +271,16 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis) -> Vec<(Stri
     out
 }
 
-fn selector(owner: &Owner, track: &str) -> String {
-    format!(
-        "namespace=\"{}\",proxydeployment=\"{}\",track=\"{track}\"",
-        owner.namespace, owner.name
-    )
-}
-
 async fn prometheus_windows(
     ctx: &Context,
     address: &str,
     owner: &Owner,
+    revisions: &Revisions<'_>,
     window_secs: i64,
 ) -> Result<(Window, Window), String> {
     let mut out = Vec::new();
     for track in ["canary", "stable"] {
-        let [requests, errors, p99] = source::builtin_queries(&owner.namespace, &owner.name, track, window_secs);
+        let [requests, errors, p99] = source::builtin_queries(&revisions.selector(owner, track), window_secs);
         let requests = source::prometheus_scalar(&ctx.http, address, &requests)
             .await?
             .unwrap_or(0.0);

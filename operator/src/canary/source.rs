@@ -218,14 +218,24 @@ pub async fn prometheus_scalar(http: &HttpGetter, address: &str, query: &str) ->
     Ok(value.filter(|x| x.is_finite()))
 }
 
-/// PromQL for the built-in metrics. Prometheus must attach the pod's namespace and the labels
-/// `proxydeployment` and `track` (see docs/canary.md for the scrape config).
-pub fn builtin_queries(namespace: &str, name: &str, track: &str, window_secs: i64) -> [String; 3] {
-    let sel = format!("namespace=\"{namespace}\",proxydeployment=\"{name}\",track=\"{track}\"");
+/// The PromQL label matchers of one track's pods. Prometheus must attach the pod's
+/// `namespace` and the labels `proxydeployment`, `track` and `revision` (see docs/canary.md for
+/// the scrape config). The revision keeps a window from mixing in an earlier canary's pods —
+/// an aborted canary's 5xx would otherwise count against the next one for a whole window.
+pub fn track_selector(namespace: &str, name: &str, track: &str, revision: Option<&str>) -> String {
+    let mut sel = format!("namespace=\"{namespace}\",proxydeployment=\"{name}\",track=\"{track}\"");
+    if let Some(revision) = revision {
+        sel.push_str(&format!(",revision=\"{revision}\""));
+    }
+    sel
+}
+
+/// PromQL for the built-in metrics of the pods `selector` matches: requests, 5xx, P99 (ms).
+pub fn builtin_queries(selector: &str, window_secs: i64) -> [String; 3] {
     [
-        format!("sum(increase(proxyfleet_responses_total{{{sel}}}[{window_secs}s]))"),
-        format!("sum(increase(proxyfleet_responses_total{{{sel},code_class=\"5xx\"}}[{window_secs}s]))"),
-        format!("1000 * histogram_quantile(0.99, sum by (le) (rate(proxyfleet_request_duration_seconds_bucket{{{sel}}}[{window_secs}s])))"),
+        format!("sum(increase(proxyfleet_responses_total{{{selector}}}[{window_secs}s]))"),
+        format!("sum(increase(proxyfleet_responses_total{{{selector},code_class=\"5xx\"}}[{window_secs}s]))"),
+        format!("1000 * histogram_quantile(0.99, sum by (le) (rate(proxyfleet_request_duration_seconds_bucket{{{selector}}}[{window_secs}s])))"),
     ]
 }
 
@@ -315,7 +325,9 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
 
     #[test]
     fn queries_name_the_track() {
-        let q = builtin_queries("web", "demo", "canary", 30);
+        let q = builtin_queries(&track_selector("web", "demo", "canary", Some("abc123")), 30);
+        assert!(q[1].contains("revision=\"abc123\""), "{}", q[1]);
+        assert!(!track_selector("web", "demo", "stable", None).contains("revision"));
         assert!(q[1].contains("code_class=\"5xx\""));
         assert!(q[2].contains("histogram_quantile(0.99"));
         assert_eq!(url_encode("a b{c}"), "a%20b%7Bc%7D");

@@ -1,0 +1,353 @@
+//! Revision history: every revision that became stable is kept as an `apps/v1`
+//! ControllerRevision (Kubernetes' own record for StatefulSet and DaemonSet history), owned by
+//! its ProxyDeployment, so `kubectl proxyfleet undo` can go back to the previous stable
+//! revision — or any kept one — by writing its pod-shaping fields back into the spec.
+//!
+//! The decisions (what to record, renumber, prune; what an undo writes) are pure functions;
+//! [`record_stable`] is the thin shell that carries them out.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::apps::v1::ControllerRevision;
+use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
+use serde_json::Value;
+
+use crate::apply::is_owned_by;
+use crate::crd::ProxyDeploymentSpec;
+use crate::labels;
+use crate::resources::Owner;
+
+/// How many stable revisions are kept per ProxyDeployment (like a Deployment's
+/// `revisionHistoryLimit`).
+pub const HISTORY_LIMIT: usize = 10;
+
+/// The spec fields a revision is made of: everything that shapes the pods. Not `replicas`
+/// (scale is not a revision), not `strategy` (how to roll out is not what is rolled out), not
+/// `service` or `placement` (where traffic comes from and which clusters run it).
+pub const TEMPLATE_FIELDS: &[&str] = &[
+    "image",
+    "imagePullPolicy",
+    "resources",
+    "listeners",
+    "routes",
+    "upstreams",
+    "limits",
+    "drain",
+    "connect",
+    "tls",
+    "pod",
+    "tuning",
+];
+
+#[derive(Debug, thiserror::Error)]
+pub enum HistoryError {
+    #[error("{action} ControllerRevision {namespace}/{name}: {source}")]
+    Api {
+        action: &'static str,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+/// The kept record of one revision, as the decisions need it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Kept {
+    pub name: String,
+    pub revision_hash: String,
+    pub number: i64,
+}
+
+impl Kept {
+    pub fn of(cr: &ControllerRevision) -> Option<Self> {
+        Some(Self {
+            name: cr.metadata.name.clone()?,
+            revision_hash: cr.metadata.labels.as_ref()?.get(labels::REVISION)?.clone(),
+            number: cr.revision,
+        })
+    }
+}
+
+/// What to write so that `stable_hash` is the newest kept revision and at most `limit` stay.
+#[derive(Debug, Default, PartialEq)]
+pub struct HistoryPlan {
+    /// Create a record of the stable revision with this number.
+    pub create: Option<i64>,
+    /// Renumber an existing record (a revision that became stable again).
+    pub renumber: Option<(String, i64)>,
+    /// Records beyond the limit, oldest first.
+    pub prune: Vec<String>,
+}
+
+/// Pure: the plan for `kept` (this fleet's records) once `stable_hash` is stable.
+pub fn plan(kept: &[Kept], stable_hash: &str, limit: usize) -> HistoryPlan {
+    let newest = kept.iter().map(|k| k.number).max().unwrap_or(0);
+    let mut out = HistoryPlan::default();
+    let mut numbers: Vec<(i64, &str)> = Vec::new();
+    match kept.iter().find(|k| k.revision_hash == stable_hash) {
+        Some(k) if k.number == newest => {}
+        Some(k) => {
+            out.renumber = Some((k.name.clone(), newest + 1));
+            numbers.push((newest + 1, &k.name));
+        }
+        None => out.create = Some(newest + 1),
+    }
+    for k in kept {
+        if out.renumber.as_ref().is_some_and(|(n, _)| n == &k.name) {
+            continue;
+        }
+        numbers.push((k.number, &k.name));
+    }
+    numbers.sort_by_key(|n| std::cmp::Reverse(n.0));
+    let keep_existing = if out.create.is_some() {
+        limit.saturating_sub(1)
+    } else {
+        limit
+    };
+    out.prune = numbers
+        .iter()
+        .skip(keep_existing)
+        .rev()
+        .map(|(_, n)| n.to_string())
+        .collect();
+    out
+}
+
+/// The record's name: the fleet's name and the revision hash.
+pub fn record_name(fleet: &str, revision_hash: &str) -> String {
+    format!("{fleet}-{revision_hash}")
+}
+
+/// The template fields of `spec` as JSON (absent fields are left out).
+pub fn template_of(spec: &ProxyDeploymentSpec) -> Value {
+    let full = serde_json::to_value(spec).unwrap_or(Value::Null);
+    let mut out = serde_json::Map::new();
+    for field in TEMPLATE_FIELDS {
+        if let Some(v) = full.get(*field) {
+            out.insert((*field).to_string(), v.clone());
+        }
+    }
+    Value::Object(out)
+}
+
+/// Pure builder of the record of a stable revision.
+pub fn record(owner: &Owner, spec: &ProxyDeploymentSpec, revision_hash: &str, number: i64) -> ControllerRevision {
+    let mut meta = owner.meta(record_name(&owner.name, revision_hash));
+    let mut l: BTreeMap<String, String> = meta.labels.take().unwrap_or_default();
+    l.insert(labels::REVISION.to_string(), revision_hash.to_string());
+    meta.labels = Some(l);
+    ControllerRevision {
+        metadata: meta,
+        data: Some(RawExtension(serde_json::json!({ "spec": template_of(spec) }))),
+        revision: number,
+    }
+}
+
+/// Pure: which record an undo goes back to. Without `to`, the newest record of a revision
+/// other than `current_hash` (the previous stable revision); with `to`, that record number.
+pub fn undo_target<'a>(
+    kept: &'a [ControllerRevision],
+    current_hash: Option<&str>,
+    to: Option<i64>,
+) -> Result<&'a ControllerRevision, String> {
+    if let Some(n) = to {
+        return kept
+            .iter()
+            .find(|c| c.revision == n)
+            .ok_or_else(|| format!("no kept revision {n}; `kubectl proxyfleet history NAME` lists them"));
+    }
+    let mut sorted: Vec<&ControllerRevision> = kept.iter().collect();
+    sorted.sort_by_key(|c| std::cmp::Reverse(c.revision));
+    sorted
+        .into_iter()
+        .find(|c| Kept::of(c).map(|k| k.revision_hash).as_deref() != current_hash)
+        .ok_or_else(|| "no earlier stable revision is kept to go back to".to_string())
+}
+
+/// Pure: the JSON merge patch that writes `target`'s template fields back into the spec;
+/// fields the target did not set are removed, so the result equals that revision.
+pub fn undo_patch(target: &ControllerRevision) -> Result<Value, String> {
+    let template = target
+        .data
+        .as_ref()
+        .and_then(|d| d.0.get("spec"))
+        .and_then(Value::as_object)
+        .ok_or("the kept revision has no spec data")?;
+    let mut spec = serde_json::Map::new();
+    for field in TEMPLATE_FIELDS {
+        spec.insert(
+            (*field).to_string(),
+            template.get(*field).cloned().unwrap_or(Value::Null),
+        );
+    }
+    Ok(serde_json::json!({ "spec": spec }))
+}
+
+/// Records `stable_hash` as the newest stable revision of the fleet, and prunes beyond the
+/// limit. Writes only when something changes; reads the cache, not the API server.
+pub async fn record_stable(
+    ctx: &crate::controller::Context,
+    owner: &Owner,
+    spec: &ProxyDeploymentSpec,
+    stable_hash: &str,
+) -> Result<(), HistoryError> {
+    let ours: Vec<Kept> = ctx
+        .stores
+        .revisions
+        .state()
+        .iter()
+        .filter(|c| c.metadata.namespace.as_deref() == Some(owner.namespace.as_str()))
+        .filter(|c| is_owned_by(c.as_ref(), &owner.reference.uid))
+        .filter_map(|c| Kept::of(c))
+        .collect();
+    let plan = plan(&ours, stable_hash, HISTORY_LIMIT);
+    if plan == HistoryPlan::default() {
+        return Ok(());
+    }
+    let api: Api<ControllerRevision> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let err = |action: &'static str, name: &str| {
+        let namespace = owner.namespace.clone();
+        let name = name.to_string();
+        move |source| HistoryError::Api {
+            action,
+            namespace,
+            name,
+            source,
+        }
+    };
+    if let Some(number) = plan.create {
+        let cr = record(owner, spec, stable_hash, number);
+        let name = record_name(&owner.name, stable_hash);
+        match api.create(&PostParams::default(), &cr).await {
+            Ok(_) => ctx.metrics.api_write("ControllerRevision", "create"),
+            // Our cache lags our own write: the record is there.
+            Err(kube::Error::Api(e)) if e.code == 409 => {}
+            Err(e) => return Err(err("creating", &name)(e)),
+        }
+        tracing::info!(revision = %stable_hash, number, "recorded stable revision");
+    }
+    if let Some((name, number)) = &plan.renumber {
+        let patch = serde_json::json!({ "revision": number });
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(err("renumbering", name))?;
+        ctx.metrics.api_write("ControllerRevision", "patch");
+    }
+    for name in &plan.prune {
+        match api.delete(name, &DeleteParams::background()).await {
+            Ok(_) => ctx.metrics.api_write("ControllerRevision", "delete"),
+            Err(kube::Error::Api(e)) if e.code == 404 => {}
+            Err(e) => return Err(err("pruning", name)(e)),
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kept(name: &str, hash: &str, number: i64) -> Kept {
+        Kept {
+            name: name.into(),
+            revision_hash: hash.into(),
+            number,
+        }
+    }
+
+    #[test]
+    fn the_first_stable_revision_is_number_one() {
+        assert_eq!(
+            plan(&[], "aaaa", 10),
+            HistoryPlan {
+                create: Some(1),
+                ..Default::default()
+            }
+        );
+    }
+
+    #[test]
+    fn the_newest_record_of_the_stable_revision_means_nothing_to_do() {
+        let k = [kept("web-aaaa", "aaaa", 1), kept("web-bbbb", "bbbb", 2)];
+        assert_eq!(plan(&k, "bbbb", 10), HistoryPlan::default());
+    }
+
+    #[test]
+    fn a_revision_stable_again_is_renumbered_not_duplicated() {
+        let k = [kept("web-aaaa", "aaaa", 1), kept("web-bbbb", "bbbb", 2)];
+        let p = plan(&k, "aaaa", 10);
+        assert_eq!(p.create, None);
+        assert_eq!(p.renumber, Some(("web-aaaa".into(), 3)));
+        assert!(p.prune.is_empty());
+    }
+
+    #[test]
+    fn prunes_the_oldest_beyond_the_limit() {
+        let k: Vec<Kept> = (1..=3)
+            .map(|n| kept(&format!("web-{n}"), &format!("h{n}"), n))
+            .collect();
+        let p = plan(&k, "new", 3);
+        assert_eq!(p.create, Some(4));
+        assert_eq!(p.prune, vec!["web-1".to_string()]);
+        let p = plan(&k, "h1", 2);
+        assert_eq!(p.renumber, Some(("web-1".into(), 4)));
+        assert_eq!(p.prune, vec!["web-2".to_string()]);
+    }
+
+    fn cr(hash: &str, number: i64, image: Option<&str>) -> ControllerRevision {
+        let mut spec = serde_json::Map::new();
+        if let Some(i) = image {
+            spec.insert("image".into(), Value::String(i.into()));
+        }
+        spec.insert("routes".into(), serde_json::json!([]));
+        ControllerRevision {
+            metadata: kube::api::ObjectMeta {
+                name: Some(format!("web-{hash}")),
+                labels: Some(BTreeMap::from([(labels::REVISION.to_string(), hash.to_string())])),
+                ..Default::default()
+            },
+            data: Some(RawExtension(serde_json::json!({ "spec": spec }))),
+            revision: number,
+        }
+    }
+
+    #[test]
+    fn undo_goes_to_the_newest_other_revision_or_the_one_asked_for() {
+        let kept = [cr("aaaa", 1, Some("a")), cr("bbbb", 2, Some("b")), cr("cccc", 3, None)];
+        assert_eq!(undo_target(&kept, Some("cccc"), None).unwrap().revision, 2);
+        // After an abort the spec's revision is not stable; undo still goes to the newest
+        // record that differs from what the spec asks for.
+        assert_eq!(undo_target(&kept, Some("dddd"), None).unwrap().revision, 3);
+        assert_eq!(undo_target(&kept, Some("cccc"), Some(1)).unwrap().revision, 1);
+        assert!(undo_target(&kept, Some("cccc"), Some(9))
+            .unwrap_err()
+            .contains("no kept revision 9"));
+        assert!(undo_target(&kept[..1], Some("aaaa"), None).is_err());
+    }
+
+    #[test]
+    fn undo_patch_restores_the_template_and_clears_what_it_did_not_set() {
+        let patch = undo_patch(&cr("aaaa", 1, None)).unwrap();
+        assert_eq!(patch["spec"]["image"], Value::Null);
+        assert!(patch["spec"].as_object().unwrap().contains_key("image"));
+        assert_eq!(patch["spec"]["routes"], serde_json::json!([]));
+        assert!(patch["spec"].get("replicas").is_none());
+        assert!(patch["spec"].get("strategy").is_none());
+        let patch = undo_patch(&cr("bbbb", 2, Some("b"))).unwrap();
+        assert_eq!(patch["spec"]["image"], "b");
+    }
+
+    #[test]
+    fn template_leaves_out_scale_strategy_and_placement() {
+        let spec: ProxyDeploymentSpec = serde_json::from_value(serde_json::json!({
+            "replicas": 3,
+            "listeners": [], "routes": [], "upstreams": [],
+            "image": "proxy:1",
+        }))
+        .unwrap();
+        let t = template_of(&spec);
+        assert_eq!(t["image"], "proxy:1");
+        assert!(t.get("replicas").is_none());
+    }
+}
