@@ -47,7 +47,7 @@ http {
   server { listen 127.0.0.1:19443 ssl; access_log $work/up-haproxy.log hs; location / { return 200 "hello from upstream\n"; } }
 }
 CONF
-taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" & UP=$!
+taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
 
 cat > "$work/nginx.conf" <<CONF
 worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx-error.log warn;
@@ -113,7 +113,9 @@ start_front() {
 port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
-declare -A RPS P99 RSS_IDLE RSS_LOAD FULL RESUMED
+# CPU time (user + kernel, clock ticks) of a front's processes, from /proc.
+cputicks() { local t=0 p; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' /proc/$p/stat 2>/dev/null || echo 0) )); done; echo $t; }
+declare -A RPS P99 RSS_IDLE RSS_LOAD FULL RESUMED CPU_US
 sleep 1
 for front in nginx proxyfleet haproxy; do
   pid=$(start_front $front); port=$(port_of $front)
@@ -123,8 +125,13 @@ for front in nginx proxyfleet haproxy; do
   RSS_IDLE[$front]=$(rss_kb $(pids_of $pid))
   log "$front: max throughput (wrk -t1 -c32 ${secs}s, pinned to CPU 0)"
   taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$port/" > "$work/wrk-$front.txt" &
-  W=$!; sleep $(( secs / 2 )); RSS_LOAD[$front]=$(rss_kb $(pids_of $pid)); wait $W
+  W=$!; pids=$(pids_of $pid); c0=$(cputicks $pids)
+  sleep $(( secs / 2 )); RSS_LOAD[$front]=$(rss_kb $(pids_of $pid)); wait $W
+  c1=$(cputicks $pids)
   RPS[$front]=$(awk '/Requests\/sec/ {print $2}' "$work/wrk-$front.txt")
+  # Front CPU per request: independent of whether the load generator's CPU also saturates.
+  CPU_US[$front]=$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/wrk-$front.txt")" -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }')
   kill $pid 2>/dev/null; wait $pid 2>/dev/null || true; sleep 1
 done
 rate=$(awk -v r="${RPS[nginx]}" 'BEGIN { printf "%d", r / 2 }')
@@ -159,11 +166,14 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
   echo "| metric | proxyfleet | nginx | HAProxy | proxyfleet / nginx | proxyfleet / HAProxy | target |"
   echo "|---|---|---|---|---|---|---|"
   echo "| max req/s (wrk -t1 -c32, ${secs}s) | ${RPS[proxyfleet]} | ${RPS[nginx]} | ${RPS[haproxy]} | $(ratio "${RPS[proxyfleet]}" "${RPS[nginx]}") | $(ratio "${RPS[proxyfleet]}" "${RPS[haproxy]}") | ≥ 1.2 × nginx, ≥ 1.0 × HAProxy |"
+  echo "| front CPU µs per request (same wrk run) | ${CPU_US[proxyfleet]} | ${CPU_US[nginx]} | ${CPU_US[haproxy]} | $(ratio "${CPU_US[proxyfleet]}" "${CPU_US[nginx]}") | $(ratio "${CPU_US[proxyfleet]}" "${CPU_US[haproxy]}") | |"
   echo "| P99 ms at $rate req/s (oha -q, latency-corrected) | ${P99[proxyfleet]} | ${P99[nginx]} | ${P99[haproxy]} | $(ratio "${P99[proxyfleet]}" "${P99[nginx]}") | $(ratio "${P99[proxyfleet]}" "${P99[haproxy]}") | ≤ nginx |"
   echo "| RSS idle, MiB | $(mib "${RSS_IDLE[proxyfleet]}") | $(mib "${RSS_IDLE[nginx]}") | $(mib "${RSS_IDLE[haproxy]}") | $(ratio "${RSS_IDLE[proxyfleet]}" "${RSS_IDLE[nginx]}") | $(ratio "${RSS_IDLE[proxyfleet]}" "${RSS_IDLE[haproxy]}") | ≤ 16 MiB |"
   echo "| RSS under load, MiB | $(mib "${RSS_LOAD[proxyfleet]}") | $(mib "${RSS_LOAD[nginx]}") | $(mib "${RSS_LOAD[haproxy]}") | $(ratio "${RSS_LOAD[proxyfleet]}" "${RSS_LOAD[nginx]}") | $(ratio "${RSS_LOAD[proxyfleet]}" "${RSS_LOAD[haproxy]}") | |"
   echo "| upstream reconnects resumed (full/resumed) | $(pct "${RESUMED[proxyfleet]}" "${FULL[proxyfleet]}") (${FULL[proxyfleet]}/${RESUMED[proxyfleet]}) | $(pct "${RESUMED[nginx]}" "${FULL[nginx]}") (${FULL[nginx]}/${RESUMED[nginx]}) | $(pct "${RESUMED[haproxy]}" "${FULL[haproxy]}") (${FULL[haproxy]}/${RESUMED[haproxy]}) | | | ≥ 95 % |"
   echo
-  echo "nginx's RSS is master + worker. Ratios above 1 are better for req/s, worse for P99 and RSS."
+  echo "nginx's RSS is master + worker. Ratios above 1 are better for req/s, worse for CPU per request, P99 and RSS."
+  echo "This machine's speed drifts between runs (the same binary measured 41k and 53k req/s an hour"
+  echo "apart): compare the ratios of one run, not absolute figures across runs."
 } > "$root/docs/benchmarks.md"
 cat "$root/docs/benchmarks.md"

@@ -3,6 +3,11 @@ use std::process::ExitCode;
 
 use clap::Parser;
 
+/// mimalloc instead of glibc's malloc: the request path allocates and frees small buffers
+/// (headers, TLS records, futures) at a high rate; see docs/decisions.md for the measurement.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// proxyfleet-proxy: TLS-terminating reverse proxy with pooled, resumed upstream TLS.
 #[derive(Parser)]
 #[command(version)]
@@ -17,6 +22,21 @@ struct Args {
     #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
     log_format: String,
 }
+
+/// mimalloc's `arena_eager_commit` (mimalloc.h, v2 option 4; libmimalloc-sys exports no name
+/// for it). Off, arenas commit memory as it is used: idle RSS 19.7 → 8 MiB, throughput unchanged.
+const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
+
+extern "C" fn configure_allocator() {
+    // SAFETY: sets a plain integer option in mimalloc's static table; runs single-threaded.
+    unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
+}
+
+/// Runs before the Rust runtime's first allocation (which reserves mimalloc's first arena), so
+/// the option applies to it; setting it in `main` is too late.
+#[used]
+#[link_section = ".init_array.00099"]
+static CONFIGURE_ALLOCATOR: extern "C" fn() = configure_allocator;
 
 fn main() -> ExitCode {
     let args = Args::parse();

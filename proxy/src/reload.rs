@@ -123,9 +123,20 @@ pub fn reload(shared: &Shared) -> bool {
     }
 }
 
-/// Watches files and SIGHUP for the life of the process.
-pub async fn watch(shared: Arc<Shared>) {
-    let (tx, mut rx) = mpsc::unbounded_channel::<()>();
+/// Watches files and SIGHUP for the life of the process. The file watches are in place when
+/// this returns, so a change made right after start-up is never missed.
+pub fn spawn_watch(shared: Arc<Shared>) {
+    let (tx, rx) = mpsc::unbounded_channel::<()>();
+    let watcher = make_watcher(&shared, tx.clone());
+    tokio::spawn(watch(shared, tx, rx, watcher));
+}
+
+async fn watch(
+    shared: Arc<Shared>,
+    tx: mpsc::UnboundedSender<()>,
+    mut rx: mpsc::UnboundedReceiver<()>,
+    mut watcher: Option<notify::RecommendedWatcher>,
+) {
     #[cfg(unix)]
     {
         let tx = tx.clone();
@@ -139,7 +150,6 @@ pub async fn watch(shared: Arc<Shared>) {
             }
         });
     }
-    let mut watcher = make_watcher(&shared, tx.clone());
     while rx.recv().await.is_some() {
         // Debounce: a Secret update is several events (new dir, symlink swap, old dir removed).
         tokio::time::sleep(Duration::from_millis(200)).await;

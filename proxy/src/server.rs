@@ -167,7 +167,7 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
             stop_accepting_rx.clone(),
         )));
     }
-    tokio::spawn(crate::reload::watch(shared.clone()));
+    crate::reload::spawn_watch(shared.clone());
 
     let drain_shared = shared.clone();
     let mut rx = shutdown_rx.clone();

@@ -340,7 +340,12 @@ impl rustls::client::danger::ServerCertVerifier for NoVerification {
 
 /// Builds an upstream's ClientConfig. Its session store (resumption per server name)
 /// lives as long as the upstream's configuration.
-pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Result<Arc<ClientConfig>, TlsError> {
+pub fn client_config(
+    upstream: &str,
+    tls: &UpstreamTls,
+    alpn: &[&[u8]],
+    tickets_per_server: usize,
+) -> Result<Arc<ClientConfig>, TlsError> {
     let builder = ClientConfig::builder_with_provider(provider())
         .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
         .map_err(|source| TlsError::Build {
@@ -379,7 +384,9 @@ pub fn client_config(upstream: &str, tls: &UpstreamTls, alpn: &[&[u8]]) -> Resul
     };
     config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
     config.resumption = if tls.session_resumption {
-        rustls::client::Resumption::in_memory_sessions(1024)
+        rustls::client::Resumption::store(Arc::new(crate::upstream::sessions::UpstreamSessionStore::new(
+            tickets_per_server,
+        )))
     } else {
         rustls::client::Resumption::disabled()
     };

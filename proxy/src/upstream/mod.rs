@@ -3,6 +3,7 @@
 
 mod endpoint;
 mod pool;
+pub mod sessions;
 
 use std::sync::{Arc, Weak};
 use std::time::Duration;
@@ -60,7 +61,10 @@ impl UpstreamCluster {
         let tls = match &config.tls {
             None => None,
             Some(t) => {
-                let cfg = client_config(&name, t, alpn).map_err(|source| UpstreamError::Tls {
+                // Enough TLS 1.3 tickets for every connection the pool may hold to reconnect
+                // at once (at least 8, rustls's own default).
+                let tickets = (config.pool.max_idle_per_endpoint as usize).clamp(8, 1024);
+                let cfg = client_config(&name, t, alpn, tickets).map_err(|source| UpstreamError::Tls {
                     upstream: name.clone(),
                     source,
                 })?;
