@@ -175,5 +175,7 @@ cpu=$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')
   echo "nginx's RSS is master + worker. Ratios above 1 are better for req/s, worse for CPU per request, P99 and RSS."
   echo "This machine's speed drifts between runs (the same binary measured 41k and 53k req/s an hour"
   echo "apart): compare the ratios of one run, not absolute figures across runs."
+  echo
+  echo "Where the time goes (CPU split, syscalls per request, what was tried): [performance.md](performance.md)."
 } > "$root/docs/benchmarks.md"
 cat "$root/docs/benchmarks.md"
