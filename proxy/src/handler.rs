@@ -15,7 +15,7 @@ use hyper::body::Incoming;
 use crate::body::{self, ClientBody, UpstreamBody};
 use crate::router::{self, CompiledRoute};
 use crate::server::Shared;
-use crate::upstream::{self, ConnectionFreshness};
+use crate::upstream;
 
 /// Where a request came from.
 #[derive(Clone, Copy, Debug)]
@@ -283,7 +283,11 @@ async fn attempt_once(
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
     let started = Instant::now();
-    let result = tokio::time::timeout(deadline.saturating_duration_since(started), cluster.client.request(req)).await;
+    let result = tokio::time::timeout(
+        deadline.saturating_duration_since(started),
+        cluster.send(&endpoint.authority, req),
+    )
+    .await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
@@ -299,29 +303,30 @@ async fn attempt_once(
             Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
         }
         Ok(Err(e)) => {
-            if body::chain_contains::<body::BodyTooLarge>(&e) {
+            if body::chain_contains::<body::BodyTooLarge>(&*e.error) {
                 return Attempt::Final(status_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "request body too large\n",
                 ));
             }
-            if body::chain_contains::<body::ClientBodyError>(&e) {
+            if body::chain_contains::<body::ClientBodyError>(&*e.error) {
                 return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "malformed request body\n"));
             }
             eject(&endpoint);
-            tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&e), "upstream request failed");
-            if e.is_connect() {
+            tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&*e.error), "upstream request failed");
+            if e.connect {
                 Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
             } else {
                 Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
             }
         }
-        Ok(Ok(resp)) => {
+        Ok(Ok((resp, reused))) => {
             endpoint.observe_latency(started.elapsed());
-            match resp.extensions().get::<ConnectionFreshness>() {
-                Some(f) if !f.take_fresh() => cluster.metrics.request_reused.inc(),
-                _ => cluster.metrics.request_new.inc(),
-            };
+            if reused {
+                cluster.metrics.request_reused.inc();
+            } else {
+                cluster.metrics.request_new.inc();
+            }
             let status = resp.status();
             if status.is_server_error() {
                 eject(&endpoint);

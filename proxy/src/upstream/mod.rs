@@ -2,6 +2,7 @@
 //! health checks and the pooled client that carries requests to them.
 
 mod endpoint;
+mod h1pool;
 mod pool;
 pub mod sessions;
 
@@ -30,6 +31,8 @@ pub struct UpstreamCluster {
     pub material: String,
     pub endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
     pub client: Client<UpstreamConnector, UpstreamBody>,
+    /// Our own HTTP/1.1 pool, used instead of `client` when the upstream speaks HTTP/1.1.
+    h1: Option<Arc<h1pool::H1Pool>>,
     pub scheme: http::uri::Scheme,
     pub metrics: UpstreamMetrics,
 }
@@ -38,6 +41,16 @@ impl std::fmt::Debug for UpstreamCluster {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("UpstreamCluster").field("name", &self.name).finish()
     }
+}
+
+/// Why an upstream request got no response.
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct SendError {
+    /// The connection could not be made (safe to retry elsewhere).
+    pub connect: bool,
+    #[source]
+    pub error: Box<dyn std::error::Error + Send + Sync>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -98,6 +111,16 @@ impl UpstreamCluster {
             .http2_keep_alive_interval(Some(Duration::from_secs(30)))
             .retry_canceled_requests(true)
             .set_host(false);
+        // HTTP/1.1 for sure: configured so, or plain TCP (no ALPN) without `h2`.
+        let h1_only = config.protocol == UpstreamProtocol::Http1
+            || (config.tls.is_none() && config.protocol == UpstreamProtocol::Auto);
+        let h1 = h1_only.then(|| {
+            Arc::new(h1pool::H1Pool::new(
+                connector.clone(),
+                config.pool.max_idle_per_endpoint as usize,
+                config.pool.idle_timeout.get(),
+            ))
+        });
         let client = builder.build(connector);
         let endpoints = config
             .endpoints
@@ -117,9 +140,13 @@ impl UpstreamCluster {
             material,
             endpoints: ArcSwap::from_pointee(endpoints),
             client,
+            h1,
             scheme,
             metrics,
         });
+        if let Some(h1) = &cluster.h1 {
+            tokio::spawn(h1pool::reap_until_dropped(Arc::downgrade(h1)));
+        }
         if config.dns.is_some() {
             tokio::spawn(refresh_dns(Arc::downgrade(&cluster)));
         }
@@ -127,6 +154,38 @@ impl UpstreamCluster {
             tokio::spawn(health_check(Arc::downgrade(&cluster)));
         }
         Ok(cluster)
+    }
+
+    /// Sends `req` (absolute URI) to `endpoint`. Returns the response and whether it came on a
+    /// reused connection.
+    pub async fn send(
+        &self,
+        endpoint: &http::uri::Authority,
+        mut req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
+        if let Some(h1) = &self.h1 {
+            // HTTP/1.1 to an origin server: origin-form request target.
+            if let Some(pq) = req.uri().path_and_query().cloned() {
+                *req.uri_mut() = http::Uri::from(pq);
+            }
+            return h1.send(endpoint, req).await.map_err(|e| SendError {
+                connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
+                error: Box::new(e),
+            });
+        }
+        match self.client.request(req).await {
+            Ok(resp) => {
+                let reused = resp
+                    .extensions()
+                    .get::<ConnectionFreshness>()
+                    .is_some_and(|f| !f.take_fresh());
+                Ok((resp, reused))
+            }
+            Err(e) => Err(SendError {
+                connect: e.is_connect(),
+                error: Box::new(e),
+            }),
+        }
     }
 
     /// Replaces the endpoint set, keeping the state of endpoints that remain.
@@ -199,8 +258,8 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
                 req.headers_mut().insert(http::header::HOST, host);
             }
             let healthy = matches!(
-                tokio::time::timeout(hc.timeout.get(), c.client.request(req)).await,
-                Ok(Ok(resp)) if resp.status().is_success()
+                tokio::time::timeout(hc.timeout.get(), c.send(&e.authority, req)).await,
+                Ok(Ok((resp, _))) if resp.status().is_success()
             );
             let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
             if was != healthy {

@@ -128,25 +128,32 @@ impl tower_service::Service<http::Uri> for UpstreamConnector {
     fn call(&mut self, uri: http::Uri) -> Self::Future {
         let this = self.clone();
         Box::pin(async move {
-            let result = this.connect(uri).await;
-            match &result {
-                Ok(_) => this.metrics.connect_ok.inc(),
-                Err(_) => this.metrics.connect_error.inc(),
+            let Some(endpoint) = uri.authority().cloned() else {
+                return Err(ConnectError::ServerName(uri.to_string()));
             };
-            result
+            this.dial(&endpoint).await
         })
     }
 }
 
 impl UpstreamConnector {
-    async fn connect(&self, uri: http::Uri) -> Result<TokioIo<UpstreamConnection>, ConnectError> {
-        let host = uri
+    /// TCP (+ TLS) to `endpoint`, counted in the connect metrics.
+    pub async fn dial(&self, endpoint: &http::uri::Authority) -> Result<TokioIo<UpstreamConnection>, ConnectError> {
+        let result = self.connect(endpoint).await;
+        match &result {
+            Ok(_) => self.metrics.connect_ok.inc(),
+            Err(_) => self.metrics.connect_error.inc(),
+        };
+        result
+    }
+
+    async fn connect(&self, authority: &http::uri::Authority) -> Result<TokioIo<UpstreamConnection>, ConnectError> {
+        let host = authority
             .host()
-            .unwrap_or_default()
             .trim_start_matches('[')
             .trim_end_matches(']')
             .to_string();
-        let port = uri.port_u16().unwrap_or(80);
+        let port = authority.port_u16().unwrap_or(80);
         let endpoint = format!("{host}:{port}");
         let tcp = tokio::time::timeout(self.connect_timeout, TcpStream::connect((host.as_str(), port)))
             .await

@@ -1,0 +1,154 @@
+//! A pool of HTTP/1.1 upstream connections, used instead of hyper-util's generic client when
+//! an upstream speaks HTTP/1.1 (configured `http1`, or plain TCP with `auto`).
+//!
+//! Why our own (docs/performance.md): hyper-util's legacy client races a pool checkout
+//! against a lazy connect and spawns a task per request to hand the connection back when it
+//! turns idle. Here a checkout is a short, uncontended lock and a pop; a connection goes back
+//! to the pool as soon as its response head arrives and is skipped until hyper reports it
+//! ready again (its body read). No task per request.
+
+use std::collections::HashMap;
+use std::sync::{Mutex, Weak};
+use std::time::{Duration, Instant};
+
+use http::uri::Authority;
+use hyper::body::Incoming;
+use hyper::client::conn::http1;
+use hyper_util::rt::TokioIo;
+
+use super::pool::{ConnectError, UpstreamConnection, UpstreamConnector};
+use crate::body::UpstreamBody;
+
+type Sender = http1::SendRequest<UpstreamBody>;
+
+struct Idle {
+    sender: Sender,
+    since: Instant,
+}
+
+pub struct H1Pool {
+    connector: UpstreamConnector,
+    max_idle: usize,
+    idle_timeout: Duration,
+    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
+}
+
+/// Why a request got no response.
+#[derive(Debug, thiserror::Error)]
+pub enum H1Error {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("HTTP/1.1 handshake with {endpoint}: {source}")]
+    Handshake { endpoint: String, source: hyper::Error },
+    #[error("upstream request: {0}")]
+    Request(#[source] hyper::Error),
+}
+
+impl H1Pool {
+    pub fn new(connector: UpstreamConnector, max_idle: usize, idle_timeout: Duration) -> Self {
+        Self {
+            connector,
+            max_idle,
+            idle_timeout,
+            idle: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// A ready connection to `endpoint` from the pool, dropping any that closed or idled out.
+    fn checkout(&self, endpoint: &Authority) -> Option<Sender> {
+        let mut idle = self.idle.lock().ok()?;
+        let list = idle.get_mut(endpoint)?;
+        let now = Instant::now();
+        let mut i = list.len();
+        while i > 0 {
+            i -= 1;
+            let c = &list[i];
+            if c.sender.is_closed() || now.duration_since(c.since) >= self.idle_timeout {
+                list.swap_remove(i);
+            } else if c.sender.is_ready() {
+                return Some(list.swap_remove(i).sender);
+            }
+        }
+        None
+    }
+
+    fn checkin(&self, endpoint: &Authority, sender: Sender) {
+        if sender.is_closed() {
+            return;
+        }
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let list = idle.entry(endpoint.clone()).or_default();
+        if list.len() < self.max_idle {
+            list.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    async fn connect(&self, endpoint: &Authority) -> Result<Sender, H1Error> {
+        let io: TokioIo<UpstreamConnection> = self.connector.dial(endpoint).await?;
+        let (sender, conn) = http1::handshake(io).await.map_err(|source| H1Error::Handshake {
+            endpoint: endpoint.to_string(),
+            source,
+        })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(error = %e, "upstream connection ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Sends `req` to `endpoint` on a pooled connection (or a new one). Returns the response
+    /// and whether the connection was reused. A request that a pooled connection could not
+    /// even start (closed by the upstream meanwhile) is sent again on a new connection.
+    pub async fn send(
+        &self,
+        endpoint: &Authority,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<Incoming>, bool), H1Error> {
+        let mut req = req;
+        if let Some(mut sender) = self.checkout(endpoint) {
+            match sender.try_send_request(req).await {
+                Ok(resp) => {
+                    self.checkin(endpoint, sender);
+                    return Ok((resp, true));
+                }
+                Err(mut e) => match e.take_message() {
+                    // Never written: safe to send on a fresh connection.
+                    Some(unsent) => req = unsent,
+                    None => return Err(H1Error::Request(e.into_error())),
+                },
+            }
+        }
+        let mut sender = self.connect(endpoint).await?;
+        let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
+        self.checkin(endpoint, sender);
+        Ok((resp, false))
+    }
+
+    /// Closes connections idle longer than the idle timeout (by dropping them).
+    fn reap(&self) {
+        let Ok(mut idle) = self.idle.lock() else { return };
+        let now = Instant::now();
+        for list in idle.values_mut() {
+            list.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        }
+        idle.retain(|_, l| !l.is_empty());
+    }
+}
+
+/// Reaps `pool` every half idle timeout until it is dropped.
+pub async fn reap_until_dropped(pool: Weak<H1Pool>) {
+    loop {
+        let period = match pool.upgrade() {
+            Some(p) => {
+                p.reap();
+                (p.idle_timeout / 2).max(Duration::from_millis(50))
+            }
+            None => return,
+        };
+        tokio::time::sleep(period).await;
+    }
+}
