@@ -18,10 +18,19 @@ use crate::server::Shared;
 use crate::upstream;
 
 /// Where a request came from.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct ClientInfo {
     pub remote: SocketAddr,
     pub tls: bool,
+    /// The client's IP as a header value, made once per connection, not per request.
+    pub remote_ip: HeaderValue,
+}
+
+impl ClientInfo {
+    pub fn new(remote: SocketAddr, tls: bool) -> Self {
+        let remote_ip = HeaderValue::from_str(&remote.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"));
+        Self { remote, tls, remote_ip }
+    }
 }
 
 fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
@@ -197,14 +206,20 @@ async fn forward(
         }
     }
     strip_hop_by_hop(&mut parts.headers);
-    append_forwarded(&mut parts.headers, client);
+    append_forwarded(&mut parts.headers, &client);
 
     let deadline = Instant::now() + route.timeout;
     let mut attempt = 0u8;
     let mut last_endpoint: Option<http::uri::Authority> = None;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
-        let outcome = attempt_once(route, &parts, req_body, deadline, &mut last_endpoint).await;
+        // Only a request that may be retried needs its headers kept for the next attempt.
+        let headers = if retryable {
+            parts.headers.clone()
+        } else {
+            std::mem::take(&mut parts.headers)
+        };
+        let outcome = attempt_once(route, &parts, headers, req_body, deadline, &mut last_endpoint).await;
         match outcome {
             Attempt::Done(resp) => return client_response(resp),
             Attempt::Final(resp) => return resp,
@@ -224,14 +239,14 @@ async fn forward(
     }
 }
 
-fn append_forwarded(headers: &mut HeaderMap, client: ClientInfo) {
-    let ip = client.remote.ip().to_string();
-    let value = match headers.get("x-forwarded-for").and_then(|v| v.to_str().ok()) {
-        Some(prev) => format!("{prev}, {ip}"),
-        None => ip,
+fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
+    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
+    let value = match headers.get(&XFF).and_then(|v| v.to_str().ok()) {
+        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
+        None => Some(client.remote_ip.clone()),
     };
-    if let Ok(v) = HeaderValue::from_str(&value) {
-        headers.insert("x-forwarded-for", v);
+    if let Some(v) = value {
+        headers.insert(XFF, v);
     }
     headers.insert(
         "x-forwarded-proto",
@@ -242,6 +257,7 @@ fn append_forwarded(headers: &mut HeaderMap, client: ClientInfo) {
 async fn attempt_once(
     route: &CompiledRoute,
     parts: &http::request::Parts,
+    headers: HeaderMap,
     body: UpstreamBody,
     deadline: Instant,
     last_endpoint: &mut Option<http::uri::Authority>,
@@ -275,7 +291,7 @@ async fn attempt_once(
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
-    *req.headers_mut() = parts.headers.clone();
+    *req.headers_mut() = headers;
 
     let remaining = deadline.saturating_duration_since(Instant::now());
     let Ok(_permit) = tokio::time::timeout(remaining, endpoint.permits.acquire()).await else {

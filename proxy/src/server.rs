@@ -295,10 +295,10 @@ async fn accept_loop(
         let handshake_timeout = limits.header_read_timeout.get();
         tokio::spawn(async move {
             active.inc();
-            let client = ClientInfo { remote, tls: is_tls };
+            let client = ClientInfo::new(remote, is_tls);
             let svc = {
                 let shared = shared.clone();
-                hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client))
+                hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client.clone()))
             };
             if is_tls {
                 let Some(tls_config) = shared.state.load().listener_tls.get(&name).cloned() else {
