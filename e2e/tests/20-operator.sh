@@ -7,6 +7,10 @@
 
 install_operator
 kubectl apply --dry-run=server -f "$root/examples/" >/dev/null || fail "an example in examples/ is refused by the API server"
+# The README's annotated ProxyDeployment (its first yaml block) must be accepted as written.
+awk '/^```yaml$/ {on = 1; next} on && /^```$/ {exit} on' "$root/README.md" > /tmp/readme-pxd.yaml
+grep -q '^kind: ProxyDeployment' /tmp/readme-pxd.yaml || fail "no ProxyDeployment yaml block in README.md"
+kubectl apply --dry-run=server -n default -f /tmp/readme-pxd.yaml >/dev/null || fail "the README's ProxyDeployment is refused by the API server"
 say "every example in examples/ passes server-side validation"
 ns=$(test_namespace e2e-operator)
 trap 'kubectl delete ns e2e-operator --wait=false >/dev/null 2>&1 || true' EXIT
