@@ -14,7 +14,7 @@ step "local cluster (first run builds Kubernetes $K8S_VERSION from source: ~7 mi
 "$root/e2e/cluster" up
 export KUBECONFIG=$("$root/e2e/cluster" kubeconfig)
 
-step "building proxyfleet images (cargo build --release, static; first run ~10 min on 2 cores)"
+step "building proxyfleet images (cargo build --release, static; first run ~5 min on 2 cores)"
 "$root/e2e/images/build" 2>&1 | grep -E '^\S+\.tar:|Finished' || true
 "$root/e2e/cluster" load-image "$PROXYFLEET_CACHE/images/proxy.tar" "$PROXYFLEET_CACHE/images/operator.tar"
 
