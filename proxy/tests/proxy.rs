@@ -619,7 +619,7 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
         .await
         .unwrap();
-    assert_eq!(try_tls_get(s, "api.example.com", "/ok").await.unwrap().0, 200);
+    assert_eq!(h1_get(s, "api.example.com", "/ok").await.unwrap().0, 200);
 
     // No certificate, or one from another CA: refused (in TLS 1.3 the refusal arrives after
     // the client's side of the handshake, so it shows on the first request).
@@ -627,7 +627,7 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     for cert in [None, Some(&untrusted)] {
         let refused = match tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], cert).await {
             Err(_) => true,
-            Ok(s) => try_tls_get(s, "api.example.com", "/x").await.is_err(),
+            Ok(s) => h1_get(s, "api.example.com", "/x").await.is_err(),
         };
         assert!(refused, "a client presenting {cert:?} was served");
     }
@@ -635,7 +635,7 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
         .await
         .unwrap();
-    assert_eq!(try_tls_get(s, "api.example.com", "/again").await.unwrap().0, 200);
+    assert_eq!(h1_get(s, "api.example.com", "/again").await.unwrap().0, 200);
     assert_eq!(up.stats.requests.load(Ordering::Relaxed), 2);
     proxy.running.drain();
 }

@@ -221,14 +221,26 @@ pub async fn start_proxy(dir: &Path, yaml: &str) -> Proxy {
 /// One HTTP/1.1 request on a fresh plain connection: (status, body).
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await.unwrap();
+    h1_get(tcp, host, path).await.unwrap()
+}
+
+/// One HTTP/1.1 GET over `io`: (status, body; empty if the body failed). An error when the
+/// connection failed before a response head (e.g. a TLS 1.3 server refusing the client
+/// certificate after the handshake).
+pub async fn h1_get<I>(io: I, host: &str, path: &str) -> Result<(u16, String), String>
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(io))
+        .await
+        .map_err(|e| e.to_string())?;
     tokio::spawn(conn);
     let req = http::Request::builder()
         .uri(path)
         .header("host", host)
         .body(Full::new(Bytes::new()))
         .unwrap();
-    let resp = send.send_request(req).await.unwrap();
+    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
     let status = resp.status().as_u16();
     let body = resp
         .into_body()
@@ -236,7 +248,7 @@ pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
         .await
         .map(|b| String::from_utf8_lossy(&b.to_bytes()).into_owned())
         .unwrap_or_default();
-    (status, body)
+    Ok((status, body))
 }
 
 /// A TLS connection with SNI `sni` (None: no SNI) trusting `ca`; returns the stream.
@@ -273,28 +285,6 @@ pub async fn tls_connect_as(
     let name = ServerName::try_from(sni.unwrap_or("default.example.com").to_string()).unwrap();
     let tcp = tokio::net::TcpStream::connect(addr).await?;
     tokio_rustls::TlsConnector::from(Arc::new(cfg)).connect(name, tcp).await
-}
-
-/// GET over an established HTTP/1.1 TLS stream; an error when the server refused the
-/// connection after the handshake (TLS 1.3 reports a rejected client certificate then).
-pub async fn try_tls_get(
-    stream: tokio_rustls::client::TlsStream<tokio::net::TcpStream>,
-    host: &str,
-    path: &str,
-) -> Result<(u16, String), String> {
-    let (mut send, conn) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
-        .await
-        .map_err(|e| e.to_string())?;
-    tokio::spawn(conn);
-    let req = http::Request::builder()
-        .uri(path)
-        .header("host", host)
-        .body(Full::new(Bytes::new()))
-        .unwrap();
-    let resp = send.send_request(req).await.map_err(|e| e.to_string())?;
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.map_err(|e| e.to_string())?;
-    Ok((status, String::from_utf8_lossy(&body.to_bytes()).into_owned()))
 }
 
 pub fn served_dns_names(stream: &tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Vec<String> {

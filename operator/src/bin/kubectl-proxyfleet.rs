@@ -16,6 +16,7 @@ use kube::Client;
 
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
+use proxyfleet_operator::history::{undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;
 
 #[derive(Parser)]
@@ -120,8 +121,11 @@ async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<()
     Ok(())
 }
 
-/// This fleet's kept stable revisions, newest first.
-async fn kept_revisions(api: &Api<ProxyDeployment>, name: &str) -> Result<Vec<ControllerRevision>, String> {
+/// The fleet and its kept stable revisions, newest first.
+async fn with_revisions(
+    api: &Api<ProxyDeployment>,
+    name: &str,
+) -> Result<(ProxyDeployment, Vec<ControllerRevision>), String> {
     let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
     let uid = pxd.metadata.uid.clone().unwrap_or_default();
     let ns = pxd.metadata.namespace.clone().unwrap_or_default();
@@ -135,21 +139,15 @@ async fn kept_revisions(api: &Api<ProxyDeployment>, name: &str) -> Result<Vec<Co
         .filter(|c| proxyfleet_operator::apply::is_owned_by(c, &uid))
         .collect();
     list.sort_by_key(|c| std::cmp::Reverse(c.revision));
-    Ok(list)
+    Ok((pxd, list))
 }
 
 async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
-    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    let (pxd, kept) = with_revisions(api, name).await?;
     let current = pxd.status.and_then(|s| s.revision);
     println!("{:<9} {:<10} {:<9} IMAGE", "REVISION", "HASH", "CURRENT");
-    for c in kept_revisions(api, name).await? {
-        let hash = c
-            .metadata
-            .labels
-            .as_ref()
-            .and_then(|l| l.get(labels::REVISION))
-            .cloned()
-            .unwrap_or_default();
+    for c in kept {
+        let hash = Kept::of(&c).map(|k| k.revision_hash).unwrap_or_default();
         let image = c
             .data
             .as_ref()
@@ -166,10 +164,8 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
 }
 
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
-    use proxyfleet_operator::history::{undo_patch, undo_target};
-    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    let (pxd, kept) = with_revisions(api, name).await?;
     let current = pxd.status.and_then(|s| s.revision);
-    let kept = kept_revisions(api, name).await?;
     let target = undo_target(&kept, current.as_deref(), to)?;
     let patch = undo_patch(target)?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
