@@ -1,0 +1,137 @@
+# Shared set-up of the proxy benchmarks (sourced by bench/run.sh and bench/split.sh): installs
+# the tools, builds proxyfleet-proxy in release, writes certificates and the three fronts'
+# configurations, starts the upstream nginx pinned to CPU 0 (pid in $UP), and defines
+# start_front/port_of/pids_of/cputicks/rss_kb. Expects $root; honours $PROXY_BIN (a prebuilt
+# proxy binary, to compare builds) and $PROXY_EXTRA_YAML (lines appended to its config).
+export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
+work=/tmp/proxyfleet-bench
+# Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
+for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-4]|1944[1-4]|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+  kill -9 "$stale" 2>/dev/null || true
+done
+rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
+log() { printf '[bench %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
+
+command -v nginx >/dev/null && command -v haproxy >/dev/null && command -v wrk >/dev/null || {
+  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nginx-light haproxy wrk >/dev/null; }
+if ! command -v oha >/dev/null && [ ! -x "$HOME/.cargo/bin/oha" ]; then
+  log "installing oha (cargo install, once)"
+  cargo install oha --locked -q
+fi
+OHA=$(command -v oha || echo "$HOME/.cargo/bin/oha")
+if [ -n "${PROXY_BIN:-}" ]; then
+  PROXY=$PROXY_BIN
+else
+  log "building proxyfleet-proxy (release)"
+  ( cd "$root" && cargo build --release -q -p proxyfleet-proxy --bin proxyfleet-proxy )
+  PROXY=$CARGO_TARGET_DIR/release/proxyfleet-proxy
+fi
+
+# Certificates: one CA, a server certificate for localhost used by all fronts and the upstream.
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/ca.key" 2>/dev/null
+openssl req -x509 -new -key "$work/certs/ca.key" -days 2 -subj /CN=bench-ca -out "$work/certs/ca.crt" 2>/dev/null
+openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/tls.key.ec" 2>/dev/null
+openssl pkcs8 -topk8 -nocrypt -in "$work/certs/tls.key.ec" -out "$work/certs/tls.key"
+openssl req -new -key "$work/certs/tls.key" -subj /CN=localhost -out "$work/certs/tls.csr" 2>/dev/null
+printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$work/certs/ext"
+openssl x509 -req -in "$work/certs/tls.csr" -CA "$work/certs/ca.crt" -CAkey "$work/certs/ca.key" -CAcreateserial -days 2 -extfile "$work/certs/ext" -out "$work/certs/tls.crt" 2>/dev/null
+cat "$work/certs/tls.crt" "$work/certs/tls.key" > "$work/certs/haproxy.pem"
+
+# The upstream: one nginx, a port per front so each front's upstream handshakes are logged apart.
+cat > "$work/upstream.conf" <<CONF
+worker_processes 1; daemon off; pid $work/upstream.pid; error_log $work/upstream-error.log warn;
+events { worker_connections 4096; }
+http {
+  log_format hs '\$connection_requests \$ssl_session_reused \$ssl_protocol \$request_length';
+  ssl_certificate $work/certs/tls.crt; ssl_certificate_key $work/certs/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
+  ssl_session_cache shared:UP:10m; ssl_session_tickets on;
+  keepalive_requests 100; keepalive_timeout 60s;
+  server { listen 127.0.0.1:19441 ssl; access_log $work/up-proxyfleet.log hs; location / { return 200 "hello from upstream\n"; } }
+  server { listen 127.0.0.1:19442 ssl; access_log $work/up-nginx.log hs; location / { return 200 "hello from upstream\n"; } }
+  server { listen 127.0.0.1:19443 ssl; access_log $work/up-haproxy.log hs; location / { return 200 "hello from upstream\n"; } }
+  server { listen 127.0.0.1:19444 ssl; access_log $work/up-nginx12.log hs; location / { return 200 "hello from upstream\n"; } }
+}
+CONF
+taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
+trap 'kill $UP 2>/dev/null || true' EXIT
+
+cat > "$work/nginx.conf" <<CONF
+worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx-error.log warn;
+events { worker_connections 4096; }
+http {
+  access_log off;
+  upstream up { server 127.0.0.1:19442; keepalive 64; }
+  server {
+    listen 127.0.0.1:18442 ssl; http2 on;
+    ssl_certificate $work/certs/tls.crt; ssl_certificate_key $work/certs/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
+    ssl_session_cache shared:FRONT:10m;
+    location / {
+      proxy_pass https://up; proxy_http_version 1.1; proxy_set_header Connection "";
+      # What proxyfleet does by default: pass Host, add X-Forwarded-For/-Proto.
+      proxy_set_header Host \$http_host; proxy_set_header X-Forwarded-Proto \$scheme;
+      proxy_set_header X-Forwarded-For \$proxy_add_x_forwarded_for;
+      # Verify the upstream and allow TLS 1.3 to it, as proxyfleet and HAProxy do (nginx 1.22's
+      # default proxy_ssl_protocols stops at TLS 1.2 and proxy_ssl_verify is off).
+      proxy_ssl_protocols TLSv1.2 TLSv1.3; proxy_ssl_verify on; proxy_ssl_trusted_certificate $work/certs/ca.crt;
+      proxy_ssl_session_reuse on; proxy_ssl_server_name on; proxy_ssl_name localhost;
+    }
+  }
+}
+CONF
+sed -i 's/ http2 on;//' "$work/nginx.conf"   # nginx 1.22 takes http2 on the listen line; h1 clients here anyway
+# For reference: nginx 1.22's own default to upstreams, TLS 1.2 only (cheaper resumption: no key
+# exchange), as front "nginx12".
+sed -e 's/18442/18444/; s/19442/19444/; s/FRONT:10m/FRONT12:10m/; s/nginx.pid/nginx12.pid/; s/nginx-error.log/nginx12-error.log/' \
+    -e 's/proxy_ssl_protocols TLSv1.2 TLSv1.3;/proxy_ssl_protocols TLSv1.2;/' "$work/nginx.conf" > "$work/nginx12.conf"
+
+cat > "$work/haproxy.cfg" <<CONF
+global
+  nbthread 1
+  tune.ssl.default-dh-param 2048
+defaults
+  mode http
+  timeout connect 3s
+  timeout client 30s
+  timeout server 30s
+frontend fe
+  bind 127.0.0.1:18443 ssl crt $work/certs/haproxy.pem alpn http/1.1
+  default_backend be
+backend be
+  http-reuse always
+  option forwardfor
+  http-request set-header X-Forwarded-Proto https
+  server up 127.0.0.1:19443 ssl verify required ca-file $work/certs/ca.crt sni str(localhost)
+CONF
+
+cat > "$work/certs/proxyfleet.yaml" <<CONF
+workerThreads: 1
+listeners:
+  - name: https
+    address: 127.0.0.1:18441
+    tls: {certificates: [{certFile: $work/certs/tls.crt, keyFile: $work/certs/tls.key, default: true}]}
+admin: {address: "127.0.0.1:19901"}
+routes: [{name: all, upstream: up}]
+upstreams:
+  - name: up
+    endpoints: ["127.0.0.1:19441"]
+    protocol: http1
+    tls: {serverName: localhost, caFile: $work/certs/ca.crt}
+    pool: {maxIdlePerEndpoint: 64}
+${PROXY_EXTRA_YAML:-}
+CONF
+
+rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
+
+start_front() {
+  case $1 in
+    proxyfleet) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text >"$work/proxyfleet.log" 2>&1 & echo $! ;;
+    nginx) taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" >"$work/nginx.out" 2>&1 & echo $! ;;
+    nginx12) taskset -c 1 nginx -c "$work/nginx12.conf" -p "$work" >"$work/nginx12.out" 2>&1 & echo $! ;;
+    haproxy) taskset -c 1 haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! ;;
+  esac
+}
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; esac; }
+pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
+
+# CPU time (user + kernel, clock ticks) of a front's processes, from /proc.
+cputicks() { local t=0 p; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' /proc/$p/stat 2>/dev/null || echo 0) )); done; echo $t; }
