@@ -6,7 +6,7 @@
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
 # Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
-for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-4]|1944[1-4]|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-5]|1944[1-5]|19902|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   kill -9 "$stale" 2>/dev/null || true
 done
 rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
@@ -50,6 +50,7 @@ http {
   server { listen 127.0.0.1:19442 ssl; access_log $work/up-nginx.log hs; location / { return 200 "hello from upstream\n"; } }
   server { listen 127.0.0.1:19443 ssl; access_log $work/up-haproxy.log hs; location / { return 200 "hello from upstream\n"; } }
   server { listen 127.0.0.1:19444 ssl; access_log $work/up-nginx12.log hs; location / { return 200 "hello from upstream\n"; } }
+  server { listen 127.0.0.1:19445 ssl; access_log $work/up-proxyfleet12.log hs; location / { return 200 "hello from upstream\n"; } }
 }
 CONF
 taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
@@ -119,6 +120,9 @@ upstreams:
     pool: {maxIdlePerEndpoint: 64}
 ${PROXY_EXTRA_YAML:-}
 CONF
+# The same with TLS 1.2 to the upstream (maxVersion), to compare with nginx12.
+sed -e 's/18441/18445/; s/19441/19445/; s/19901/19902/' -e 's/caFile: \([^}]*\)}/caFile: \1, maxVersion: "1.2"}/' \
+    "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleet12.yaml"
 
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
@@ -126,11 +130,12 @@ start_front() {
   case $1 in
     proxyfleet) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text >"$work/proxyfleet.log" 2>&1 & echo $! ;;
     nginx) taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" >"$work/nginx.out" 2>&1 & echo $! ;;
+    proxyfleet12) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet12.yaml" --log-format text >"$work/proxyfleet12.log" 2>&1 & echo $! ;;
     nginx12) taskset -c 1 nginx -c "$work/nginx12.conf" -p "$work" >"$work/nginx12.out" 2>&1 & echo $! ;;
     haproxy) taskset -c 1 haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! ;;
   esac
 }
-port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; esac; }
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
 # CPU time (user + kernel, clock ticks) of a front's processes, from /proc.

@@ -12,7 +12,7 @@ use rustls::sign::CertifiedKey;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 use sha2::{Digest, Sha256};
 
-use proxyfleet_config::{CertificateFiles, ListenerTls, UpstreamTls};
+use proxyfleet_config::{CertificateFiles, ListenerTls, TlsVersion, UpstreamTls};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -346,8 +346,12 @@ pub fn client_config(
     alpn: &[&[u8]],
     tickets_per_server: usize,
 ) -> Result<Arc<ClientConfig>, TlsError> {
+    let versions: &[&'static rustls::SupportedProtocolVersion] = match tls.max_version {
+        Some(TlsVersion::Tls12) => &[&rustls::version::TLS12],
+        Some(TlsVersion::Tls13) | None => &[&rustls::version::TLS13, &rustls::version::TLS12],
+    };
     let builder = ClientConfig::builder_with_provider(provider())
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+        .with_protocol_versions(versions)
         .map_err(|source| TlsError::Build {
             what: upstream.to_string(),
             source,

@@ -364,6 +364,46 @@ async fn sni_selection_h2_both_sides_and_upstream_resumption() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tls12_sessions_to_the_upstream_are_resumed_when_capped_at_tls12() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("tls12");
+    let (c, k) = ca.leaf(&["front.example.com"]);
+    write(&dir, "c", &c);
+    write(&dir, "k", &k);
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    // Closes after every response: each request needs a new connection, which should resume.
+    let up = upstream("tls12-up", Some(ca.leaf(&["localhost"])), true).await;
+    let upstream_tls =
+        format!("    tls: {{serverName: localhost, caFile: {ca_file}, maxVersion: \"1.2\"}}\n    protocol: http1\n");
+    let yaml = tls_config(
+        &dir,
+        &[("c", "k", "front.example.com", true)],
+        &up.addr.to_string(),
+        &upstream_tls,
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    for i in 0..20 {
+        let s = tls_connect(proxy.addr("https"), Some("front.example.com"), &ca, &[b"http/1.1"]).await;
+        let (status, body, _) = tls_get(s, "front.example.com", &format!("/n{i}")).await;
+        assert_eq!(status, 200, "{body}");
+    }
+    let connections =
+        up.stats.full_handshakes.load(Ordering::Relaxed) + up.stats.resumed_handshakes.load(Ordering::Relaxed);
+    assert!(connections >= 20, "{connections} upstream connections");
+    assert_eq!(
+        up.stats.tls12_connections.load(Ordering::Relaxed),
+        connections,
+        "every connection is TLS 1.2"
+    );
+    assert!(
+        up.stats.resumed_handshakes.load(Ordering::Relaxed) >= 18,
+        "TLS 1.2 sessions resumed"
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn h2_to_the_upstream_by_alpn() {
     init();
     let ca = TestCa::new("test ca");

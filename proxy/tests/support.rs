@@ -90,6 +90,8 @@ pub struct UpstreamStats {
     pub h2_requests: AtomicUsize,
     pub resumed_handshakes: AtomicUsize,
     pub full_handshakes: AtomicUsize,
+    /// Connections that negotiated TLS 1.2.
+    pub tls12_connections: AtomicUsize,
     pub last_headers: Mutex<Option<http::HeaderMap>>,
     /// When set, `/healthz` answers 503 (for active health check tests).
     pub unhealthy: std::sync::atomic::AtomicBool,
@@ -175,6 +177,9 @@ pub async fn upstream_verifying_clients(
                 match acceptor {
                     Some(a) => {
                         let Ok(tls) = a.accept(tcp).await else { return };
+                        if tls.get_ref().1.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2) {
+                            counters.tls12_connections.fetch_add(1, Ordering::Relaxed);
+                        }
                         match tls.get_ref().1.handshake_kind() {
                             Some(rustls::HandshakeKind::Resumed) => {
                                 counters.resumed_handshakes.fetch_add(1, Ordering::Relaxed)
