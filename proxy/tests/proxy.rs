@@ -388,13 +388,11 @@ async fn tls12_sessions_to_the_upstream_are_resumed_when_capped_at_tls12() {
         let (status, body, _) = tls_get(s, "front.example.com", &format!("/n{i}")).await;
         assert_eq!(status, 200, "{body}");
     }
-    let connections =
-        up.stats.full_handshakes.load(Ordering::Relaxed) + up.stats.resumed_handshakes.load(Ordering::Relaxed);
-    assert!(connections >= 20, "{connections} upstream connections");
+    assert!(up.stats.tls12_connections.load(Ordering::Relaxed) >= 20);
     assert_eq!(
-        up.stats.tls12_connections.load(Ordering::Relaxed),
-        connections,
-        "every connection is TLS 1.2"
+        up.stats.tls13_connections.load(Ordering::Relaxed),
+        0,
+        "only TLS 1.2 is offered"
     );
     assert!(
         up.stats.resumed_handshakes.load(Ordering::Relaxed) >= 18,
@@ -578,6 +576,31 @@ async fn drain_finishes_in_flight_requests_and_turns_readiness_off() {
         .await
         .unwrap()
         .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_the_upstream_retires_is_replaced_in_the_background() {
+    init();
+    // Closes after every response, announcing it with `Connection: close`.
+    let up = upstream("up", None, true).await;
+    let dir = tempdir("replace");
+    let proxy = start_proxy(&dir, &plain_config(up.addr, "")).await;
+    let a = proxy.addr("http");
+    for i in 0..20 {
+        assert_eq!(get(a, "x", &format!("/r{i}")).await.0, 200);
+        // A client's think time, ample for a connect on loopback.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let m = metrics(&proxy).await;
+    let pooled = metric_sum(&m, "proxyfleet_upstream_requests_total", &["connection=\"reused\""]);
+    assert!(
+        pooled >= 17.0,
+        "only {pooled} of 20 requests found a connection waiting: {m}"
+    );
+    // One connection per request and the one waiting for the next: none opened twice.
+    let conns = up.stats.connections.load(Ordering::Relaxed);
+    assert!(conns <= 22, "{conns} upstream connections for 20 requests");
+    proxy.running.drain();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -90,8 +90,9 @@ pub struct UpstreamStats {
     pub h2_requests: AtomicUsize,
     pub resumed_handshakes: AtomicUsize,
     pub full_handshakes: AtomicUsize,
-    /// Connections that negotiated TLS 1.2.
+    /// Connections that negotiated TLS 1.2 and TLS 1.3.
     pub tls12_connections: AtomicUsize,
+    pub tls13_connections: AtomicUsize,
     pub last_headers: Mutex<Option<http::HeaderMap>>,
     /// When set, `/healthz` answers 503 (for active health check tests).
     pub unhealthy: std::sync::atomic::AtomicBool,
@@ -177,9 +178,12 @@ pub async fn upstream_verifying_clients(
                 match acceptor {
                     Some(a) => {
                         let Ok(tls) = a.accept(tcp).await else { return };
-                        if tls.get_ref().1.protocol_version() == Some(rustls::ProtocolVersion::TLSv1_2) {
-                            counters.tls12_connections.fetch_add(1, Ordering::Relaxed);
-                        }
+                        match tls.get_ref().1.protocol_version() {
+                            Some(rustls::ProtocolVersion::TLSv1_2) => {
+                                counters.tls12_connections.fetch_add(1, Ordering::Relaxed)
+                            }
+                            _ => counters.tls13_connections.fetch_add(1, Ordering::Relaxed),
+                        };
                         match tls.get_ref().1.handshake_kind() {
                             Some(rustls::HandshakeKind::Resumed) => {
                                 counters.resumed_handshakes.fetch_add(1, Ordering::Relaxed)

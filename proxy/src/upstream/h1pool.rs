@@ -6,9 +6,14 @@
 //! turns idle. Here a checkout is a short, uncontended lock and a pop; a connection goes back
 //! to the pool as soon as its response head arrives and is skipped until hyper reports it
 //! ready again (its body read). No task per request.
+//!
+//! Upstreams that recycle connections (nginx's `keepalive_requests`, 1000 by default) announce
+//! it with `Connection: close` on a connection's last response. The pool then opens the
+//! replacement in the background, so that no request waits for a TCP + TLS handshake because
+//! the upstream retired a connection (Envoy calls this preconnecting).
 
 use std::collections::HashMap;
-use std::sync::{Mutex, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use http::uri::Authority;
@@ -72,6 +77,29 @@ impl H1Pool {
         None
     }
 
+    fn idle_count(&self, endpoint: &Authority) -> usize {
+        self.idle
+            .lock()
+            .map(|idle| idle.get(endpoint).map_or(0, Vec::len))
+            .unwrap_or(0)
+    }
+
+    /// Opens a connection to `endpoint` in the background and pools it, unless the pool is full.
+    fn replace_in_background(self: &Arc<Self>, endpoint: &Authority) {
+        if self.idle_count(endpoint) >= self.max_idle {
+            return;
+        }
+        let pool = Arc::downgrade(self);
+        let endpoint = endpoint.clone();
+        tokio::spawn(async move {
+            let Some(pool) = pool.upgrade() else { return };
+            match pool.connect(&endpoint).await {
+                Ok(sender) => pool.checkin(&endpoint, sender),
+                Err(e) => tracing::debug!(endpoint = %endpoint, error = %e, "replacing a recycled upstream connection"),
+            }
+        });
+    }
+
     fn checkin(&self, endpoint: &Authority, sender: Sender) {
         if sender.is_closed() {
             return;
@@ -104,7 +132,7 @@ impl H1Pool {
     /// and whether the connection was reused. A request that a pooled connection could not
     /// even start (closed by the upstream meanwhile) is sent again on a new connection.
     pub async fn send(
-        &self,
+        self: &Arc<Self>,
         endpoint: &Authority,
         req: http::Request<UpstreamBody>,
     ) -> Result<(http::Response<Incoming>, bool), H1Error> {
@@ -113,6 +141,9 @@ impl H1Pool {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
                     self.checkin(endpoint, sender);
+                    if closes_after(&resp) {
+                        self.replace_in_background(endpoint);
+                    }
                     return Ok((resp, true));
                 }
                 Err(mut e) => match e.take_message() {
@@ -125,6 +156,9 @@ impl H1Pool {
         let mut sender = self.connect(endpoint).await?;
         let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
         self.checkin(endpoint, sender);
+        if closes_after(&resp) {
+            self.replace_in_background(endpoint);
+        }
         Ok((resp, false))
     }
 
@@ -139,6 +173,16 @@ impl H1Pool {
     }
 }
 
+/// Whether the upstream closes the connection after this response (`Connection: close`).
+fn closes_after<B>(resp: &http::Response<B>) -> bool {
+    resp.headers()
+        .get_all(http::header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|token| token.trim().eq_ignore_ascii_case("close"))
+}
+
 /// Reaps `pool` every half idle timeout until it is dropped.
 pub async fn reap_until_dropped(pool: Weak<H1Pool>) {
     loop {
@@ -150,5 +194,28 @@ pub async fn reap_until_dropped(pool: Weak<H1Pool>) {
             None => return,
         };
         tokio::time::sleep(period).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::closes_after;
+
+    fn response(connection: &[&str]) -> http::Response<()> {
+        let mut b = http::Response::builder();
+        for v in connection {
+            b = b.header(http::header::CONNECTION, *v);
+        }
+        b.body(()).expect("response")
+    }
+
+    #[test]
+    fn a_connection_close_token_means_the_upstream_retires_the_connection() {
+        assert!(closes_after(&response(&["close"])));
+        assert!(closes_after(&response(&["Keep-Alive, Close"])));
+        assert!(closes_after(&response(&["upgrade", "close"])));
+        assert!(!closes_after(&response(&[])));
+        assert!(!closes_after(&response(&["keep-alive"])));
+        assert!(!closes_after(&response(&["closed"])));
     }
 }
