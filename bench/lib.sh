@@ -6,7 +6,7 @@
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
 # Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
-for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-5]|1944[1-5]|19902|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-5]|1944[1-6]|19902|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   kill -9 "$stale" 2>/dev/null || true
 done
 rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
@@ -51,6 +51,8 @@ http {
   server { listen 127.0.0.1:19443 ssl; access_log $work/up-haproxy.log hs; location / { return 200 "hello from upstream\n"; } }
   server { listen 127.0.0.1:19444 ssl; access_log $work/up-nginx12.log hs; location / { return 200 "hello from upstream\n"; } }
   server { listen 127.0.0.1:19445 ssl; access_log $work/up-proxyfleet12.log hs; location / { return 200 "hello from upstream\n"; } }
+  # No front: the load generator straight to the upstream, for the latency floor of the set-up.
+  server { listen 127.0.0.1:19446 ssl; access_log off; location / { return 200 "hello from upstream\n"; } }
 }
 CONF
 taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
@@ -126,14 +128,41 @@ sed -e 's/18441/18445/; s/19441/19445/; s/19901/19902/' -e 's/caFile: \([^}]*\)}
 
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
+# The front-bound runs give the front a CPU quota (FRONT_CPU_PERCENT of CPU 1, in 10 ms periods),
+# so that the front, not the load generator or the upstream on CPU 0, sets the pace: on two
+# cores that is the only way to measure what a front itself can do (docs/decisions.md).
+FRONT_CPU_PERCENT=${FRONT_CPU_PERCENT:-50}
+QUOTA_CG=
+setup_quota_cgroup() {
+  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then            # cgroup v1
+    QUOTA_CG=/sys/fs/cgroup/cpu/proxyfleet-bench; mkdir -p "$QUOTA_CG"
+    echo 10000 > "$QUOTA_CG/cpu.cfs_period_us"; echo $((FRONT_CPU_PERCENT * 100)) > "$QUOTA_CG/cpu.cfs_quota_us"
+  elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then             # cgroup v2
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    QUOTA_CG=/sys/fs/cgroup/proxyfleet-bench; mkdir -p "$QUOTA_CG"
+    echo "$((FRONT_CPU_PERCENT * 100)) 10000" > "$QUOTA_CG/cpu.max"
+  else
+    log "no cgroup cpu controller: cannot run front-bound measurements"; return 1
+  fi
+}
+remove_quota_cgroup() { [ -n "$QUOTA_CG" ] && rmdir "$QUOTA_CG" 2>/dev/null || true; }
+
+# start_front NAME [quota]: starts a front pinned to CPU 1 (in the quota cgroup with "quota",
+# entered before exec so that forked workers inherit it); prints its pid.
 start_front() {
+  local cmd
   case $1 in
-    proxyfleet) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text >"$work/proxyfleet.log" 2>&1 & echo $! ;;
-    nginx) taskset -c 1 nginx -c "$work/nginx.conf" -p "$work" >"$work/nginx.out" 2>&1 & echo $! ;;
-    proxyfleet12) taskset -c 1 "$PROXY" --config "$work/certs/proxyfleet12.yaml" --log-format text >"$work/proxyfleet12.log" 2>&1 & echo $! ;;
-    nginx12) taskset -c 1 nginx -c "$work/nginx12.conf" -p "$work" >"$work/nginx12.out" 2>&1 & echo $! ;;
-    haproxy) taskset -c 1 haproxy -db -f "$work/haproxy.cfg" >"$work/haproxy.log" 2>&1 & echo $! ;;
+    proxyfleet) cmd=("$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text) ;;
+    nginx) cmd=(nginx -c "$work/nginx.conf" -p "$work") ;;
+    proxyfleet12) cmd=("$PROXY" --config "$work/certs/proxyfleet12.yaml" --log-format text) ;;
+    nginx12) cmd=(nginx -c "$work/nginx12.conf" -p "$work") ;;
+    haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
   esac
+  if [ "${2:-}" = quota ]; then
+    bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec taskset -c 1 "$@"' _ "$QUOTA_CG" "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
+  else
+    taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
+  fi
 }
 port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }

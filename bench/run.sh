@@ -3,54 +3,81 @@
 # way — TLS termination on the front (ECDSA P-256, TLS 1.3), kept-alive TLS to one upstream
 # (nginx returning a small body, closing each connection after 100 requests). Everything on
 # loopback; the proxy under test is pinned to CPU 1, the load generator and upstream to CPU 0.
-# Writes docs/benchmarks.md.   Usage: bench/run.sh [SECONDS_PER_RUN] [ROUNDS]
+# Writes docs/benchmarks.md.   Usage: bench/run.sh [SECONDS_PER_RUN] [ROUNDS] [LATENCY_ROUNDS]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-secs=${1:-10}; rounds=${2:-3}
+secs=${1:-10}; rounds=${2:-3}; p99_rounds=${3:-5}
 source "$root/bench/lib.sh"
-declare -A RPS P99 RSS_IDLE RSS_LOAD FULL RESUMED CPU_US UP_TLS UP_REQ RSS_IDLE_MIB RSS_LOAD_MIB RESUMED_PCT
+declare -A RPS RPS_FREE P50 P90 P99 P999 RSS_IDLE RSS_LOAD FULL RESUMED CPU_US CPU_US_FREE UP_TLS UP_REQ RSS_IDLE_MIB RSS_LOAD_MIB RESUMED_PCT
 fronts="nginx proxyfleet haproxy nginx12 proxyfleet12"
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
+setup_quota_cgroup
+trap 'kill $UP 2>/dev/null || true; sleep 0.5; remove_quota_cgroup' EXIT
 sleep 1
-# Rounds interleave the fronts, so a drift of the machine's speed hits all of them alike; each
-# figure is the median of its rounds.
-for round in $(seq 1 "$rounds"); do
-  for front in $fronts; do
-    pid=$(start_front $front); port=$(port_of $front)
-    for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
-    curl -fsS --cacert "$work/certs/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null || { log "$front does not answer"; exit 1; }
-    sleep 1
-    [ "$round" = 1 ] && RSS_IDLE[$front]=$(rss_kb $(pids_of $pid))
-    log "round $round, $front: max throughput (wrk -t1 -c32 ${secs}s, pinned to CPU 0)"
-    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$port/" > "$work/wrk-$front.txt" &
-    W=$!; pids=$(pids_of $pid); c0=$(cputicks $pids)
-    sleep $(( secs / 2 )); [ "$round" = 1 ] && RSS_LOAD[$front]=$(rss_kb $(pids_of $pid)); wait $W
-    c1=$(cputicks $pids)
-    RPS[$front]+=" $(awk '/Requests\/sec/ {print $2}' "$work/wrk-$front.txt")"
-    # Front CPU per request: independent of whether the load generator's CPU also saturates.
-    CPU_US[$front]+=" $(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/wrk-$front.txt")" -v hz="$(getconf CLK_TCK)" \
-      'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }')"
-    kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 1
+# max_throughput MODE RPS_ARRAY CPU_ARRAY: wrk -t1 -c32 against every front, MODE "quota" (the
+# front gets FRONT_CPU_PERCENT of CPU 1: front-bound) or "free" (all of CPU 1: on two cores CPU 0,
+# shared by wrk and the upstream, then saturates first). Rounds interleave the fronts, so a drift
+# of the machine's speed hits all of them alike; each figure is the median of its rounds.
+max_throughput() {
+  local mode=$1 round front pid port W pids c0 c1
+  local -n rps=$2 cpu=$3
+  for round in $(seq 1 "$rounds"); do
+    for front in $fronts; do
+      pid=$(start_front $front $mode); port=$(port_of $front)
+      for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
+      curl -fsS --cacert "$work/certs/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null || { log "$front does not answer"; exit 1; }
+      sleep 1
+      [ "$round" = 1 ] && [ "$mode" = quota ] && RSS_IDLE[$front]=$(rss_kb $(pids_of $pid))
+      log "round $round, $front ($mode): max throughput (wrk -t1 -c32 ${secs}s, pinned to CPU 0)"
+      taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$port/" > "$work/wrk-$front.txt" &
+      W=$!; pids=$(pids_of $pid); c0=$(cputicks $pids)
+      sleep $(( secs / 2 )); [ "$round" = 1 ] && [ "$mode" = quota ] && RSS_LOAD[$front]=$(rss_kb $(pids_of $pid)); wait $W
+      c1=$(cputicks $pids)
+      rps[$front]+=" $(awk '/Requests\/sec/ {print $2}' "$work/wrk-$front.txt")"
+      cpu[$front]+=" $(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/wrk-$front.txt")" -v hz="$(getconf CLK_TCK)" \
+        'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }')"
+      kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 1
+    done
   done
-done
-for front in $fronts; do
-  log "$front rounds: req/s${RPS[$front]}; CPU µs/request${CPU_US[$front]}"
-  RPS[$front]=$(echo "${RPS[$front]}" | median); CPU_US[$front]=$(echo "${CPU_US[$front]}" | median)
-done
+  for front in $fronts; do
+    log "$front ($mode) rounds: req/s${rps[$front]}; CPU µs/request${cpu[$front]}"
+    rps[$front]=$(echo "${rps[$front]}" | median); cpu[$front]=$(echo "${cpu[$front]}" | median)
+  done
+}
+max_throughput quota RPS CPU_US
+max_throughput free RPS_FREE CPU_US_FREE
+# Latency at a fixed rate: half of nginx's front-bound max, every front with all of CPU 1. The
+# same load straight to the upstream ("no front") gives the set-up's own floor: on two cores the
+# load generator shares CPU 0 with the upstream, and that alone puts tens of milliseconds into
+# the tail on this machine (docs/performance.md).
 rate=$(awk -v r="${RPS[nginx]}" 'BEGIN { printf "%d", r / 2 }')
 for front in $fronts; do : > "$work/up-$front.log"; done
-for round in $(seq 1 "$rounds"); do
+oha_at_rate() {   # port, output file
+  taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure --output-format json "https://127.0.0.1:$1/" > "$2" 2>/dev/null || true
+}
+percentile() {   # oha json, key (p50, p90, p99, p99.9): milliseconds
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (d['latencyPercentiles'][sys.argv[2]]*1000))" "$1" "$2" 2>/dev/null || echo nan
+}
+FLOOR_P99=
+for round in $(seq 1 "$p99_rounds"); do
   for front in $fronts; do
     pid=$(start_front $front); port=$(port_of $front); sleep 1
-    log "round $round, $front: P99 at $rate req/s (half nginx's max; oha -q --latency-correction)"
-    taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure --output-format json "https://127.0.0.1:$port/" > "$work/oha-$front.json" 2>/dev/null || true
-    P99[$front]+=" $(python3 -c "import json,sys; d=json.load(open('$work/oha-$front.json')); print('%.3f' % (d['latencyPercentiles']['p99']*1000))" 2>/dev/null || echo nan)"
+    log "round $round, $front: latency at $rate req/s (half nginx's front-bound max; oha -q --latency-correction)"
+    oha_at_rate "$port" "$work/oha-$front.json"
+    P50[$front]+=" $(percentile "$work/oha-$front.json" p50)"; P90[$front]+=" $(percentile "$work/oha-$front.json" p90)"
+    P99[$front]+=" $(percentile "$work/oha-$front.json" p99)"; P999[$front]+=" $(percentile "$work/oha-$front.json" p99.9)"
     kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 0.5
   done
+  log "round $round, no front: latency at $rate req/s straight to the upstream"
+  oha_at_rate 19446 "$work/oha-floor.json"
+  FLOOR_P99+=" $(percentile "$work/oha-floor.json" p99)"
 done
+log "no front rounds: P99 ms$FLOOR_P99"
+FLOOR_P99=$(echo "$FLOOR_P99" | median)
 for front in $fronts; do
   log "$front rounds: P99 ms${P99[$front]}"
-  P99[$front]=$(echo "${P99[$front]}" | median)
+  P50[$front]=$(echo "${P50[$front]}" | median); P90[$front]=$(echo "${P90[$front]}" | median)
+  P99[$front]=$(echo "${P99[$front]}" | median); P999[$front]=$(echo "${P999[$front]}" | median)
   # Upstream handshakes during the fixed-rate runs: a connection's first request tells whether
   # its TLS session was resumed ("r") or full (".").
   FULL[$front]=$(awk '$1 == 1 && $2 != "r"' "$work/up-$front.log" | wc -l)
@@ -82,15 +109,31 @@ done
   echo "$(nproc) cores ($cpu). Each front terminates TLS (ECDSA P-256, TLS 1.3) and proxies over kept-alive,"
   echo "verified TLS to one upstream nginx that closes every connection after 100 requests, passing Host"
   echo "and adding X-Forwarded-For/-Proto. Fronts run one worker thread/process pinned to CPU 1; wrk/oha"
-  echo "and the upstream share CPU 0. Each figure is the median of $rounds rounds that interleave the fronts."
+  echo "and the upstream share CPU 0. Throughput figures are medians of $rounds rounds, latency figures of"
+  echo "$p99_rounds rounds; rounds interleave the fronts."
   echo
-  echo "Reproduce: \`bench/run.sh $secs $rounds\` (writes this file)."
+  echo "- **Front-bound max req/s** is the headline: every front gets the same CPU quota (${FRONT_CPU_PERCENT} % of CPU 1,"
+  echo "  cgroup \`cpu\` controller, 10 ms periods), so the front is the bottleneck and CPU 0 keeps headroom. That"
+  echo "  is what \"how fast does it proxy\" means on a host where the proxy has its own cores."
+  echo "- **Whole-machine max req/s** lets the front use all of CPU 1; then CPU 0 (wrk + upstream) saturates"
+  echo "  first, so it also measures what each front costs its peers."
+  echo "- **Latency** is at a fixed rate of half nginx's front-bound max, fronts without quota. Straight"
+  echo "  from the load generator to the upstream, with no front at all, the same load has a P99 of"
+  echo "  **$FLOOR_P99 ms** here: the set-up's own floor (oha shares CPU 0 with the upstream), so P99 differences"
+  echo "  smaller than that floor's spread are noise; P50/P90 show the fronts' own cost."
+  echo
+  echo "Reproduce: \`bench/run.sh $secs $rounds $p99_rounds\` (writes this file)."
   echo
   echo "| metric | proxyfleet | nginx | HAProxy | proxyfleet / nginx | proxyfleet / HAProxy | target | proxyfleet, TLS 1.2 upstream | nginx, TLS 1.2 upstream | ratio |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
-  row "max req/s (wrk -t1 -c32, ${secs}s)" RPS "≥ 1.2 × nginx, ≥ 1.0 × HAProxy"
+  row "max req/s, front-bound (front: ${FRONT_CPU_PERCENT} % of CPU 1; wrk -t1 -c32, ${secs}s)" RPS "≥ 1.2 × nginx, ≥ 1.0 × HAProxy"
   row "front CPU µs per request (same wrk run)" CPU_US ""
-  row "P99 ms at $rate req/s (oha -q, latency-corrected)" P99 "≤ nginx"
+  row "max req/s, whole machine (front: all of CPU 1; CPU 0 saturates)" RPS_FREE ""
+  row "front CPU µs per request (same wrk run)" CPU_US_FREE ""
+  row "P50 ms at $rate req/s (oha -q, latency-corrected)" P50 ""
+  row "P90 ms at $rate req/s" P90 ""
+  row "P99 ms at $rate req/s" P99 "≤ nginx"
+  row "P99.9 ms at $rate req/s" P999 ""
   row "RSS idle, MiB" RSS_IDLE_MIB "≤ 16 MiB"
   row "RSS under load, MiB" RSS_LOAD_MIB ""
   row "upstream reconnects resumed (full/resumed)" RESUMED_PCT "≥ 95 %"
