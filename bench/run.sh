@@ -51,7 +51,6 @@ max_throughput free RPS_FREE CPU_US_FREE
 # load generator shares CPU 0 with the upstream, and that alone puts tens of milliseconds into
 # the tail on this machine (docs/performance.md).
 rate=$(awk -v r="${RPS[nginx]}" 'BEGIN { printf "%d", r / 2 }')
-for front in $fronts; do : > "$work/up-$front.log"; done
 oha_at_rate() {   # port, output file
   taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure --output-format json "https://127.0.0.1:$1/" > "$2" 2>/dev/null || true
 }
@@ -62,11 +61,16 @@ FLOOR_P99=
 for round in $(seq 1 "$p99_rounds"); do
   for front in $fronts; do
     pid=$(start_front $front); port=$(port_of $front); sleep 1
+    # Warm-up: the front opens its upstream connections (full handshakes: a fresh process has no
+    # session to resume); only what follows counts, so the resumption row counts reconnects.
+    taskset -c 0 wrk -t1 -c32 -d2s "https://127.0.0.1:$port/" >/dev/null 2>&1 || true
+    : > "$work/up-$front.log"
     log "round $round, $front: latency at $rate req/s (half nginx's front-bound max; oha -q --latency-correction)"
     oha_at_rate "$port" "$work/oha-$front.json"
     P50[$front]+=" $(percentile "$work/oha-$front.json" p50)"; P90[$front]+=" $(percentile "$work/oha-$front.json" p90)"
     P99[$front]+=" $(percentile "$work/oha-$front.json" p99)"; P999[$front]+=" $(percentile "$work/oha-$front.json" p99.9)"
     kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 0.5
+    cat "$work/up-$front.log" >> "$work/up-$front.measured.log"
   done
   log "round $round, no front: latency at $rate req/s straight to the upstream"
   oha_at_rate 19446 "$work/oha-floor.json"
@@ -78,12 +82,12 @@ for front in $fronts; do
   log "$front rounds: P99 ms${P99[$front]}"
   P50[$front]=$(echo "${P50[$front]}" | median); P90[$front]=$(echo "${P90[$front]}" | median)
   P99[$front]=$(echo "${P99[$front]}" | median); P999[$front]=$(echo "${P999[$front]}" | median)
-  # Upstream handshakes during the fixed-rate runs: a connection's first request tells whether
-  # its TLS session was resumed ("r") or full (".").
-  FULL[$front]=$(awk '$1 == 1 && $2 != "r"' "$work/up-$front.log" | wc -l)
-  RESUMED[$front]=$(awk '$1 == 1 && $2 == "r"' "$work/up-$front.log" | wc -l)
-  UP_TLS[$front]=$(awk '{ print $3 }' "$work/up-$front.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
-  UP_REQ[$front]=$(awk '{ print $4 }' "$work/up-$front.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+  # Upstream handshakes during the fixed-rate runs (after each warm-up): a connection's first
+  # request tells whether its TLS session was resumed ("r") or full (".").
+  FULL[$front]=$(awk '$1 == 1 && $2 != "r"' "$work/up-$front.measured.log" | wc -l)
+  RESUMED[$front]=$(awk '$1 == 1 && $2 == "r"' "$work/up-$front.measured.log" | wc -l)
+  UP_TLS[$front]=$(awk '{ print $3 }' "$work/up-$front.measured.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
+  UP_REQ[$front]=$(awk '{ print $4 }' "$work/up-$front.measured.log" | sort | uniq -c | sort -rn | awk 'NR == 1 { print $2 }')
 done
 kill $UP 2>/dev/null || true
 
