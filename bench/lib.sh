@@ -56,7 +56,7 @@ http {
 }
 CONF
 taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
-trap 'kill $UP 2>/dev/null || true' EXIT
+trap 'kill $UP 2>/dev/null || true; remove_quota_cgroup' EXIT
 
 cat > "$work/nginx.conf" <<CONF
 worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx-error.log warn;
@@ -145,17 +145,18 @@ setup_quota_cgroup() {
     log "no cgroup cpu controller: cannot run front-bound measurements"; return 1
   fi
 }
-remove_quota_cgroup() { [ -n "$QUOTA_CG" ] && rmdir "$QUOTA_CG" 2>/dev/null || true; }
+remove_quota_cgroup() {   # once the fronts in it have exited
+  [ -n "$QUOTA_CG" ] || return 0
+  sleep 0.5; rmdir "$QUOTA_CG" 2>/dev/null || true
+}
 
 # start_front NAME [quota]: starts a front pinned to CPU 1 (in the quota cgroup with "quota",
 # entered before exec so that forked workers inherit it); prints its pid.
 start_front() {
   local cmd
   case $1 in
-    proxyfleet) cmd=("$PROXY" --config "$work/certs/proxyfleet.yaml" --log-format text) ;;
-    nginx) cmd=(nginx -c "$work/nginx.conf" -p "$work") ;;
-    proxyfleet12) cmd=("$PROXY" --config "$work/certs/proxyfleet12.yaml" --log-format text) ;;
-    nginx12) cmd=(nginx -c "$work/nginx12.conf" -p "$work") ;;
+    proxyfleet|proxyfleet12) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
+    nginx|nginx12) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
   esac
   if [ "${2:-}" = quota ]; then

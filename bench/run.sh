@@ -12,7 +12,6 @@ declare -A RPS RPS_FREE P50 P90 P99 P999 RSS_IDLE RSS_LOAD FULL RESUMED CPU_US C
 fronts="nginx proxyfleet haproxy nginx12 proxyfleet12"
 median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
 setup_quota_cgroup
-trap 'kill $UP 2>/dev/null || true; sleep 0.5; remove_quota_cgroup' EXIT
 sleep 1
 # max_throughput MODE RPS_ARRAY CPU_ARRAY: wrk -t1 -c32 against every front, MODE "quota" (the
 # front gets FRONT_CPU_PERCENT of CPU 1: front-bound) or "free" (all of CPU 1: on two cores CPU 0,
@@ -54,8 +53,8 @@ rate=$(awk -v r="${RPS[nginx]}" 'BEGIN { printf "%d", r / 2 }')
 oha_at_rate() {   # port, output file
   taskset -c 0 "$OHA" -z "${secs}s" -q "$rate" -c 32 --latency-correction --no-tui --insecure --output-format json "https://127.0.0.1:$1/" > "$2" 2>/dev/null || true
 }
-percentile() {   # oha json, key (p50, p90, p99, p99.9): milliseconds
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); print('%.3f' % (d['latencyPercentiles'][sys.argv[2]]*1000))" "$1" "$2" 2>/dev/null || echo nan
+percentiles() {   # oha json: "P50 P90 P99 P99.9" in milliseconds
+  python3 -c "import json,sys; p=json.load(open(sys.argv[1]))['latencyPercentiles']; print(' '.join('%.3f' % (p[k]*1000) for k in ('p50', 'p90', 'p99', 'p99.9')))" "$1" 2>/dev/null || echo nan nan nan nan
 }
 FLOOR_P99=
 for round in $(seq 1 "$p99_rounds"); do
@@ -67,14 +66,15 @@ for round in $(seq 1 "$p99_rounds"); do
     : > "$work/up-$front.log"
     log "round $round, $front: latency at $rate req/s (half nginx's front-bound max; oha -q --latency-correction)"
     oha_at_rate "$port" "$work/oha-$front.json"
-    P50[$front]+=" $(percentile "$work/oha-$front.json" p50)"; P90[$front]+=" $(percentile "$work/oha-$front.json" p90)"
-    P99[$front]+=" $(percentile "$work/oha-$front.json" p99)"; P999[$front]+=" $(percentile "$work/oha-$front.json" p99.9)"
+    read -r p50 p90 p99 p999 < <(percentiles "$work/oha-$front.json")
+    P50[$front]+=" $p50"; P90[$front]+=" $p90"; P99[$front]+=" $p99"; P999[$front]+=" $p999"
     kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 0.5
     cat "$work/up-$front.log" >> "$work/up-$front.measured.log"
   done
   log "round $round, no front: latency at $rate req/s straight to the upstream"
   oha_at_rate 19446 "$work/oha-floor.json"
-  FLOOR_P99+=" $(percentile "$work/oha-floor.json" p99)"
+  read -r _ _ p99 _ < <(percentiles "$work/oha-floor.json")
+  FLOOR_P99+=" $p99"
 done
 log "no front rounds: P99 ms$FLOOR_P99"
 FLOOR_P99=$(echo "$FLOOR_P99" | median)
