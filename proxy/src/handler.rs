@@ -43,33 +43,69 @@ fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBod
     r
 }
 
-const HOP_BY_HOP: [HeaderName; 7] = [
+const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
+const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
-    HeaderName::from_static("keep-alive"),
+    KEEP_ALIVE,
     header::PROXY_AUTHENTICATE,
     header::PROXY_AUTHORIZATION,
     header::TE,
     header::TRANSFER_ENCODING,
     header::UPGRADE,
+    PROXY_CONNECTION,
 ];
 
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // Headers named in Connection are hop-by-hop too.
-    if let Some(conn) = headers
-        .get(header::CONNECTION)
-        .and_then(|v| v.to_str().ok())
-        .map(str::to_owned)
-    {
-        for name in conn.split(',').map(str::trim).filter(|n| !n.is_empty()) {
-            if let Ok(n) = HeaderName::from_bytes(name.as_bytes()) {
-                headers.remove(n);
+    // One pass over the message's few names finds which hop-by-hop headers it has (usually
+    // none, or a `Connection: keep-alive`); only those are removed.
+    let mut present = 0u8;
+    let mut connection_names_others = false;
+    for (name, value) in headers.iter() {
+        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
+            present |= 1 << i;
+            if i == 0 {
+                connection_names_others |= names_other_headers(value);
             }
         }
     }
-    for h in &HOP_BY_HOP {
-        headers.remove(h);
+    if present == 0 {
+        return;
     }
-    headers.remove("proxy-connection");
+    // Headers named in Connection are hop-by-hop too.
+    if connection_names_others {
+        let listed: Vec<HeaderName> = headers
+            .get_all(header::CONNECTION)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .flat_map(|v| v.split(','))
+            .map(str::trim)
+            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
+            .collect();
+        for n in listed {
+            headers.remove(n);
+        }
+    }
+    for (i, h) in HOP_BY_HOP.iter().enumerate() {
+        if present & (1 << i) != 0 {
+            headers.remove(h);
+        }
+    }
+}
+
+/// Whether a Connection value names a header other than the hop-by-hop ones removed anyway.
+fn names_other_headers(value: &HeaderValue) -> bool {
+    value.as_bytes().split(|&b| b == b',').any(|token| {
+        let token = token.trim_ascii();
+        !token.is_empty()
+            && !token.eq_ignore_ascii_case(b"close")
+            && !HOP_BY_HOP
+                .iter()
+                .any(|h| token.eq_ignore_ascii_case(h.as_str().as_bytes()))
+    })
 }
 
 fn is_idempotent(m: &Method) -> bool {
@@ -158,7 +194,7 @@ pub async fn handle(
         }
     }
 
-    let resp = forward(route, req, client, limits.max_request_body_bytes).await;
+    let resp = forward(route, req, client, limits.max_request_body_bytes, started).await;
     Ok(finish(&shared, Some(route), resp, started))
 }
 
@@ -188,6 +224,7 @@ async fn forward(
     req: Request<Incoming>,
     client: ClientInfo,
     body_limit: u64,
+    started: Instant,
 ) -> Response<ClientBody> {
     let (mut parts, incoming) = req.into_parts();
     route.retry_budget.on_request();
@@ -208,7 +245,7 @@ async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, &client);
 
-    let deadline = Instant::now() + route.timeout;
+    let deadline = started + route.timeout;
     let mut attempt = 0u8;
     let mut last_endpoint: Option<http::uri::Authority> = None;
     loop {
@@ -219,7 +256,17 @@ async fn forward(
         } else {
             std::mem::take(&mut parts.headers)
         };
-        let outcome = attempt_once(route, &parts, headers, req_body, deadline, &mut last_endpoint).await;
+        // The first attempt starts with the request (one clock reading fewer); a retry now.
+        let attempt_started = if attempt == 0 { started } else { Instant::now() };
+        let outcome = attempt_once(
+            route,
+            &parts,
+            headers,
+            req_body,
+            (attempt_started, deadline),
+            &mut last_endpoint,
+        )
+        .await;
         match outcome {
             Attempt::Done(resp) => return client_response(resp),
             Attempt::Final(resp) => return resp,
@@ -240,16 +287,15 @@ async fn forward(
 }
 
 fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
-    const XFF: HeaderName = HeaderName::from_static("x-forwarded-for");
-    let value = match headers.get(&XFF).and_then(|v| v.to_str().ok()) {
+    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
         None => Some(client.remote_ip.clone()),
     };
     if let Some(v) = value {
-        headers.insert(XFF, v);
+        headers.insert(X_FORWARDED_FOR, v);
     }
     headers.insert(
-        "x-forwarded-proto",
+        X_FORWARDED_PROTO,
         HeaderValue::from_static(if client.tls { "https" } else { "http" }),
     );
 }
@@ -259,7 +305,7 @@ async fn attempt_once(
     parts: &http::request::Parts,
     headers: HeaderMap,
     body: UpstreamBody,
-    deadline: Instant,
+    (started, deadline): (Instant, Instant),
     last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Attempt {
     let cluster = &route.upstream;
@@ -275,17 +321,13 @@ async fn attempt_once(
     drop(endpoints);
     *last_endpoint = Some(endpoint.authority.clone());
 
-    let uri = {
-        let mut b = http::Uri::builder()
-            .scheme(cluster.scheme.clone())
-            .authority(endpoint.authority.clone());
-        if let Some(pq) = parts.uri.path_and_query() {
-            b = b.path_and_query(pq.clone());
-        }
-        match b.build() {
-            Ok(u) => u,
-            Err(_) => return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n")),
-        }
+    let pq = parts
+        .uri
+        .path_and_query()
+        .cloned()
+        .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+    let Ok(uri) = cluster.request_uri(&endpoint.authority, pq) else {
+        return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n"));
     };
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
@@ -293,17 +335,16 @@ async fn attempt_once(
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
 
-    let remaining = deadline.saturating_duration_since(Instant::now());
-    let Ok(_permit) = tokio::time::timeout(remaining, endpoint.permits.acquire()).await else {
-        return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"));
+    // A free permit is the rule; only a full endpoint needs a timer.
+    let _permit = match endpoint.permits.try_acquire() {
+        Ok(p) => p,
+        Err(_) => match tokio::time::timeout_at(deadline.into(), endpoint.permits.acquire()).await {
+            Ok(Ok(p)) => p,
+            _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
+        },
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-    let started = Instant::now();
-    let result = tokio::time::timeout(
-        deadline.saturating_duration_since(started),
-        cluster.send(&endpoint.authority, req),
-    )
-    .await;
+    let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req, started)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
@@ -372,4 +413,70 @@ fn error_chain(e: &dyn std::error::Error) -> String {
         cur = c.source();
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn names(h: &HeaderMap) -> Vec<&str> {
+        let mut n: Vec<_> = h.keys().map(|k| k.as_str()).collect();
+        n.sort_unstable();
+        n
+    }
+
+    #[test]
+    fn end_to_end_headers_pass_untouched() {
+        let mut h = headers(&[("host", "a"), ("content-length", "3"), ("x-custom", "1")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["content-length", "host", "x-custom"]);
+    }
+
+    #[test]
+    fn hop_by_hop_headers_are_removed() {
+        let mut h = headers(&[
+            ("host", "a"),
+            ("connection", "keep-alive"),
+            ("keep-alive", "timeout=5"),
+            ("te", "trailers"),
+            ("transfer-encoding", "chunked"),
+            ("upgrade", "h2c"),
+            ("proxy-connection", "close"),
+            ("proxy-authorization", "Basic x"),
+            ("proxy-authenticate", "Basic"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["host"]);
+    }
+
+    #[test]
+    fn headers_named_in_connection_are_removed() {
+        let mut h = headers(&[
+            ("connection", "close, X-Secret"),
+            ("connection", "x-other"),
+            ("x-secret", "1"),
+            ("x-other", "2"),
+            ("x-kept", "3"),
+        ]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["x-kept"]);
+    }
+
+    #[test]
+    fn a_connection_value_of_only_hop_by_hop_tokens_names_nothing_else() {
+        assert!(!names_other_headers(&HeaderValue::from_static("keep-alive")));
+        assert!(!names_other_headers(&HeaderValue::from_static("Close , Upgrade")));
+        assert!(names_other_headers(&HeaderValue::from_static("keep-alive, x-a")));
+    }
 }

@@ -26,6 +26,8 @@ pub struct Endpoint {
     pub healthy: AtomicBool,
     /// Bounds connections (= concurrent requests over HTTP/1.1) to this endpoint.
     pub permits: Semaphore,
+    /// Idle connections when the cluster uses its own HTTP/1.1 pool.
+    pub(super) h1_idle: super::h1pool::IdleConnections,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -45,6 +47,7 @@ impl Endpoint {
             ejected_until_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             permits: Semaphore::new(max_connections as usize),
+            h1_idle: Default::default(),
         }
     }
 

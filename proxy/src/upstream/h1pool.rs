@@ -5,14 +5,14 @@
 //! against a lazy connect and spawns a task per request to hand the connection back when it
 //! turns idle. Here a checkout is a short, uncontended lock and a pop; a connection goes back
 //! to the pool as soon as its response head arrives and is skipped until hyper reports it
-//! ready again (its body read). No task per request.
+//! ready again (its body read). No task per request. Each endpoint keeps its own idle list
+//! (`IdleConnections`), so a checkout hashes nothing.
 //!
 //! Upstreams that recycle connections (nginx's `keepalive_requests`, 1000 by default) announce
 //! it with `Connection: close` on a connection's last response. The pool then opens the
 //! replacement in the background, so that no request waits for a TCP + TLS handshake because
 //! the upstream retired a connection (Envoy calls this preconnecting).
 
-use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
@@ -21,6 +21,7 @@ use hyper::body::Incoming;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 
+use super::endpoint::Endpoint;
 use super::pool::{ConnectError, UpstreamConnection, UpstreamConnector};
 use crate::body::UpstreamBody;
 
@@ -31,11 +32,21 @@ struct Idle {
     since: Instant,
 }
 
+/// An endpoint's idle HTTP/1.1 connections. It lives in the endpoint itself, so a request
+/// finds its connections without a map lookup, and they close when the endpoint goes away.
+#[derive(Default)]
+pub struct IdleConnections(Mutex<Vec<Idle>>);
+
+impl IdleConnections {
+    fn len(&self) -> usize {
+        self.0.lock().map(|l| l.len()).unwrap_or(0)
+    }
+}
+
 pub struct H1Pool {
     connector: UpstreamConnector,
     max_idle: usize,
     idle_timeout: Duration,
-    idle: Mutex<HashMap<Authority, Vec<Idle>>>,
 }
 
 /// Why a request got no response.
@@ -55,15 +66,12 @@ impl H1Pool {
             connector,
             max_idle,
             idle_timeout,
-            idle: Mutex::new(HashMap::new()),
         }
     }
 
     /// A ready connection to `endpoint` from the pool, dropping any that closed or idled out.
-    fn checkout(&self, endpoint: &Authority) -> Option<Sender> {
-        let mut idle = self.idle.lock().ok()?;
-        let list = idle.get_mut(endpoint)?;
-        let now = Instant::now();
+    fn checkout(&self, endpoint: &Endpoint, now: Instant) -> Option<Sender> {
+        let mut list = endpoint.h1_idle.0.lock().ok()?;
         let mut i = list.len();
         while i > 0 {
             i -= 1;
@@ -77,40 +85,35 @@ impl H1Pool {
         None
     }
 
-    fn idle_count(&self, endpoint: &Authority) -> usize {
-        self.idle
-            .lock()
-            .map(|idle| idle.get(endpoint).map_or(0, Vec::len))
-            .unwrap_or(0)
-    }
-
     /// Opens a connection to `endpoint` in the background and pools it, unless the pool is full.
-    fn replace_in_background(self: &Arc<Self>, endpoint: &Authority) {
-        if self.idle_count(endpoint) >= self.max_idle {
+    fn replace_in_background(self: &Arc<Self>, endpoint: &Arc<Endpoint>) {
+        if endpoint.h1_idle.len() >= self.max_idle {
             return;
         }
         let pool = Arc::downgrade(self);
-        let endpoint = endpoint.clone();
+        let endpoint = Arc::downgrade(endpoint);
         tokio::spawn(async move {
-            let Some(pool) = pool.upgrade() else { return };
-            match pool.connect(&endpoint).await {
-                Ok(sender) => pool.checkin(&endpoint, sender),
-                Err(e) => tracing::debug!(endpoint = %endpoint, error = %e, "replacing a recycled upstream connection"),
+            let (Some(pool), Some(endpoint)) = (pool.upgrade(), endpoint.upgrade()) else {
+                return;
+            };
+            match pool.connect(&endpoint.authority).await {
+                Ok(sender) => pool.checkin(&endpoint, sender, Instant::now()),
+                Err(e) => {
+                    tracing::debug!(endpoint = %endpoint.authority, error = %e, "replacing a recycled upstream connection")
+                }
             }
         });
     }
 
-    fn checkin(&self, endpoint: &Authority, sender: Sender) {
+    fn checkin(&self, endpoint: &Endpoint, sender: Sender, now: Instant) {
         if sender.is_closed() {
             return;
         }
-        let Ok(mut idle) = self.idle.lock() else { return };
-        let list = idle.entry(endpoint.clone()).or_default();
+        let Ok(mut list) = endpoint.h1_idle.0.lock() else {
+            return;
+        };
         if list.len() < self.max_idle {
-            list.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
+            list.push(Idle { sender, since: now });
         }
     }
 
@@ -128,19 +131,21 @@ impl H1Pool {
         Ok(sender)
     }
 
-    /// Sends `req` to `endpoint` on a pooled connection (or a new one). Returns the response
-    /// and whether the connection was reused. A request that a pooled connection could not
-    /// even start (closed by the upstream meanwhile) is sent again on a new connection.
+    /// Sends `req` (origin-form target) to `endpoint` on a pooled connection (or a new one).
+    /// Returns the response and whether the connection was reused. A request that a pooled
+    /// connection could not even start (closed by the upstream meanwhile) is sent again on a
+    /// new connection. `now` is the caller's clock reading for this request.
     pub async fn send(
         self: &Arc<Self>,
-        endpoint: &Authority,
+        endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
+        now: Instant,
     ) -> Result<(http::Response<Incoming>, bool), H1Error> {
         let mut req = req;
-        if let Some(mut sender) = self.checkout(endpoint) {
+        if let Some(mut sender) = self.checkout(endpoint, now) {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    self.checkin(endpoint, sender);
+                    self.checkin(endpoint, sender, now);
                     if closes_after(&resp) {
                         self.replace_in_background(endpoint);
                     }
@@ -153,23 +158,21 @@ impl H1Pool {
                 },
             }
         }
-        let mut sender = self.connect(endpoint).await?;
+        let mut sender = self.connect(&endpoint.authority).await?;
         let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
-        self.checkin(endpoint, sender);
+        self.checkin(endpoint, sender, Instant::now());
         if closes_after(&resp) {
             self.replace_in_background(endpoint);
         }
         Ok((resp, false))
     }
 
-    /// Closes connections idle longer than the idle timeout (by dropping them).
-    fn reap(&self) {
-        let Ok(mut idle) = self.idle.lock() else { return };
-        let now = Instant::now();
-        for list in idle.values_mut() {
-            list.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
-        }
-        idle.retain(|_, l| !l.is_empty());
+    /// Closes `endpoint`'s connections idle longer than the idle timeout (by dropping them).
+    fn reap(&self, endpoint: &Endpoint, now: Instant) {
+        let Ok(mut list) = endpoint.h1_idle.0.lock() else {
+            return;
+        };
+        list.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
     }
 }
 
@@ -183,13 +186,18 @@ fn closes_after<B>(resp: &http::Response<B>) -> bool {
         .any(|token| token.trim().eq_ignore_ascii_case("close"))
 }
 
-/// Reaps `pool` every half idle timeout until it is dropped.
-pub async fn reap_until_dropped(pool: Weak<H1Pool>) {
+/// Reaps the idle connections of `cluster`'s endpoints every half idle timeout until the
+/// cluster is dropped.
+pub async fn reap_until_dropped(cluster: Weak<super::UpstreamCluster>) {
     loop {
-        let period = match pool.upgrade() {
-            Some(p) => {
-                p.reap();
-                (p.idle_timeout / 2).max(Duration::from_millis(50))
+        let period = match cluster.upgrade() {
+            Some(c) => {
+                let Some(pool) = &c.h1 else { return };
+                let now = Instant::now();
+                for e in c.endpoints.load().iter() {
+                    pool.reap(e, now);
+                }
+                (pool.idle_timeout / 2).max(Duration::from_millis(50))
             }
             None => return,
         };

@@ -144,8 +144,8 @@ impl UpstreamCluster {
             scheme,
             metrics,
         });
-        if let Some(h1) = &cluster.h1 {
-            tokio::spawn(h1pool::reap_until_dropped(Arc::downgrade(h1)));
+        if cluster.h1.is_some() {
+            tokio::spawn(h1pool::reap_until_dropped(Arc::downgrade(&cluster)));
         }
         if config.dns.is_some() {
             tokio::spawn(refresh_dns(Arc::downgrade(&cluster)));
@@ -156,19 +156,33 @@ impl UpstreamCluster {
         Ok(cluster)
     }
 
-    /// Sends `req` (absolute URI) to `endpoint`. Returns the response and whether it came on a
-    /// reused connection.
-    pub async fn send(
+    /// The request target for `path_and_query` at `endpoint`: origin-form for our HTTP/1.1
+    /// pool (what an origin server expects), absolute for hyper-util's client (its pool key).
+    pub fn request_uri(
         &self,
         endpoint: &http::uri::Authority,
-        mut req: http::Request<UpstreamBody>,
+        path_and_query: http::uri::PathAndQuery,
+    ) -> Result<http::Uri, http::Error> {
+        if self.h1.is_some() {
+            return Ok(http::Uri::from(path_and_query));
+        }
+        http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(endpoint.clone())
+            .path_and_query(path_and_query)
+            .build()
+    }
+
+    /// Sends `req` (its URI from `request_uri`) to `endpoint`. Returns the response and whether
+    /// it came on a reused connection. `now` is the caller's clock reading for this request.
+    pub async fn send(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        req: http::Request<UpstreamBody>,
+        now: std::time::Instant,
     ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
         if let Some(h1) = &self.h1 {
-            // HTTP/1.1 to an origin server: origin-form request target.
-            if let Some(pq) = req.uri().path_and_query().cloned() {
-                *req.uri_mut() = http::Uri::from(pq);
-            }
-            return h1.send(endpoint, req).await.map_err(|e| SendError {
+            return h1.send(endpoint, req, now).await.map_err(|e| SendError {
                 connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
                 error: Box::new(e),
             });
@@ -246,19 +260,19 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
         };
         let endpoints = c.endpoints.load_full();
         for e in endpoints.iter() {
-            let uri = http::Uri::builder()
-                .scheme(c.scheme.clone())
-                .authority(e.authority.clone())
-                .path_and_query(hc.path.as_str())
-                .build();
-            let Ok(uri) = uri else { continue };
+            let Ok(pq) = http::uri::PathAndQuery::try_from(hc.path.as_str()) else {
+                continue;
+            };
+            let Ok(uri) = c.request_uri(&e.authority, pq) else {
+                continue;
+            };
             let mut req = http::Request::new(UpstreamBody::Empty);
             *req.uri_mut() = uri;
             if let Ok(host) = http::HeaderValue::from_str(e.authority.as_str()) {
                 req.headers_mut().insert(http::header::HOST, host);
             }
             let healthy = matches!(
-                tokio::time::timeout(hc.timeout.get(), c.send(&e.authority, req)).await,
+                tokio::time::timeout(hc.timeout.get(), c.send(e, req, std::time::Instant::now())).await,
                 Ok(Ok((resp, _))) if resp.status().is_success()
             );
             let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
