@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Front-bound req/s of two fronts measured at the same time, so that a drift of the machine's
+# speed (this VM's changes within seconds, ±15 % between bench/run.sh's rounds) hits both alike
+# and cancels in their ratio. Same set-up as bench/run.sh; both fronts on CPU 1, each in its
+# own cgroup with PAIRED_CPU_PERCENT (default 25) of it, so they never wait for each other;
+# one wrk per front and the upstream on CPU 0, which stays below saturation (its busy share is
+# printed). The two fronts swap cgroup, start order and wrk order every round (a slot bias of
+# about 2 % was measured: two copies of the same proxy binary differ by that much); the figure
+# is the geometric mean of the rounds' ratios, with their range. Writes nothing.
+#   Usage: bench/paired.sh [SECONDS] [ROUNDS]     PAIRS="proxyfleet:nginx proxyfleet:haproxy"
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+secs=${1:-10}; rounds=${2:-5}
+source "$root/bench/lib.sh"
+percent=${PAIRED_CPU_PERCENT:-25}
+
+make_cgroup() {   # name → path, with the quota
+  local cg
+  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
+    cg=/sys/fs/cgroup/cpu/proxyfleet-paired-$1; mkdir -p "$cg"
+    echo 10000 > "$cg/cpu.cfs_period_us"; echo $((percent * 100)) > "$cg/cpu.cfs_quota_us"
+  else
+    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
+    cg=/sys/fs/cgroup/proxyfleet-paired-$1; mkdir -p "$cg"; echo "$((percent * 100)) 10000" > "$cg/cpu.max"
+  fi
+  echo "$cg"
+}
+cg_a=$(make_cgroup a); cg_b=$(make_cgroup b); cgroups=("$cg_a" "$cg_b")
+trap 'kill $UP 2>/dev/null || true; sleep 0.5; rmdir "${cgroups[@]}" 2>/dev/null || true' EXIT
+cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
+declare -A RATIO RPS_A RPS_B BUSY0
+pairs=${PAIRS:-proxyfleet:nginx proxyfleet:haproxy}
+for round in $(seq 1 "$rounds"); do
+  for pair in $pairs; do
+    a=${pair%%:*}; b=${pair#*:}
+    if [ $((round % 2)) = 1 ]; then
+      QUOTA_CG=$cg_a; pa=$(start_front "$a" quota); QUOTA_CG=$cg_b; pb=$(start_front "$b" quota); first=$a; second=$b
+    else
+      QUOTA_CG=$cg_a; pb=$(start_front "$b" quota); QUOTA_CG=$cg_b; pa=$(start_front "$a" quota); first=$b; second=$a
+    fi
+    for f in "$a" "$b"; do
+      for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$(port_of "$f")/" >/dev/null 2>&1 && break; sleep 0.1; done
+    done
+    sleep 1
+    read -r busy0 total0 < <(cpu_busy 0)
+    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$(port_of "$first")/" > "$work/paired-$first.txt" & w1=$!
+    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$(port_of "$second")/" > "$work/paired-$second.txt" & w2=$!
+    wait $w1 $w2
+    read -r busy1 total1 < <(cpu_busy 0)
+    ra=$(awk '/Requests\/sec/ {print $2}' "$work/paired-$a.txt"); rb=$(awk '/Requests\/sec/ {print $2}' "$work/paired-$b.txt")
+    ratio=$(awk -v a="$ra" -v b="$rb" 'BEGIN { printf "%.3f", a / b }')
+    busy=$(awk -v b=$((busy1 - busy0)) -v t=$((total1 - total0)) 'BEGIN { printf "%.0f", 100 * b / t }')
+    RATIO[$pair]+=" $ratio"; RPS_A[$pair]+=" $ra"; RPS_B[$pair]+=" $rb"; BUSY0[$pair]+=" $busy"
+    log "round $round, $a vs $b at the same time ($first started first): $ra vs $rb req/s, ratio $ratio, CPU 0 busy $busy %"
+    kill -9 $(pids_of "$pa") $(pids_of "$pb") 2>/dev/null; wait "$pa" "$pb" 2>/dev/null || true; sleep 1
+  done
+done
+for pair in $pairs; do
+  a=${pair%%:*}; b=${pair#*:}
+  printf '%s / %s: %s (geometric mean; range %s; rounds:%s); req/s medians %s vs %s; CPU 0 busy %%:%s\n' "$a" "$b" \
+    "$(echo "${RATIO[$pair]}" | tr ' ' '\n' | awk 'NF { s += log($1); n++ } END { printf "%.3f", exp(s / n) }')" \
+    "$(echo "${RATIO[$pair]}" | tr ' ' '\n' | grep -v '^$' | sort -g | sed -n '1p;$p' | paste -sd-)" \
+    "${RATIO[$pair]}" "$(echo "${RPS_A[$pair]}" | median)" "$(echo "${RPS_B[$pair]}" | median)" "${BUSY0[$pair]}"
+done
