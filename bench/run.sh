@@ -128,6 +128,11 @@ done
   echo
   echo "Reproduce: \`bench/run.sh $secs $rounds $p99_rounds\` (writes this file)."
   echo
+  echo "This VM's speed changes within seconds, so one front's round can differ by ±15 % from the next"
+  echo "front's. \`bench/paired.sh\` runs two fronts at the same time (each with its own 25 % quota of"
+  echo "CPU 1, slots swapped every round), so that the drift cancels in their ratio; its figures and the"
+  echo "per-round spread of this table are in [performance.md](performance.md)."
+  echo
   echo "| metric | proxyfleet | nginx | HAProxy | proxyfleet / nginx | proxyfleet / HAProxy | target | proxyfleet, TLS 1.2 upstream | nginx, TLS 1.2 upstream | ratio |"
   echo "|---|---|---|---|---|---|---|---|---|---|"
   row "max req/s, front-bound (front: ${FRONT_CPU_PERCENT} % of CPU 1; wrk -t1 -c32, ${secs}s)" RPS "≥ 1.2 × nginx, ≥ 1.0 × HAProxy"
