@@ -4,15 +4,35 @@
 # and cancels in their ratio. Same set-up as bench/run.sh; both fronts on CPU 1, each in its
 # own cgroup with PAIRED_CPU_PERCENT (default 25) of it, so they never wait for each other;
 # one wrk per front and the upstream on CPU 0, which stays below saturation (its busy share is
-# printed). The two fronts swap cgroup, start order and wrk order every round (a slot bias of
-# about 2 % was measured: two copies of the same proxy binary differ by that much); the figure
-# is the geometric mean of the rounds' ratios, with their range. Writes nothing.
+# printed). The two fronts swap cgroup, start order and wrk order every round (the slot alone
+# was measured to matter by 2-7 %, in a direction that differed between experiments); the
+# figure is the geometric mean of the rounds' ratios, which cancels that, with their range.
+# Writes nothing.
 #   Usage: bench/paired.sh [SECONDS] [ROUNDS]     PAIRS="proxyfleet:nginx proxyfleet:haproxy"
+#   PROXY_B=/path/to/other/proxyfleet-proxy adds a front "proxyfleetB" (that build, the same
+#   configuration on its own ports) and makes the default pair proxyfleetB:proxyfleet: an A/B
+#   of two builds that no drift can bias.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-10}; rounds=${2:-5}
 source "$root/bench/lib.sh"
 percent=${PAIRED_CPU_PERCENT:-25}
+if [ -n "${PROXY_B:-}" ]; then
+  # proxyfleet12's ports, TLS 1.3 like proxyfleet's configuration.
+  sed -e 's/, maxVersion: "1.2"//' "$work/certs/proxyfleet12.yaml" > "$work/certs/proxyfleetB.yaml"
+  eval "$(declare -f start_front | sed '1s/start_front/start_front_lib/')"
+  start_front() {
+    if [ "$1" = proxyfleetB ]; then
+      bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec taskset -c 1 "$@"' _ "$QUOTA_CG" \
+        "$PROXY_B" --config "$work/certs/proxyfleetB.yaml" --log-format text >"$work/proxyfleetB.out" 2>&1 & echo $!
+    else
+      start_front_lib "$@"
+    fi
+  }
+  eval "$(declare -f port_of | sed '1s/port_of/port_of_lib/')"
+  port_of() { if [ "$1" = proxyfleetB ]; then echo 18445; else port_of_lib "$1"; fi; }
+  : "${PAIRS:=proxyfleetB:proxyfleet}"
+fi
 
 make_cgroup() {   # name → path, with the quota
   local cg
