@@ -14,21 +14,19 @@ PROXY_BIN=${PROXY_BIN:-${VARIANTS%% *}}; PROXY_BIN=${PROXY_BIN#*=}   # lib.sh bu
 source "$root/bench/lib.sh"
 if [ -z "$rate" ]; then setup_quota_cgroup; quota=quota; else quota=; fi
 declare -A A B
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 for round in $(seq 1 "$rounds"); do
   for variant in $VARIANTS nginx; do
     name=${variant%%=*}
     if [ "$name" = nginx ]; then front=nginx; else front=proxyfleet; PROXY=${variant#*=}; fi
     pid=$(start_front $front $quota); port=$(port_of $front)
-    for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
+    wait_ready "$port"
     sleep 1
     if [ -z "$rate" ]; then
       pids=$(pids_of $pid); c0=$(cputicks $pids)
       taskset -c 0 wrk -t1 -c"$connections" -d"${secs}s" "https://127.0.0.1:$port/" > "$work/ab-wrk.txt"
       c1=$(cputicks $pids)
       a=$(awk '/Requests\/sec/ {print $2}' "$work/ab-wrk.txt")
-      b=$(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/ab-wrk.txt")" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }')
+      b=$(us_per_request $((c1 - c0)) "$work/ab-wrk.txt")
       log "round $round, $name: $a req/s, $b µs CPU per request"
     else
       taskset -c 0 wrk -t1 -c"$connections" -d2s "https://127.0.0.1:$port/" >/dev/null 2>&1 || true

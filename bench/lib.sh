@@ -6,7 +6,7 @@
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
 # Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
-for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-5]|1944[1-6]|19902|19901)$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-6]|1944[1-6]|1990[1-3])$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   kill -9 "$stale" 2>/dev/null || true
 done
 rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
@@ -125,6 +125,9 @@ CONF
 # The same with TLS 1.2 to the upstream (maxVersion), to compare with nginx12.
 sed -e 's/18441/18445/; s/19441/19445/; s/19901/19902/' -e 's/caFile: \([^}]*\)}/caFile: \1, maxVersion: "1.2"}/' \
     "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleet12.yaml"
+# "proxyfleetB": the same configuration on ports of its own, run with $PROXY_B (bench/paired.sh's
+# A/B of two builds).
+sed -e 's/18441/18446/; s/19901/19903/' "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetB.yaml"
 
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
@@ -133,21 +136,24 @@ rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {
 # cores that is the only way to measure what a front itself can do (docs/decisions.md).
 FRONT_CPU_PERCENT=${FRONT_CPU_PERCENT:-50}
 QUOTA_CG=
-setup_quota_cgroup() {
+# quota_cgroup NAME PERCENT: a cgroup (v1 or v2 cpu controller) holding PERCENT of one CPU in
+# 10 ms periods; prints its path. Names start with proxyfleet-bench, so the exit trap removes them.
+quota_cgroup() {
+  local cg
   if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then            # cgroup v1
-    QUOTA_CG=/sys/fs/cgroup/cpu/proxyfleet-bench; mkdir -p "$QUOTA_CG"
-    echo 10000 > "$QUOTA_CG/cpu.cfs_period_us"; echo $((FRONT_CPU_PERCENT * 100)) > "$QUOTA_CG/cpu.cfs_quota_us"
+    cg=/sys/fs/cgroup/cpu/$1; mkdir -p "$cg"
+    echo 10000 > "$cg/cpu.cfs_period_us"; echo $(($2 * 100)) > "$cg/cpu.cfs_quota_us"
   elif [ -f /sys/fs/cgroup/cgroup.controllers ]; then             # cgroup v2
     echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-    QUOTA_CG=/sys/fs/cgroup/proxyfleet-bench; mkdir -p "$QUOTA_CG"
-    echo "$((FRONT_CPU_PERCENT * 100)) 10000" > "$QUOTA_CG/cpu.max"
+    cg=/sys/fs/cgroup/$1; mkdir -p "$cg"; echo "$(($2 * 100)) 10000" > "$cg/cpu.max"
   else
     log "no cgroup cpu controller: cannot run front-bound measurements"; return 1
   fi
+  echo "$cg"
 }
-remove_quota_cgroup() {   # once the fronts in it have exited
-  [ -n "$QUOTA_CG" ] || return 0
-  sleep 0.5; rmdir "$QUOTA_CG" 2>/dev/null || true
+setup_quota_cgroup() { QUOTA_CG=$(quota_cgroup proxyfleet-bench "$FRONT_CPU_PERCENT"); }
+remove_quota_cgroup() {   # every quota cgroup, once the fronts in them have exited
+  sleep 0.5; rmdir /sys/fs/cgroup/cpu/proxyfleet-bench* /sys/fs/cgroup/proxyfleet-bench* 2>/dev/null || true
 }
 
 # start_front NAME [quota]: starts a front pinned to CPU 1 (in the quota cgroup with "quota",
@@ -156,6 +162,7 @@ start_front() {
   local cmd
   case $1 in
     proxyfleet|proxyfleet12) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
+    proxyfleetB) cmd=("${PROXY_B:?PROXY_B names the second proxy build}" --config "$work/certs/$1.yaml" --log-format text) ;;
     nginx|nginx12) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
   esac
@@ -165,8 +172,18 @@ start_front() {
     taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   fi
 }
-port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; esac; }
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
 # CPU time (user + kernel, clock ticks) of a front's processes, from /proc.
 cputicks() { local t=0 p; for p in "$@"; do t=$(( t + $(awk '{print $14 + $15}' /proc/$p/stat 2>/dev/null || echo 0) )); done; echo $t; }
+
+# Waits (up to 5 s) until the front on PORT answers.
+wait_ready() { local _; for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$1/" >/dev/null 2>&1 && return 0; sleep 0.1; done; return 0; }
+# us_per_request TICKS WRK_OUTPUT: a front's CPU µs per request over one wrk run.
+us_per_request() {
+  awk -v c="$1" -v n="$(awk '/requests in/ {print $1}' "$2")" -v hz="$(getconf CLK_TCK)" \
+    'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }'
+}
+# The median of numbers on stdin (separated by spaces or newlines); "nan" when there are none.
+median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }

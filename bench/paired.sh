@@ -17,38 +17,9 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-10}; rounds=${2:-5}
 source "$root/bench/lib.sh"
 percent=${PAIRED_CPU_PERCENT:-25}
-if [ -n "${PROXY_B:-}" ]; then
-  # proxyfleet12's ports, TLS 1.3 like proxyfleet's configuration.
-  sed -e 's/, maxVersion: "1.2"//' "$work/certs/proxyfleet12.yaml" > "$work/certs/proxyfleetB.yaml"
-  eval "$(declare -f start_front | sed '1s/start_front/start_front_lib/')"
-  start_front() {
-    if [ "$1" = proxyfleetB ]; then
-      bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec taskset -c 1 "$@"' _ "$QUOTA_CG" \
-        "$PROXY_B" --config "$work/certs/proxyfleetB.yaml" --log-format text >"$work/proxyfleetB.out" 2>&1 & echo $!
-    else
-      start_front_lib "$@"
-    fi
-  }
-  eval "$(declare -f port_of | sed '1s/port_of/port_of_lib/')"
-  port_of() { if [ "$1" = proxyfleetB ]; then echo 18445; else port_of_lib "$1"; fi; }
-  : "${PAIRS:=proxyfleetB:proxyfleet}"
-fi
-
-make_cgroup() {   # name → path, with the quota
-  local cg
-  if [ -f /sys/fs/cgroup/cpu/cpu.cfs_quota_us ]; then
-    cg=/sys/fs/cgroup/cpu/proxyfleet-paired-$1; mkdir -p "$cg"
-    echo 10000 > "$cg/cpu.cfs_period_us"; echo $((percent * 100)) > "$cg/cpu.cfs_quota_us"
-  else
-    echo +cpu > /sys/fs/cgroup/cgroup.subtree_control 2>/dev/null || true
-    cg=/sys/fs/cgroup/proxyfleet-paired-$1; mkdir -p "$cg"; echo "$((percent * 100)) 10000" > "$cg/cpu.max"
-  fi
-  echo "$cg"
-}
-cg_a=$(make_cgroup a); cg_b=$(make_cgroup b); cgroups=("$cg_a" "$cg_b")
-trap 'kill $UP 2>/dev/null || true; sleep 0.5; rmdir "${cgroups[@]}" 2>/dev/null || true' EXIT
+if [ -n "${PROXY_B:-}" ]; then : "${PAIRS:=proxyfleetB:proxyfleet}"; fi
+cg_a=$(quota_cgroup proxyfleet-bench-a "$percent"); cg_b=$(quota_cgroup proxyfleet-bench-b "$percent")
 cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 declare -A RATIO RPS_A RPS_B BUSY0
 pairs=${PAIRS:-proxyfleet:nginx proxyfleet:haproxy}
 for round in $(seq 1 "$rounds"); do
@@ -59,9 +30,7 @@ for round in $(seq 1 "$rounds"); do
     else
       QUOTA_CG=$cg_a; pb=$(start_front "$b" quota); QUOTA_CG=$cg_b; pa=$(start_front "$a" quota); first=$b; second=$a
     fi
-    for f in "$a" "$b"; do
-      for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$(port_of "$f")/" >/dev/null 2>&1 && break; sleep 0.1; done
-    done
+    wait_ready "$(port_of "$a")"; wait_ready "$(port_of "$b")"
     sleep 1
     read -r busy0 total0 < <(cpu_busy 0)
     taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$(port_of "$first")/" > "$work/paired-$first.txt" & w1=$!

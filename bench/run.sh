@@ -10,7 +10,6 @@ secs=${1:-10}; rounds=${2:-3}; p99_rounds=${3:-5}
 source "$root/bench/lib.sh"
 declare -A RPS RPS_FREE P50 P90 P99 P999 RSS_IDLE RSS_LOAD FULL RESUMED CPU_US CPU_US_FREE UP_TLS UP_REQ RSS_IDLE_MIB RSS_LOAD_MIB RESUMED_PCT
 fronts="nginx proxyfleet haproxy nginx12 proxyfleet12"
-median() { tr ' ' '\n' | grep -v '^$' | sort -g | awk '{ v[NR] = $1 } END { if (NR) print v[int((NR + 1) / 2)]; else print "nan" }'; }
 setup_quota_cgroup
 sleep 1
 # max_throughput MODE RPS_ARRAY CPU_ARRAY: wrk -t1 -c32 against every front, MODE "quota" (the
@@ -23,7 +22,7 @@ max_throughput() {
   for round in $(seq 1 "$rounds"); do
     for front in $fronts; do
       pid=$(start_front $front $mode); port=$(port_of $front)
-      for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
+      wait_ready "$port"
       curl -fsS --cacert "$work/certs/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null || { log "$front does not answer"; exit 1; }
       sleep 1
       [ "$round" = 1 ] && [ "$mode" = quota ] && RSS_IDLE[$front]=$(rss_kb $(pids_of $pid))
@@ -33,8 +32,7 @@ max_throughput() {
       sleep $(( secs / 2 )); [ "$round" = 1 ] && [ "$mode" = quota ] && RSS_LOAD[$front]=$(rss_kb $(pids_of $pid)); wait $W
       c1=$(cputicks $pids)
       rps[$front]+=" $(awk '/Requests\/sec/ {print $2}' "$work/wrk-$front.txt")"
-      cpu[$front]+=" $(awk -v c=$((c1 - c0)) -v n="$(awk '/requests in/ {print $1}' "$work/wrk-$front.txt")" -v hz="$(getconf CLK_TCK)" \
-        'BEGIN { if (n > 0) printf "%.1f", c * 1e6 / hz / n; else print "nan" }')"
+      cpu[$front]+=" $(us_per_request $((c1 - c0)) "$work/wrk-$front.txt")"
       kill -9 $(pids_of $pid) 2>/dev/null; wait $pid 2>/dev/null || true; sleep 1
     done
   done

@@ -24,7 +24,7 @@ for round in $(seq 1 "$rounds"); do
     case $front in *+*) envvar=${front#*+}; front=${front%%+*};; esac   # proxyfleet+VAR=VALUE: with that environment
     if [ -n "$envvar" ]; then pid=$(env "$envvar" bash -c "$(declare -f start_front); PROXY=$PROXY work=$work start_front $front"); else pid=$(start_front "$front"); fi
     port=$(port_of "$front")
-    for _ in $(seq 1 50); do curl -sk "https://127.0.0.1:$port/" >/dev/null 2>&1 && break; sleep 0.1; done
+    wait_ready "$port"
     sleep 0.5
     pids=$(pids_of "$pid")
     taskset -c 0 wrk -t1 -c32 -d"$((secs + 2))s" "https://127.0.0.1:$port/" > "$work/split-wrk.txt" &

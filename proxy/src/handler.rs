@@ -172,12 +172,15 @@ pub async fn handle(
     let span = tracing::debug_span!("request", route = %route.name, method = %req.method(), path = %req.uri().path());
     let _e = span.enter();
 
-    // Fault injection.
+    // Fault injection. The route timeout and the upstream latency sample start after an
+    // injected delay: the delay is not the upstream's.
+    let mut upstream_started = started;
     if let Some(fault) = &route.fault {
         if let Some(d) = &fault.delay {
             if d.percent > 0.0 && fastrand::f64() * 100.0 < d.percent {
                 route.metrics.fault_delay.inc();
                 tokio::time::sleep(d.duration.get()).await;
+                upstream_started = Instant::now();
             }
         }
         if let Some(a) = &fault.abort {
@@ -194,7 +197,7 @@ pub async fn handle(
         }
     }
 
-    let resp = forward(route, req, client, limits.max_request_body_bytes, started).await;
+    let resp = forward(route, req, client, limits.max_request_body_bytes, upstream_started).await;
     Ok(finish(&shared, Some(route), resp, started))
 }
 
@@ -344,7 +347,7 @@ async fn attempt_once(
         },
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-    let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req, started)).await;
+    let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {

@@ -70,8 +70,9 @@ impl H1Pool {
     }
 
     /// A ready connection to `endpoint` from the pool, dropping any that closed or idled out.
-    fn checkout(&self, endpoint: &Endpoint, now: Instant) -> Option<Sender> {
+    fn checkout(&self, endpoint: &Endpoint) -> Option<Sender> {
         let mut list = endpoint.h1_idle.0.lock().ok()?;
+        let now = Instant::now();
         let mut i = list.len();
         while i > 0 {
             i -= 1;
@@ -97,7 +98,7 @@ impl H1Pool {
                 return;
             };
             match pool.connect(&endpoint.authority).await {
-                Ok(sender) => pool.checkin(&endpoint, sender, Instant::now()),
+                Ok(sender) => pool.checkin(&endpoint, sender),
                 Err(e) => {
                     tracing::debug!(endpoint = %endpoint.authority, error = %e, "replacing a recycled upstream connection")
                 }
@@ -105,7 +106,7 @@ impl H1Pool {
         });
     }
 
-    fn checkin(&self, endpoint: &Endpoint, sender: Sender, now: Instant) {
+    fn checkin(&self, endpoint: &Endpoint, sender: Sender) {
         if sender.is_closed() {
             return;
         }
@@ -113,7 +114,10 @@ impl H1Pool {
             return;
         };
         if list.len() < self.max_idle {
-            list.push(Idle { sender, since: now });
+            list.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
         }
     }
 
@@ -134,18 +138,17 @@ impl H1Pool {
     /// Sends `req` (origin-form target) to `endpoint` on a pooled connection (or a new one).
     /// Returns the response and whether the connection was reused. A request that a pooled
     /// connection could not even start (closed by the upstream meanwhile) is sent again on a
-    /// new connection. `now` is the caller's clock reading for this request.
+    /// new connection.
     pub async fn send(
         self: &Arc<Self>,
         endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
-        now: Instant,
     ) -> Result<(http::Response<Incoming>, bool), H1Error> {
         let mut req = req;
-        if let Some(mut sender) = self.checkout(endpoint, now) {
+        if let Some(mut sender) = self.checkout(endpoint) {
             match sender.try_send_request(req).await {
                 Ok(resp) => {
-                    self.checkin(endpoint, sender, now);
+                    self.checkin(endpoint, sender);
                     if closes_after(&resp) {
                         self.replace_in_background(endpoint);
                     }
@@ -160,7 +163,7 @@ impl H1Pool {
         }
         let mut sender = self.connect(&endpoint.authority).await?;
         let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
-        self.checkin(endpoint, sender, Instant::now());
+        self.checkin(endpoint, sender);
         if closes_after(&resp) {
             self.replace_in_background(endpoint);
         }

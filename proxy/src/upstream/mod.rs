@@ -174,15 +174,14 @@ impl UpstreamCluster {
     }
 
     /// Sends `req` (its URI from `request_uri`) to `endpoint`. Returns the response and whether
-    /// it came on a reused connection. `now` is the caller's clock reading for this request.
+    /// it came on a reused connection.
     pub async fn send(
         &self,
         endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
-        now: std::time::Instant,
     ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
         if let Some(h1) = &self.h1 {
-            return h1.send(endpoint, req, now).await.map_err(|e| SendError {
+            return h1.send(endpoint, req).await.map_err(|e| SendError {
                 connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
                 error: Box::new(e),
             });
@@ -272,7 +271,7 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
                 req.headers_mut().insert(http::header::HOST, host);
             }
             let healthy = matches!(
-                tokio::time::timeout(hc.timeout.get(), c.send(e, req, std::time::Instant::now())).await,
+                tokio::time::timeout(hc.timeout.get(), c.send(e, req)).await,
                 Ok(Ok((resp, _))) if resp.status().is_success()
             );
             let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
