@@ -10,7 +10,7 @@ use kube::{CustomResource, KubeSchema};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-use proxyfleet_config::{ConnectProxy, Drain, Limits, Route, Upstream};
+use proxyfleet_config::{ConnectProxy, Drain, HumanDuration, Limits, Route, Upstream};
 
 use crate::canary::spec::Strategy;
 use crate::certs::spec::TlsSpec;
@@ -96,6 +96,12 @@ pub struct ProxyDeploymentSpec {
     /// How changes roll out. Default: a rolling update with no unavailable pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy: Option<Strategy>,
+    /// How long new pods may take to become Ready (default 600s, as a Deployment's
+    /// progressDeadlineSeconds). Past it a canary aborts and a plain rollout reports
+    /// Degraded/ProgressDeadlineExceeded, quoting the pods' reason.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[x_kube(validation = Rule::new("duration(self) >= duration('10s') && duration(self) <= duration('24h')").message("spec.progressDeadline must be between 10s and 24h"))]
+    pub progress_deadline: Option<HumanDuration>,
     /// Which member clusters also run this fleet (set on the hub cluster only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub placement: Option<Placement>,

@@ -16,6 +16,7 @@ pub mod history;
 pub mod labels;
 pub mod leader;
 pub mod metrics;
+pub mod pod_problem;
 pub mod propagation;
 pub mod resources;
 pub mod schema;

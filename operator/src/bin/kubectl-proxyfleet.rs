@@ -15,6 +15,7 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
+use proxyfleet_operator::canary::spec::CanaryPhase;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
 use proxyfleet_operator::history::{undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;
@@ -215,9 +216,9 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
             for (i, s) in steps.iter().enumerate() {
                 let mark = match (i as i32).cmp(&canary.current_step_index) {
                     std::cmp::Ordering::Less => "✔",
-                    std::cmp::Ordering::Equal if canary.phase != "Completed" => "▶",
+                    std::cmp::Ordering::Equal if canary.phase != CanaryPhase::Completed => "▶",
                     _ => {
-                        if canary.phase == "Completed" {
+                        if canary.phase == CanaryPhase::Completed {
                             "✔"
                         } else {
                             " "
@@ -238,8 +239,9 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
         }
         for m in &canary.metrics {
             out.push_str(&format!(
-                "│  metric {}: last={} ok={} failed={} inconclusive={} errors={}\n",
+                "│  metric {} ({:?}): last={} ok={} failed={} inconclusive={} errors={}\n",
                 m.name,
+                m.analysis,
                 m.last_value.as_deref().unwrap_or("-"),
                 m.successes,
                 m.failures,
@@ -312,7 +314,7 @@ async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCod
             Ok(pxd) => {
                 let st = pxd.status.clone().unwrap_or_default();
                 let current = st.observed_generation == pxd.metadata.generation;
-                let aborted = st.canary.as_ref().is_some_and(|c| c.phase == "Aborted");
+                let aborted = st.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Aborted);
                 if current && (st.phase == Some(Phase::Degraded) || aborted) {
                     println!(
                         "{name}: Degraded: {}",
@@ -329,7 +331,7 @@ async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCod
                     && st
                         .canary
                         .as_ref()
-                        .is_none_or(|c| c.phase == "Completed" || c.phase == "Idle")
+                        .is_none_or(|c| c.phase == CanaryPhase::Completed || c.phase == CanaryPhase::Idle)
                 {
                     println!(
                         "{name}: Ready ({}/{} ready, revision {})",

@@ -1,22 +1,32 @@
 //! The canary state machine: a pure function from (spec, status, observations, command, now)
 //! to (new status, what to run, events). Everything needed to resume lives in the status, so
 //! an operator restart continues exactly where it stopped: no step repeated or skipped.
+//!
+//! Safety invariants (docs/canary.md; property-tested in `machine_props`):
+//! (a) with background analysis gating steps, no step is left and no revision promoted while
+//!     the canary carries traffic unless the latest measurement taken entirely at the current
+//!     weight passed every metric; every measurement is counted in the same decision;
+//! (b) background failures are never reset inside a rollout (steps, restarts, leader changes);
+//! (c) an analysis whose every conclusive measurement fails aborts after failureLimit + 1.
 
 use super::analysis::Verdict;
-use super::spec::{Analysis, CanaryStatus, CanaryStep, CanaryStrategy, MetricStatus};
+use super::spec::{Analysis, AnalysisKind, CanaryPhase, CanaryStatus, CanaryStep, CanaryStrategy, MetricStatus};
 
-pub const IDLE: &str = "Idle";
-pub const PROGRESSING: &str = "Progressing";
-pub const PAUSED: &str = "Paused";
-pub const ANALYZING: &str = "Analyzing";
-pub const PROMOTING: &str = "Promoting";
-pub const COMPLETED: &str = "Completed";
-pub const ABORTED: &str = "Aborted";
+pub const IDLE: CanaryPhase = CanaryPhase::Idle;
+pub const PROGRESSING: CanaryPhase = CanaryPhase::Progressing;
+pub const PAUSED: CanaryPhase = CanaryPhase::Paused;
+pub const ANALYZING: CanaryPhase = CanaryPhase::Analyzing;
+pub const PROMOTING: CanaryPhase = CanaryPhase::Promoting;
+pub const COMPLETED: CanaryPhase = CanaryPhase::Completed;
+pub const ABORTED: CanaryPhase = CanaryPhase::Aborted;
+
+/// Default seconds a canary step may wait for its pods (Deployment's progressDeadlineSeconds).
+pub const DEFAULT_PROGRESS_DEADLINE: i64 = 600;
 
 /// A manual command (from an annotation or the kubectl plugin).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Command {
-    /// Finish the current step now (skips a pause or a blocking analysis).
+    /// Finish the current step now (skips a pause, a blocking analysis or a weight's judgement).
     Promote,
     /// Skip every remaining step.
     PromoteFull,
@@ -41,8 +51,17 @@ impl Command {
     }
 }
 
+/// One measurement of the analysis active in the status the shell read.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Measurement {
+    /// Start of the window the numbers cover (unix seconds).
+    pub window_start: i64,
+    /// (metric name, verdict).
+    pub verdicts: Vec<(String, Verdict)>,
+}
+
 /// What the reconciler observed this time.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct Observations {
     /// Revision the spec asks for now.
     pub desired_revision: String,
@@ -52,9 +71,28 @@ pub struct Observations {
     pub stable_rolled_out: bool,
     /// Ready pods on the canary Deployment's current template (0 when there is none).
     pub canary_ready: i32,
-    /// Verdicts of a measurement taken this reconcile: (metric name, verdict).
-    pub measurement: Option<Vec<(String, Verdict)>>,
+    /// A measurement taken this reconcile, of the analysis `active_analysis` named.
+    pub measurement: Option<Measurement>,
+    /// Seconds a setWeight step may wait for its canary pods before the rollout aborts.
+    pub progress_deadline: i64,
+    /// Why canary pods are not ready (pod reason and the proxy's last words), when known.
+    pub canary_problem: Option<String>,
     pub now: i64,
+}
+
+impl Default for Observations {
+    fn default() -> Self {
+        Self {
+            desired_revision: String::new(),
+            stable_revision: None,
+            stable_rolled_out: false,
+            canary_ready: 0,
+            measurement: None,
+            progress_deadline: DEFAULT_PROGRESS_DEADLINE,
+            canary_problem: None,
+            now: 0,
+        }
+    }
 }
 
 /// Which template the stable Deployment runs.
@@ -99,6 +137,11 @@ fn rfc(now: i64) -> String {
     crate::certs::issue::rfc3339(now)
 }
 
+/// When the current step started (unix seconds).
+pub fn started_at(status: &CanaryStatus) -> Option<i64> {
+    parse_time(&status.step_started_at)
+}
+
 fn parse_time(s: &Option<String>) -> Option<i64> {
     let t = s.as_deref()?;
     time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
@@ -108,44 +151,134 @@ fn parse_time(s: &Option<String>) -> Option<i64> {
 
 /// The analysis that runs at this point: the blocking one of an analysis step, else the
 /// background one once the canary carries traffic.
-pub fn active_analysis<'a>(strategy: &'a CanaryStrategy, status: &CanaryStatus) -> Option<(&'a Analysis, bool)> {
-    if !matches!(status.phase.as_str(), PROGRESSING | ANALYZING | PAUSED) {
+pub fn active_analysis<'a>(
+    strategy: &'a CanaryStrategy,
+    status: &CanaryStatus,
+) -> Option<(&'a Analysis, AnalysisKind)> {
+    if !matches!(status.phase, PROGRESSING | ANALYZING | PAUSED) {
         return None;
     }
     if let Some(CanaryStep { analysis: Some(a), .. }) = strategy.steps.get(status.current_step_index as usize) {
-        return Some((a, true));
+        return Some((a, AnalysisKind::Step));
     }
     match &strategy.analysis {
-        Some(a) if status.weight > 0 => Some((a, false)),
+        Some(a) if status.weight > 0 => Some((a, AnalysisKind::Background)),
         _ => None,
     }
 }
 
-/// Whether a measurement is due now (the shell measures, then calls `decide`).
-pub fn measurement_due(strategy: &CanaryStrategy, status: &CanaryStatus, now: i64) -> bool {
-    let Some((analysis, _)) = active_analysis(strategy, status) else {
-        return false;
-    };
-    let last = status
+fn last_measured(status: &CanaryStatus, kind: AnalysisKind) -> Option<i64> {
+    status
         .metrics
         .iter()
+        .filter(|m| m.analysis == kind)
         .filter_map(|m| parse_time(&m.last_measured_at))
-        .max();
-    last.is_none_or(|t| now - t >= analysis.interval.get().as_secs() as i64)
+        .max()
+}
+
+/// Whether a measurement is due now (the shell measures, then calls `decide`).
+pub fn measurement_due(strategy: &CanaryStrategy, status: &CanaryStatus, now: i64) -> bool {
+    let Some((analysis, kind)) = active_analysis(strategy, status) else {
+        return false;
+    };
+    let interval = analysis.interval.get().as_secs() as i64;
+    let last = last_measured(status, kind);
+    match kind {
+        // A step's first measurement comes one interval into the step, like every later one.
+        AnalysisKind::Step => {
+            let since = last.or_else(|| parse_time(&status.step_started_at));
+            since.is_none_or(|t| now - t >= interval)
+        }
+        AnalysisKind::Background => {
+            // Measure as soon as a window fits entirely at the current weight, then per interval.
+            let first_full = first_full_window(analysis, status);
+            let awaiting = gate_pending(status) && first_full.is_some_and(|f| now >= f && last.is_none_or(|l| l < f));
+            awaiting || last.is_none_or(|t| now - t >= interval)
+        }
+    }
+}
+
+/// When a window of `analysis` first lies entirely at the current weight.
+fn first_full_window(analysis: &Analysis, status: &CanaryStatus) -> Option<i64> {
+    parse_time(&status.weight_reached_at).map(|t| t + analysis.window.get().as_secs() as i64)
+}
+
+fn gate_pending(status: &CanaryStatus) -> bool {
+    status.weight > 0 && !status.weight_verified
 }
 
 fn fresh_status(desired: &str, stable: Option<&str>, now: i64) -> CanaryStatus {
     CanaryStatus {
-        phase: PROGRESSING.into(),
-        current_step_index: 0,
-        weight: 0,
+        phase: PROGRESSING,
         stable_revision: stable.map(str::to_string),
         canary_revision: Some(desired.to_string()),
         step_started_at: Some(rfc(now)),
-        pause_started_at: None,
-        metrics: Vec::new(),
         message: Some("rollout started".into()),
-        abort_reason: None,
+        ..Default::default()
+    }
+}
+
+/// Why an analysis aborts the rollout, if it does: its failure or error limits are exceeded.
+fn exceeded(analysis: &Analysis, kind: AnalysisKind, metrics: &[MetricStatus]) -> Option<String> {
+    let ours = metrics
+        .iter()
+        .filter(|m| m.analysis == kind && analysis.metrics.iter().any(|a| a.name == m.name));
+    for m in ours {
+        let last = m.last_value.as_deref().unwrap_or_default();
+        if m.failures > analysis.failure_limit {
+            let (n, limit) = (m.failures, analysis.failure_limit);
+            return Some(format!(
+                "metric {} failed {n} times (failureLimit {limit}), last value {last}",
+                m.name
+            ));
+        }
+        if m.consecutive_errors > analysis.consecutive_error_limit {
+            let (n, limit) = (m.consecutive_errors, analysis.consecutive_error_limit);
+            return Some(format!(
+                "metric {} errored {n} times in a row (consecutiveErrorLimit {limit}): {last}",
+                m.name
+            ));
+        }
+    }
+    None
+}
+
+/// Every metric of a blocking analysis has `count` successes.
+fn step_passed(analysis: &Analysis, metrics: &[MetricStatus]) -> bool {
+    analysis.metrics.iter().all(|a| {
+        metrics
+            .iter()
+            .any(|m| m.analysis == AnalysisKind::Step && m.name == a.name && m.successes >= analysis.count)
+    })
+}
+
+fn count_verdict(m: &mut MetricStatus, v: &Verdict, now: i64) {
+    m.last_measured_at = Some(rfc(now));
+    if !matches!(v, Verdict::Error(_)) {
+        m.consecutive_errors = 0;
+    }
+    match v {
+        Verdict::Success(x) => {
+            m.successes += 1;
+            m.last_value = Some(format!("{x:.3}"));
+        }
+        Verdict::Failure(x) => {
+            m.failures += 1;
+            m.last_value = Some(if x.is_nan() {
+                "no data".into()
+            } else {
+                format!("{x:.3}")
+            });
+        }
+        Verdict::Inconclusive(why) => {
+            m.inconclusive += 1;
+            m.last_value = Some(format!("inconclusive: {why}"));
+        }
+        Verdict::Error(why) => {
+            m.errors += 1;
+            m.consecutive_errors += 1;
+            m.last_value = Some(format!("error: {why}"));
+        }
     }
 }
 
@@ -178,8 +311,9 @@ impl Run {
     }
 
     fn abort(&mut self, reason: &str, message: String) {
-        self.status.phase = ABORTED.into();
+        self.status.phase = ABORTED;
         self.status.weight = 0;
+        self.status.weight_verified = false;
         self.status.abort_reason = Some(reason.to_string());
         self.status.message = Some(message.clone());
         self.aborted = Some(reason.to_string());
@@ -190,92 +324,81 @@ impl Run {
         self.status.current_step_index += 1;
         self.status.step_started_at = Some(rfc(now));
         self.status.pause_started_at = None;
-        // Blocking-analysis counters restart per step; background ones carry on.
-        for m in &mut self.status.metrics {
-            m.successes = 0;
-            m.failures = 0;
-            m.inconclusive = 0;
+        // A step's blocking analysis ends with it; background counters carry on.
+        self.status.metrics.retain(|m| m.analysis == AnalysisKind::Background);
+    }
+
+    fn set_weight(&mut self, weight: i32, now: i64) {
+        self.status.weight = weight;
+        self.status.weight_reached_at = Some(rfc(now));
+        self.status.weight_verified = false;
+    }
+
+    /// Folds a measurement into the counters of `kind`.
+    fn record(&mut self, kind: AnalysisKind, m: &Measurement, now: i64) {
+        for (name, v) in &m.verdicts {
+            let pos = self
+                .status
+                .metrics
+                .iter()
+                .position(|s| s.analysis == kind && &s.name == name);
+            let idx = pos.unwrap_or_else(|| {
+                self.status.metrics.push(MetricStatus {
+                    name: name.clone(),
+                    analysis: kind,
+                    ..Default::default()
+                });
+                self.status.metrics.len() - 1
+            });
+            count_verdict(&mut self.status.metrics[idx], v, now);
         }
     }
 
-    /// Folds a measurement into the metric counters; returns (passed, failed) for this analysis.
-    fn record(&mut self, analysis: &Analysis, verdicts: &[(String, Verdict)], now: i64) -> (bool, Option<String>) {
-        for (name, v) in verdicts {
-            let idx = match self.status.metrics.iter().position(|m| &m.name == name) {
-                Some(i) => i,
-                None => {
-                    self.status.metrics.push(MetricStatus {
-                        name: name.clone(),
-                        ..Default::default()
-                    });
-                    self.status.metrics.len() - 1
-                }
-            };
-            let m = &mut self.status.metrics[idx];
-            m.last_measured_at = Some(rfc(now));
-            match v {
-                Verdict::Success(x) => {
-                    m.successes += 1;
-                    m.consecutive_errors = 0;
-                    m.last_value = Some(format!("{x:.3}"));
-                }
-                Verdict::Failure(x) => {
-                    m.failures += 1;
-                    m.consecutive_errors = 0;
-                    m.last_value = Some(if x.is_nan() {
-                        "no data".into()
-                    } else {
-                        format!("{x:.3}")
-                    });
-                }
-                Verdict::Inconclusive(why) => {
-                    m.inconclusive += 1;
-                    m.consecutive_errors = 0;
-                    m.last_value = Some(format!("inconclusive: {why}"));
-                }
-                Verdict::Error(why) => {
-                    m.errors += 1;
-                    m.consecutive_errors += 1;
-                    m.last_value = Some(format!("error: {why}"));
-                }
-            }
+    /// Counts a background measurement and judges the current weight by it; aborts past limits.
+    fn record_background(&mut self, analysis: &Analysis, m: &Measurement, now: i64) {
+        self.record(AnalysisKind::Background, m, now);
+        let at_weight = parse_time(&self.status.weight_reached_at).is_some_and(|t| m.window_start >= t);
+        if at_weight {
+            let all_passed = analysis.metrics.iter().all(|a| {
+                m.verdicts
+                    .iter()
+                    .any(|(n, v)| n == &a.name && matches!(v, Verdict::Success(_)))
+            });
+            self.status.weight_verified = all_passed;
         }
-        let names: Vec<&str> = analysis.metrics.iter().map(|m| m.name.as_str()).collect();
-        let ours = self.status.metrics.iter().filter(|m| names.contains(&m.name.as_str()));
-        let mut passed = true;
-        for m in ours {
-            if m.failures > analysis.failure_limit {
-                return (
-                    false,
-                    Some(format!(
-                        "metric {} failed {} times (failureLimit {}), last value {}",
-                        m.name,
-                        m.failures,
-                        analysis.failure_limit,
-                        m.last_value.clone().unwrap_or_default()
-                    )),
-                );
-            }
-            if m.consecutive_errors > analysis.consecutive_error_limit {
-                return (
-                    false,
-                    Some(format!(
-                        "metric {} errored {} times in a row (consecutiveErrorLimit {}): {}",
-                        m.name,
-                        m.consecutive_errors,
-                        analysis.consecutive_error_limit,
-                        m.last_value.clone().unwrap_or_default()
-                    )),
-                );
-            }
-            if m.successes < analysis.count {
-                passed = false;
-            }
+        if let Some(why) = exceeded(analysis, AnalysisKind::Background, &self.status.metrics) {
+            self.abort("AnalysisFailed", why);
         }
-        (
-            passed && names.iter().all(|n| self.status.metrics.iter().any(|m| &m.name == n)),
-            None,
-        )
+    }
+
+    /// Counts a measurement of the current step's blocking analysis; aborts past its limits.
+    fn record_step(&mut self, analysis: &Analysis, m: &Measurement, now: i64) {
+        self.record(AnalysisKind::Step, m, now);
+        if let Some(why) = exceeded(analysis, AnalysisKind::Step, &self.status.metrics) {
+            self.abort("AnalysisFailed", why);
+        }
+    }
+}
+
+/// The decision when nothing should run but the spec's revision on stable.
+fn plain(status: CanaryStatus, events: Vec<Event>, total: i32) -> Decision {
+    Decision {
+        status,
+        stable_template: StableTemplate::Desired,
+        stable_replicas: total,
+        canary_replicas: None,
+        events,
+        requeue_after: 300,
+        aborted: None,
+    }
+}
+
+fn idle(stable: Option<String>, message: &str) -> CanaryStatus {
+    CanaryStatus {
+        phase: IDLE,
+        stable_revision: stable,
+        message: Some(message.to_string()),
+        ..Default::default()
     }
 }
 
@@ -287,147 +410,164 @@ pub fn decide(
     obs: &Observations,
     command: Option<Command>,
 ) -> Decision {
-    let now = obs.now;
-    let plain = |status: CanaryStatus, events: Vec<Event>| Decision {
-        status,
-        stable_template: StableTemplate::Desired,
-        stable_replicas: total,
-        canary_replicas: None,
-        events,
-        requeue_after: 300,
-        aborted: None,
-    };
-    let idle = |message: &str| CanaryStatus {
-        phase: IDLE.into(),
-        stable_revision: obs.stable_revision.clone(),
-        message: Some(message.to_string()),
-        ..Default::default()
-    };
-
     // First deploy: nothing to compare against.
     let Some(stable_rev) = obs.stable_revision.clone() else {
-        return plain(idle("first deployment"), vec![]);
+        return plain(idle(None, "first deployment"), vec![], total);
     };
     let mut run = Run {
-        status: previous.cloned().unwrap_or_else(|| idle("")),
+        status: previous
+            .cloned()
+            .unwrap_or_else(|| idle(obs.stable_revision.clone(), "")),
         events: Vec::new(),
         aborted: None,
     };
-    let in_rollout = matches!(
-        run.status.phase.as_str(),
-        PROGRESSING | PAUSED | ANALYZING | PROMOTING | ABORTED
-    );
-
     if stable_rev == obs.desired_revision {
-        // Stable already runs the canary revision: we promoted it (even if the status we were
-        // handed predates that write).
-        if in_rollout
-            && run.status.phase != ABORTED
-            && run.status.canary_revision.as_deref() == Some(stable_rev.as_str())
-        {
-            run.status.phase = PROMOTING.into();
-        }
-        if in_rollout && run.status.phase != PROMOTING {
-            // The spec went back to what stable runs: the rollout is moot.
-            let mut s = idle("spec returned to the stable revision; rollout cancelled");
-            s.stable_revision = Some(stable_rev);
-            return plain(
-                s,
-                vec![Event {
-                    warning: false,
-                    reason: "RolloutCancelled",
-                    message: "spec returned to the stable revision".into(),
-                }],
-            );
-        }
-        if run.status.phase == PROMOTING {
-            // Stable now runs the new revision; finish once its pods are all there.
-            if obs.stable_rolled_out {
-                run.status.phase = COMPLETED.into();
-                run.status.weight = 100;
-                run.status.stable_revision = Some(stable_rev.clone());
-                run.status.message = Some(format!("revision {stable_rev} promoted to stable"));
-                run.event(false, "RolloutCompleted", format!("revision {stable_rev} is stable"));
-                return Decision {
-                    status: run.status,
-                    stable_template: StableTemplate::Desired,
-                    stable_replicas: total,
-                    canary_replicas: None,
-                    events: run.events,
-                    requeue_after: 300,
-                    aborted: None,
-                };
-            }
-            return Decision {
-                status: run.status,
-                stable_template: StableTemplate::Desired,
-                stable_replicas: total,
-                canary_replicas: Some(obs.canary_ready.max(0)),
-                events: run.events,
-                requeue_after: 2,
-                aborted: None,
-            };
-        }
+        return settle(run, &stable_rev, total, obs);
+    }
+    start_or_supersede(&mut run, &stable_rev, obs);
+    apply_command(&mut run, command, &stable_rev, obs);
+    if run.status.phase == ABORTED {
+        return run.into_aborted(total);
+    }
+    // Every measurement is counted before anything moves, whatever the step or a command does.
+    match (active_analysis(strategy, &run.status), &obs.measurement) {
+        (Some((analysis, AnalysisKind::Background)), Some(m)) => run.record_background(analysis, m, obs.now),
+        (Some((analysis, AnalysisKind::Step)), Some(m)) => run.record_step(analysis, m, obs.now),
+        _ => {}
+    }
+    if run.status.phase != ABORTED {
+        check_progress_deadline(&mut run, strategy, total, obs);
+    }
+    if run.status.phase == ABORTED {
+        return run.into_aborted(total);
+    }
+    walk_steps(run, strategy, total, obs, command)
+}
+
+/// Stable already runs the spec's revision: finish a promotion, or leave the machine idle.
+fn settle(mut run: Run, stable_rev: &str, total: i32, obs: &Observations) -> Decision {
+    let in_rollout = run.status.phase.in_rollout();
+    // Stable runs the canary revision: we promoted it (even if the status we were handed
+    // predates that write).
+    if in_rollout && run.status.phase != ABORTED && run.status.canary_revision.as_deref() == Some(stable_rev) {
+        run.status.phase = PROMOTING;
+    }
+    if in_rollout && run.status.phase != PROMOTING {
+        let s = idle(
+            Some(stable_rev.to_string()),
+            "spec returned to the stable revision; rollout cancelled",
+        );
+        let cancelled = Event {
+            warning: false,
+            reason: "RolloutCancelled",
+            message: "spec returned to the stable revision".into(),
+        };
+        return plain(s, vec![cancelled], total);
+    }
+    if run.status.phase != PROMOTING {
         let status = if run.status.phase == COMPLETED {
             run.status
         } else {
-            idle("stable runs the spec's revision")
+            idle(obs.stable_revision.clone(), "stable runs the spec's revision")
         };
-        return plain(status, vec![]);
+        return plain(status, vec![], total);
     }
+    if !obs.stable_rolled_out {
+        // Stable rolls to the new revision; the canary pods serve until it is there.
+        return Decision {
+            canary_replicas: Some(obs.canary_ready.max(0)),
+            requeue_after: 2,
+            ..plain(run.status, run.events, total)
+        };
+    }
+    run.status.phase = COMPLETED;
+    run.status.weight = 100;
+    run.status.stable_revision = Some(stable_rev.to_string());
+    run.status.message = Some(format!("revision {stable_rev} promoted to stable"));
+    run.event(false, "RolloutCompleted", format!("revision {stable_rev} is stable"));
+    plain(run.status, run.events, total)
+}
 
-    // A new revision: start, or supersede a rollout of another revision.
-    if run.status.canary_revision.as_deref() != Some(obs.desired_revision.as_str()) {
-        let superseded = in_rollout && run.status.phase != ABORTED;
-        run.status = fresh_status(&obs.desired_revision, Some(&stable_rev), now);
-        if superseded {
-            run.event(
-                false,
-                "RolloutSuperseded",
-                format!(
-                    "a newer revision {} replaces the rollout in progress",
-                    obs.desired_revision
-                ),
-            );
-        }
-        run.event(
-            false,
-            "RolloutStarted",
-            format!("canary revision {} (stable {stable_rev})", obs.desired_revision),
+/// A new revision: start, or supersede a rollout of another revision.
+fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
+    if run.status.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) {
+        return;
+    }
+    let superseded = run.status.phase.in_rollout() && run.status.phase != ABORTED;
+    run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
+    if superseded {
+        let msg = format!(
+            "a newer revision {} replaces the rollout in progress",
+            obs.desired_revision
         );
+        run.event(false, "RolloutSuperseded", msg);
     }
+    let msg = format!("canary revision {} (stable {stable_rev})", obs.desired_revision);
+    run.event(false, "RolloutStarted", msg);
+}
 
+fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs: &Observations) {
     match command {
         Some(Command::Abort) if run.status.phase != ABORTED => run.abort("ManualAbort", "aborted by request".into()),
         Some(Command::Retry) if run.status.phase == ABORTED => {
-            run.status = fresh_status(&obs.desired_revision, Some(&stable_rev), now);
+            run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
             run.event(false, "RolloutRetried", "rollout restarted from the first step".into());
         }
         Some(Command::Pause) if run.status.phase != ABORTED => {
-            run.status.phase = PAUSED.into();
-            run.status.pause_started_at.get_or_insert_with(|| rfc(now));
+            run.status.phase = PAUSED;
+            run.status.pause_started_at.get_or_insert_with(|| rfc(obs.now));
             run.status.message = Some("paused by request".into());
         }
         _ => {}
     }
+}
 
-    if run.status.phase == ABORTED {
-        return run.into_aborted(total);
+/// A setWeight step whose canary pods are not ready within the progress deadline aborts.
+fn check_progress_deadline(run: &mut Run, strategy: &CanaryStrategy, total: i32, obs: &Observations) {
+    let idx = run.status.current_step_index as usize;
+    let Some(w) = strategy.steps.get(idx).and_then(|s| s.set_weight) else {
+        return;
+    };
+    let target = canary_replicas(total, w);
+    let waiting = run.status.weight != w && obs.canary_ready < target;
+    let started = parse_time(&run.status.step_started_at).unwrap_or(obs.now);
+    if waiting && run.status.phase != PAUSED && obs.now - started >= obs.progress_deadline {
+        let why = obs.canary_problem.as_deref().unwrap_or("no pod reported a reason");
+        let msg = format!(
+            "step {idx}: {} of {target} canary pod(s) ready after {}s (progressDeadline {}s): {why}",
+            obs.canary_ready,
+            obs.now - started,
+            obs.progress_deadline
+        );
+        run.abort("ProgressDeadlineExceeded", msg);
     }
+}
 
-    // Background analysis judges every step once the canary carries traffic.
-    if let (Some(verdicts), Some((analysis, false))) = (&obs.measurement, active_analysis(strategy, &run.status)) {
-        let (_, failed) = run.record(analysis, verdicts, now);
-        if let Some(why) = failed {
-            run.abort("AnalysisFailed", why);
-            return run.into_aborted(total);
-        }
-    }
+/// Whether the current step may be left: with gating background analysis and traffic on the
+/// canary, only right after a passing measurement taken entirely at the current weight.
+fn may_leave(strategy: &CanaryStrategy, status: &CanaryStatus) -> bool {
+    let gating = strategy.analysis.is_some() && strategy.gate_on_background_analysis;
+    !gating || !gate_pending(status)
+}
 
+/// How a pass through one step ended.
+enum StepOutcome {
+    /// The step is done; look at the next one in the same decision.
+    Next,
+    /// Wait; re-decide after this many seconds at the latest.
+    Wait(u64),
+}
+
+/// Walk through steps that complete at once, at most one weight change per call.
+fn walk_steps(
+    mut run: Run,
+    strategy: &CanaryStrategy,
+    total: i32,
+    obs: &Observations,
+    command: Option<Command>,
+) -> Decision {
     let manual_pause = run.status.phase == PAUSED
-        && command != Some(Command::Resume)
-        && command != Some(Command::Promote)
-        && command != Some(Command::PromoteFull)
+        && !matches!(command, Some(Command::Resume | Command::Promote | Command::PromoteFull))
         && strategy
             .steps
             .get(run.status.current_step_index as usize)
@@ -436,99 +576,47 @@ pub fn decide(
         run.status.current_step_index = strategy.steps.len() as i32;
         run.event(false, "PromotedFull", "all remaining steps skipped by request".into());
     }
-    let mut requeue = 2u64;
-    let mut promote_pending = command == Some(Command::Promote);
+    let mut promote_now = command == Some(Command::Promote);
+    let mut requeue = if manual_pause { 300 } else { 2 };
     let mut target_weight = run.status.weight;
-    // Walk through steps that complete immediately, but at most one weight change per call.
     for _ in 0..strategy.steps.len() + 1 {
         if manual_pause {
-            requeue = 300;
             break;
         }
         let idx = run.status.current_step_index as usize;
         let Some(step) = strategy.steps.get(idx) else {
-            run.status.phase = PROMOTING.into();
-            run.status.message = Some("promoting: stable rolls to the canary revision".into());
-            return Decision {
-                status: run.status,
-                stable_template: StableTemplate::Desired,
-                stable_replicas: total,
-                canary_replicas: Some(obs.canary_ready.max(canary_replicas(total, 0))),
-                events: run.events,
-                requeue_after: 2,
-                aborted: None,
-            };
+            if promote_now || command == Some(Command::PromoteFull) || may_leave(strategy, &run.status) {
+                return promote(run, total, obs);
+            }
+            run.status.phase = PROGRESSING;
+            run.status.message = Some(awaiting_verdict(&run.status, "promotion"));
+            requeue = until_judged(strategy, &run.status, obs.now);
+            break;
+        };
+        let outcome = if let Some(w) = step.set_weight {
+            weight_step(&mut run, strategy, total, obs, w, promote_now, &mut target_weight)
+        } else if let Some(p) = &step.pause {
+            pause_step(
+                &mut run,
+                strategy,
+                obs,
+                p.duration.map(|d| d.get().as_secs() as i64),
+                promote_now,
+            )
+        } else if let Some(a) = &step.analysis {
+            analysis_step(&mut run, strategy, obs, a, promote_now)
+        } else {
+            run.next_step(obs.now);
+            StepOutcome::Next
         };
         // A promote finishes exactly one step.
-        let promote_now = std::mem::take(&mut promote_pending);
-        if let Some(w) = step.set_weight {
-            run.status.phase = PROGRESSING.into();
-            let target = canary_replicas(total, w);
-            if obs.canary_ready >= target || promote_now {
-                run.status.weight = w;
-                run.status.message = Some(format!("step {idx}: weight {w}% reached ({target} canary pod(s))"));
-                run.event(false, "StepCompleted", format!("step {idx}: weight {w}%"));
-                run.next_step(now);
-                // Give the new weight time to carry traffic before anything else happens.
+        promote_now = false;
+        match outcome {
+            StepOutcome::Next => continue,
+            StepOutcome::Wait(s) => {
+                requeue = s;
                 break;
             }
-            // Scale towards the step's weight; status.weight changes once it is reached.
-            target_weight = w;
-            run.status.message = Some(format!(
-                "step {idx}: waiting for {target} canary pod(s) ready ({} now)",
-                obs.canary_ready
-            ));
-            break;
-        } else if let Some(p) = &step.pause {
-            run.status.phase = PAUSED.into();
-            let started = parse_time(&run.status.pause_started_at).unwrap_or(now);
-            run.status.pause_started_at = Some(rfc(started));
-            let done = match p.duration {
-                Some(d) => now - started >= d.get().as_secs() as i64,
-                None => false,
-            };
-            if done || promote_now {
-                run.event(false, "StepCompleted", format!("step {idx}: pause over"));
-                run.next_step(now);
-                continue;
-            }
-            run.status.message = Some(match p.duration {
-                Some(d) => format!("step {idx}: paused for {d}"),
-                None => format!("step {idx}: paused until promoted"),
-            });
-            requeue = p
-                .duration
-                .map(|d| (started + d.get().as_secs() as i64 - now).clamp(1, 300) as u64)
-                .unwrap_or(300);
-            break;
-        } else if let Some(a) = &step.analysis {
-            run.status.phase = ANALYZING.into();
-            if promote_now {
-                run.event(
-                    false,
-                    "StepCompleted",
-                    format!("step {idx}: analysis skipped by request"),
-                );
-                run.next_step(now);
-                continue;
-            }
-            if let Some(verdicts) = &obs.measurement {
-                let (passed, failed) = run.record(a, verdicts, now);
-                if let Some(why) = failed {
-                    run.abort("AnalysisFailed", why);
-                    return run.into_aborted(total);
-                }
-                if passed {
-                    run.event(false, "AnalysisPassed", format!("step {idx}: analysis passed"));
-                    run.next_step(now);
-                    continue;
-                }
-            }
-            run.status.message = Some(format!("step {idx}: analysing (every {})", a.interval));
-            requeue = a.interval.get().as_secs().max(1);
-            break;
-        } else {
-            run.next_step(now);
         }
     }
     if let Some((a, _)) = active_analysis(strategy, &run.status) {
@@ -544,4 +632,141 @@ pub fn decide(
         requeue_after: requeue,
         aborted: run.aborted,
     }
+}
+
+/// Seconds until the current weight can next be judged (its first full window, else an interval).
+fn until_judged(strategy: &CanaryStrategy, status: &CanaryStatus, now: i64) -> u64 {
+    let Some(a) = &strategy.analysis else { return 2 };
+    let interval = a.interval.get().as_secs().max(1);
+    match first_full_window(a, status) {
+        Some(t) if t > now => ((t - now) as u64).clamp(1, interval),
+        _ => interval,
+    }
+}
+
+fn awaiting_verdict(status: &CanaryStatus, what: &str) -> String {
+    let last = status
+        .metrics
+        .iter()
+        .filter(|m| m.analysis == AnalysisKind::Background)
+        .filter_map(|m| m.last_value.as_ref().map(|v| format!("{} {v}", m.name)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let last = if last.is_empty() { "none yet".to_string() } else { last };
+    format!(
+        "weight {}%: {what} waits for a passing measurement taken entirely at this weight (last: {last})",
+        status.weight
+    )
+}
+
+fn promote(mut run: Run, total: i32, obs: &Observations) -> Decision {
+    run.status.phase = PROMOTING;
+    run.status.message = Some("promoting: stable rolls to the canary revision".into());
+    Decision {
+        canary_replicas: Some(obs.canary_ready.max(0)),
+        requeue_after: 2,
+        ..plain(run.status, run.events, total)
+    }
+}
+
+fn weight_step(
+    run: &mut Run,
+    strategy: &CanaryStrategy,
+    total: i32,
+    obs: &Observations,
+    w: i32,
+    promote_now: bool,
+    target_weight: &mut i32,
+) -> StepOutcome {
+    let idx = run.status.current_step_index;
+    run.status.phase = PROGRESSING;
+    if run.status.weight != w {
+        let target = canary_replicas(total, w);
+        if obs.canary_ready < target && !promote_now {
+            // Scale towards the step's weight; status.weight changes once it is reached.
+            *target_weight = w;
+            let ready = obs.canary_ready;
+            run.status.message = Some(format!(
+                "step {idx}: waiting for {target} canary pod(s) ready ({ready} now)"
+            ));
+            return StepOutcome::Wait(2);
+        }
+        run.set_weight(w, obs.now);
+        run.status.message = Some(format!("step {idx}: weight {w}% reached ({target} canary pod(s))"));
+        if !promote_now && !may_leave(strategy, &run.status) {
+            return StepOutcome::Wait(until_judged(strategy, &run.status, obs.now));
+        }
+        run.event(false, "StepCompleted", format!("step {idx}: weight {w}%"));
+        run.next_step(obs.now);
+        // Give the new weight time to carry traffic before anything else happens.
+        return StepOutcome::Wait(2);
+    }
+    if promote_now || may_leave(strategy, &run.status) {
+        run.event(false, "StepCompleted", format!("step {idx}: weight {w}% judged"));
+        run.next_step(obs.now);
+        return StepOutcome::Next;
+    }
+    run.status.message = Some(format!(
+        "step {idx}: {}",
+        awaiting_verdict(&run.status, "the next step")
+    ));
+    StepOutcome::Wait(until_judged(strategy, &run.status, obs.now))
+}
+
+fn pause_step(
+    run: &mut Run,
+    strategy: &CanaryStrategy,
+    obs: &Observations,
+    duration: Option<i64>,
+    promote_now: bool,
+) -> StepOutcome {
+    let (idx, now) = (run.status.current_step_index, obs.now);
+    run.status.phase = PAUSED;
+    let started = parse_time(&run.status.pause_started_at).unwrap_or(now);
+    run.status.pause_started_at = Some(rfc(started));
+    let over = duration.is_some_and(|d| now - started >= d);
+    if promote_now || (over && may_leave(strategy, &run.status)) {
+        run.event(false, "StepCompleted", format!("step {idx}: pause over"));
+        run.next_step(now);
+        return StepOutcome::Next;
+    }
+    run.status.message = Some(match duration {
+        Some(_) if over => format!(
+            "step {idx}: pause over; {}",
+            awaiting_verdict(&run.status, "the next step")
+        ),
+        Some(d) => format!("step {idx}: paused for {d}s"),
+        None => format!("step {idx}: paused until promoted"),
+    });
+    StepOutcome::Wait(match duration {
+        Some(d) => (started + d - now).clamp(1, 300) as u64,
+        None => 300,
+    })
+}
+
+fn analysis_step(
+    run: &mut Run,
+    strategy: &CanaryStrategy,
+    obs: &Observations,
+    a: &Analysis,
+    promote_now: bool,
+) -> StepOutcome {
+    let idx = run.status.current_step_index;
+    run.status.phase = ANALYZING;
+    if promote_now {
+        run.event(
+            false,
+            "StepCompleted",
+            format!("step {idx}: analysis skipped by request"),
+        );
+        run.next_step(obs.now);
+        return StepOutcome::Next;
+    }
+    if step_passed(a, &run.status.metrics) && may_leave(strategy, &run.status) {
+        run.event(false, "AnalysisPassed", format!("step {idx}: analysis passed"));
+        run.next_step(obs.now);
+        return StepOutcome::Next;
+    }
+    run.status.message = Some(format!("step {idx}: analysing (every {})", a.interval));
+    StepOutcome::Wait(a.interval.get().as_secs().max(1))
 }

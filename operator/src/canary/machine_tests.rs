@@ -3,7 +3,7 @@ use super::machine::*;
 use super::spec::*;
 
 /// (time, canary pods ready, measurement) fed to the machine in order.
-type ScriptStep = (i64, i32, Option<Vec<(String, Verdict)>>);
+type ScriptStep = (i64, i32, Option<Measurement>);
 
 fn strategy(yaml: &str) -> CanaryStrategy {
     serde_yaml::from_str(yaml).unwrap()
@@ -19,22 +19,33 @@ steps:
 analysis: {interval: 10s, failureLimit: 1, metrics: [{name: errors, errorRate5xx: {max: 5}}]}
 "#;
 
+/// STEPS as Argo Rollouts runs it: background analysis beside the steps, never gating them.
+fn ungated() -> CanaryStrategy {
+    let mut s = strategy(STEPS);
+    s.gate_on_background_analysis = false;
+    s
+}
+
 fn obs(now: i64, canary_ready: i32) -> Observations {
     Observations {
         desired_revision: "new".into(),
         stable_revision: Some("old".into()),
         stable_rolled_out: true,
         canary_ready,
-        measurement: None,
         now,
+        ..Default::default()
     }
 }
 
-fn ok() -> Option<Vec<(String, Verdict)>> {
-    Some(vec![("errors".into(), Verdict::Success(0.5))])
+fn measured(window_start: i64, verdicts: Vec<(String, Verdict)>) -> Option<Measurement> {
+    Some(Measurement { window_start, verdicts })
 }
-fn bad() -> Option<Vec<(String, Verdict)>> {
-    Some(vec![("errors".into(), Verdict::Failure(20.0))])
+/// A passing measurement whose window started long ago (not entirely at any recent weight).
+fn ok() -> Option<Measurement> {
+    measured(-1000, vec![("errors".into(), Verdict::Success(0.5))])
+}
+fn bad() -> Option<Measurement> {
+    measured(-1000, vec![("errors".into(), Verdict::Failure(20.0))])
 }
 
 #[test]
@@ -62,7 +73,7 @@ fn first_deploy_and_no_change_are_plain() {
 
 #[test]
 fn a_healthy_rollout_walks_every_step_once() {
-    let s = strategy(STEPS);
+    let s = ungated();
     // Start: step 0 wants 1 canary pod.
     let d = decide(&s, None, 5, &obs(0, 0), None);
     assert_eq!(d.status.phase, PROGRESSING);
@@ -157,12 +168,18 @@ fn consecutive_errors_abort_and_are_never_a_pass() {
     d = decide(&s, Some(&d.status), 5, &obs(1, 1), None);
     for (i, t) in [10, 20].iter().enumerate() {
         let mut o = obs(*t, 1);
-        o.measurement = Some(vec![("errors".into(), Verdict::Error("prometheus unreachable".into()))]);
+        o.measurement = measured(
+            0,
+            vec![("errors".into(), Verdict::Error("prometheus unreachable".into()))],
+        );
         d = decide(&s, Some(&d.status), 5, &o, None);
         assert_ne!(d.status.phase, ABORTED, "error {i} tolerated");
     }
     let mut o = obs(30, 1);
-    o.measurement = Some(vec![("errors".into(), Verdict::Error("prometheus unreachable".into()))]);
+    o.measurement = measured(
+        0,
+        vec![("errors".into(), Verdict::Error("prometheus unreachable".into()))],
+    );
     d = decide(&s, Some(&d.status), 5, &o, None);
     assert_eq!(d.status.phase, ABORTED);
     assert!(d.status.message.unwrap().contains("consecutiveErrorLimit"));
@@ -210,7 +227,7 @@ fn manual_commands() {
 fn restart_in_every_phase_resumes_without_repeating_or_skipping() {
     // Replaying the last decision's status with the same observations is a fixed point in
     // every phase: a restarted operator continues where it was.
-    let s = strategy(STEPS);
+    let s = ungated();
     let mut status: Option<CanaryStatus> = None;
     let script: Vec<ScriptStep> = vec![
         (0, 0, None),
@@ -260,7 +277,7 @@ fn measurement_is_due_per_interval() {
 fn a_stale_status_after_promotion_still_completes() {
     let s = strategy(STEPS);
     let mut st = CanaryStatus {
-        phase: PROGRESSING.into(),
+        phase: PROGRESSING,
         current_step_index: 4,
         weight: 100,
         canary_revision: Some("new".into()),
@@ -276,4 +293,137 @@ fn a_stale_status_after_promotion_still_completes() {
     o.stable_rolled_out = true;
     let d = decide(&s, Some(&d.status), 5, &o, None);
     assert_eq!(d.status.phase, COMPLETED);
+}
+
+/// The demo's strategy (issue 16): background analysis only, judged every 10 s on 20 s windows.
+const DEMO: &str = r#"
+steps: [{setWeight: 34}, {pause: {duration: 15s}}, {setWeight: 67}, {pause: {duration: 15s}}, {setWeight: 100}]
+analysis: {interval: 10s, window: 20s, minRequests: 10, metrics: [{name: errors, errorRate5xx: {max: 5}}, {name: p99, p99LatencyMs: {max: 250}}]}
+"#;
+
+/// Drives the machine the way the shell does: measure when due (a Prometheus-like window of
+/// `window` seconds ending now), all canary pods ready at once, every decision persisted.
+fn drive(s: &CanaryStrategy, verdict: impl Fn(&str) -> Verdict, until: i64) -> Vec<Decision> {
+    let mut out: Vec<Decision> = Vec::new();
+    let mut stable = "old".to_string();
+    for now in 0..until {
+        let prev = out.last().map(|d| d.status.clone());
+        let mut o = obs(now, 3);
+        o.stable_revision = Some(stable.clone());
+        if let Some((a, _)) = prev
+            .as_ref()
+            .and_then(|p| active_analysis(s, p).filter(|_| measurement_due(s, p, now)))
+        {
+            let verdicts = a.metrics.iter().map(|m| (m.name.clone(), verdict(&m.name))).collect();
+            o.measurement = measured(now - a.window.get().as_secs() as i64, verdicts);
+        }
+        let d = decide(s, prev.as_ref(), 3, &o, None);
+        if d.stable_template == StableTemplate::Desired && d.status.phase == PROMOTING {
+            stable = "new".into();
+        }
+        out.push(d);
+    }
+    out
+}
+
+#[test]
+fn the_demos_bad_canary_is_aborted_never_promoted() {
+    // Issue 16: 30 % 5xx on the canary, background analysis only, was promoted before.
+    let s = strategy(DEMO);
+    let run = drive(
+        &s,
+        |m| {
+            if m == "errors" {
+                Verdict::Failure(32.5)
+            } else {
+                Verdict::Success(12.0)
+            }
+        },
+        200,
+    );
+    assert!(run.iter().all(|d| !matches!(d.status.phase, PROMOTING | COMPLETED)));
+    let last = &run.last().unwrap().status;
+    assert_eq!(last.phase, ABORTED);
+    assert!(
+        run.iter().all(|d| d.status.weight <= 34),
+        "no weight after the first was entered"
+    );
+    let errors = last.metrics.iter().find(|m| m.name == "errors").unwrap();
+    assert_eq!(errors.failures, 2, "aborted at failureLimit + 1 failures, none lost");
+}
+
+#[test]
+fn the_demos_healthy_canary_is_judged_at_every_weight_then_promoted() {
+    let s = strategy(DEMO);
+    let run = drive(&s, |_| Verdict::Success(1.0), 300);
+    let last = &run.last().unwrap().status;
+    assert_eq!(last.phase, COMPLETED);
+    // Each weight was left only after a pass whose window lay entirely at it.
+    for w in [34, 67, 100] {
+        let reached = run.iter().position(|d| d.status.weight == w).unwrap() as i64;
+        let left = run
+            .iter()
+            .position(|d| d.status.weight > w || d.status.phase == PROMOTING)
+            .unwrap() as i64;
+        assert!(
+            left - reached >= 20,
+            "weight {w} left {}s after it was reached",
+            left - reached
+        );
+    }
+}
+
+#[test]
+fn a_pass_whose_window_began_before_the_weight_does_not_judge_it() {
+    let s = strategy(DEMO);
+    let d = decide(&s, None, 3, &obs(0, 0), None);
+    let d = decide(&s, Some(&d.status), 3, &obs(1, 2), None);
+    assert_eq!((d.status.weight, d.status.current_step_index), (34, 0));
+    let pass = |start| {
+        measured(
+            start,
+            vec![
+                ("errors".into(), Verdict::Success(0.0)),
+                ("p99".into(), Verdict::Success(9.0)),
+            ],
+        )
+    };
+    let mut o = obs(15, 2);
+    o.measurement = pass(-5);
+    let d = decide(&s, Some(&d.status), 3, &o, None);
+    assert_eq!(d.status.current_step_index, 0, "window began at weight 0");
+    assert!(d
+        .status
+        .message
+        .as_deref()
+        .unwrap()
+        .contains("waits for a passing measurement"));
+    assert!(
+        measurement_due(&s, &d.status, 21),
+        "the first full window is due at once"
+    );
+    let mut o = obs(21, 2);
+    o.measurement = pass(1);
+    let d = decide(&s, Some(&d.status), 3, &o, None);
+    assert_eq!((d.status.current_step_index, d.status.phase), (1, PAUSED));
+}
+
+#[test]
+fn canary_pods_that_never_start_abort_at_the_progress_deadline() {
+    let s = strategy(DEMO);
+    let d = decide(&s, None, 3, &obs(0, 0), None);
+    let mut o = obs(599, 0);
+    o.canary_problem = Some("pod demo-canary-x: CrashLoopBackOff: reading upstream CA".into());
+    let d = decide(&s, Some(&d.status), 3, &o, None);
+    assert_eq!(d.status.phase, PROGRESSING);
+    o.now = 600;
+    let d = decide(&s, Some(&d.status), 3, &o, None);
+    assert_eq!(d.status.phase, ABORTED);
+    assert_eq!(d.aborted.as_deref(), Some("ProgressDeadlineExceeded"));
+    assert!(d
+        .status
+        .message
+        .unwrap()
+        .contains("CrashLoopBackOff: reading upstream CA"));
+    assert_eq!(d.canary_replicas, Some(0));
 }

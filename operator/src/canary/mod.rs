@@ -10,4 +10,6 @@ pub mod source;
 pub mod spec;
 
 #[cfg(test)]
+mod machine_props;
+#[cfg(test)]
 mod machine_tests;

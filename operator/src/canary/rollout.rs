@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
 use super::analysis::{condition_holds, judge_builtin, Verdict, Window};
-use super::machine::{self, Command, Decision, Observations, StableTemplate};
+use super::machine::{self, Command, Decision, Measurement, Observations, StableTemplate};
 use super::source::{self, parse_proxy_metrics, Snapshot};
 use super::spec::Analysis;
 use crate::controller::Context;
@@ -126,9 +126,17 @@ pub async fn plan(
         stable_revision,
         stable_rolled_out,
         canary_ready,
-        measurement: None,
+        progress_deadline: crate::pod_problem::progress_deadline_secs(pxd),
         now: now(),
+        ..Default::default()
     };
+    // Past the deadline the machine aborts; say why the canary pods are not ready.
+    if let Some(prev) = previous.as_ref().filter(|p| p.phase == machine::PROGRESSING) {
+        let waited = obs.now - machine::started_at(prev).unwrap_or(obs.now);
+        if waited >= obs.progress_deadline {
+            obs.canary_problem = crate::pod_problem::describe(ctx, owner, Track::Canary).await;
+        }
+    }
     // Measure first when an analysis is due, from the status as it stands.
     if let Some(prev) = &previous {
         if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str())
@@ -185,10 +193,10 @@ pub async fn plan(
         kept_config_map = ?out.kept_config_map,
         "canary decision"
     );
-    if decision.status.phase == machine::COMPLETED
-        || decision.status.phase == machine::ABORTED
-        || decision.status.phase == machine::IDLE
-    {
+    if matches!(
+        decision.status.phase,
+        machine::COMPLETED | machine::ABORTED | machine::IDLE
+    ) {
         ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
     }
     out.decision = Some(decision);
@@ -213,20 +221,16 @@ impl Revisions<'_> {
     }
 }
 
-async fn measure(
-    owner: &Owner,
-    ctx: &Context,
-    analysis: &Analysis,
-    revisions: &Revisions<'_>,
-) -> Vec<(String, Verdict)> {
+async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis, revisions: &Revisions<'_>) -> Measurement {
     let window_secs = analysis.window.get().as_secs().max(1) as i64;
+    let taken_at = now();
     let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
-    let windows: Result<Option<(Window, Window)>, String> = if !builtin {
+    let windows: Result<Option<(Window, Window, i64)>, String> = if !builtin {
         Ok(None)
     } else if let Some(p) = &analysis.source.prometheus {
         prometheus_windows(ctx, &p.address, owner, revisions, window_secs)
             .await
-            .map(Some)
+            .map(|(c, s)| Some((c, s, taken_at - window_secs)))
     } else {
         direct_windows(ctx, owner, window_secs).await
     };
@@ -248,7 +252,7 @@ async fn measure(
             }
         } else {
             match &windows {
-                Ok(Some((canary, stable))) => {
+                Ok(Some((canary, stable, _))) => {
                     judge_builtin(m, canary, Some(stable), analysis.min_requests, analysis.on_no_data)
                 }
                 Ok(None) => Verdict::Inconclusive("baseline taken; the next measurement has a window".into()),
@@ -268,7 +272,16 @@ async fn measure(
         tracing::info!(metric = %m.name, ?verdict, "canary measurement");
         out.push((m.name.clone(), verdict));
     }
-    out
+    // Prometheus queries look back one window from now; a direct scrape from its base snapshot.
+    let window_start = match &windows {
+        Ok(Some((_, _, start))) => *start,
+        _ if !builtin => taken_at - window_secs,
+        _ => taken_at,
+    };
+    Measurement {
+        window_start,
+        verdicts: out,
+    }
 }
 
 async fn prometheus_windows(
@@ -301,7 +314,11 @@ async fn prometheus_windows(
 }
 
 /// Scrapes every proxy pod's /metrics and returns the windows since about `window_secs` ago.
-async fn direct_windows(ctx: &Context, owner: &Owner, window_secs: i64) -> Result<Option<(Window, Window)>, String> {
+async fn direct_windows(
+    ctx: &Context,
+    owner: &Owner,
+    window_secs: i64,
+) -> Result<Option<(Window, Window, i64)>, String> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("{}={}", labels::INSTANCE, owner.name)))

@@ -123,7 +123,9 @@ pub struct SnapshotHistory {
 impl SnapshotHistory {
     /// Records `snap` and returns the (canary, stable) windows covering about `window` seconds,
     /// or None when there is no earlier snapshot yet (the first is a baseline).
-    pub fn push(&self, fleet: &str, snap: Snapshot, window: i64) -> Option<(Window, Window)> {
+    /// Stores `snap` and returns the (canary, stable) windows since the newest snapshot at least
+    /// `window` old, with the time that window starts.
+    pub fn push(&self, fleet: &str, snap: Snapshot, window: i64) -> Option<(Window, Window, i64)> {
         let mut all = self.by_fleet.lock().ok()?;
         let history = all.entry(fleet.to_string()).or_default();
         // The newest snapshot at least `window` old, else the oldest we have.
@@ -141,6 +143,7 @@ impl SnapshotHistory {
         Some((
             window_between(&snap.canary, &base.canary),
             window_between(&snap.stable, &base.stable),
+            base.at,
         ))
     }
 
@@ -315,10 +318,10 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
             stable: HashMap::new(),
         };
         assert!(h.push("ns/demo", snap(0, 0.0), 30).is_none());
-        let (c, _) = h.push("ns/demo", snap(10, 50.0), 30).unwrap();
+        let (c, _, _) = h.push("ns/demo", snap(10, 50.0), 30).unwrap();
         assert_eq!(c.requests, 50.0);
         h.push("ns/demo", snap(40, 200.0), 30);
-        let (c, _) = h.push("ns/demo", snap(50, 260.0), 30).unwrap();
+        let (c, _, _) = h.push("ns/demo", snap(50, 260.0), 30).unwrap();
         // base is the newest snapshot at least 30 s old: t=10 (50 requests)
         assert_eq!(c.requests, 210.0);
     }

@@ -23,9 +23,22 @@ pub struct CanaryStrategy {
     /// Steps, in order: setWeight, pause or analysis.
     #[schemars(length(min = 1, max = 32))]
     pub steps: Vec<CanaryStep>,
-    /// Background analysis, running throughout the rollout.
+    /// Background analysis, running throughout the rollout once the canary carries traffic.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub analysis: Option<Analysis>,
+    /// With background analysis: a step is left (and the revision promoted) only once the
+    /// latest measurement taken entirely at the current weight has passed. Default true; false
+    /// lets steps advance on their own timers while the analysis runs beside them (Argo
+    /// Rollouts' behaviour, where a rollout can finish before its analysis has judged it).
+    #[serde(default = "default_true", skip_serializing_if = "is_true")]
+    pub gate_on_background_analysis: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+fn is_true(b: &bool) -> bool {
+    *b
 }
 
 /// One step: exactly one of setWeight, pause or analysis.
@@ -179,12 +192,60 @@ pub struct PrometheusQuery {
     pub success_condition: String,
 }
 
+/// Where a canary rollout stands.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum CanaryPhase {
+    #[default]
+    Idle,
+    Progressing,
+    Paused,
+    Analyzing,
+    Promoting,
+    Completed,
+    Aborted,
+}
+
+impl CanaryPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Idle => "Idle",
+            Self::Progressing => "Progressing",
+            Self::Paused => "Paused",
+            Self::Analyzing => "Analyzing",
+            Self::Promoting => "Promoting",
+            Self::Completed => "Completed",
+            Self::Aborted => "Aborted",
+        }
+    }
+
+    /// A rollout is under way (or stopped by an abort) for the canary revision.
+    pub fn in_rollout(self) -> bool {
+        !matches!(self, Self::Idle | Self::Completed)
+    }
+}
+
+impl std::fmt::Display for CanaryPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which analysis a metric's counters belong to.
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum AnalysisKind {
+    /// The blocking analysis of the current step (counters restart with each step).
+    #[default]
+    Step,
+    /// The background analysis (counters run for the whole rollout; never reset).
+    Background,
+}
+
 /// Canary rollout progress: everything needed to resume exactly after a restart.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct CanaryStatus {
-    /// Idle, Progressing, Paused, Analyzing, Aborted, Completed.
-    pub phase: String,
+    /// Idle, Progressing, Paused, Analyzing, Promoting, Aborted, Completed.
+    pub phase: CanaryPhase,
     #[serde(default)]
     pub current_step_index: i32,
     /// Percentage of pods on the canary revision.
@@ -198,6 +259,13 @@ pub struct CanaryStatus {
     pub step_started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pause_started_at: Option<String>,
+    /// When the current weight started carrying traffic (measurements that count towards
+    /// judging this weight start no earlier).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight_reached_at: Option<String>,
+    /// The latest background measurement taken entirely at the current weight passed.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub weight_verified: bool,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub metrics: Vec<MetricStatus>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -210,6 +278,9 @@ pub struct CanaryStatus {
 #[serde(rename_all = "camelCase")]
 pub struct MetricStatus {
     pub name: String,
+    /// Step (the current blocking analysis step) or Background (the whole rollout).
+    #[serde(default)]
+    pub analysis: AnalysisKind,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_value: Option<String>,
     #[serde(default)]

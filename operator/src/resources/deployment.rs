@@ -199,6 +199,7 @@ pub fn desired_deployment(
                 ..Default::default()
             },
             revision_history_limit: Some(3),
+            progress_deadline_seconds: Some(spec.progress_deadline.map_or(600, |d| d.get().as_secs() as i32)),
             // Never fewer ready pods than asked for during a roll.
             strategy: Some(DeploymentStrategy {
                 type_: Some("RollingUpdate".into()),
