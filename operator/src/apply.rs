@@ -34,6 +34,35 @@ pub enum ApplyError {
     },
 }
 
+impl ApplyError {
+    /// The API server refused the object itself (invalid, forbidden, too large): retrying the
+    /// same object cannot succeed, so the user must be told. Conflicts and throttling are
+    /// transient and not included.
+    pub fn refusal(&self) -> Option<String> {
+        let (verb, kind, namespace, name, source) = match self {
+            ApplyError::Apply {
+                kind,
+                namespace,
+                name,
+                source,
+            } => ("applying", kind, namespace, name, source),
+            ApplyError::Delete {
+                kind,
+                namespace,
+                name,
+                source,
+            } => ("deleting", kind, namespace, name, source),
+        };
+        match source {
+            kube::Error::Api(e) if (400..500).contains(&e.code) && e.code != 409 && e.code != 429 => Some(format!(
+                "the API server refused {verb} {kind} {namespace}/{name}: {}",
+                e.message
+            )),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Outcome {
     Unchanged,

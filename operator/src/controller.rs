@@ -78,6 +78,8 @@ pub struct Context {
     pub metrics: Arc<Metrics>,
     pub settings: OperatorSettings,
     pub propagation: crate::propagation::reconcile::Propagation,
+    /// Retry delays of fleets that keep failing.
+    pub backoff: crate::backoff::Backoff,
 }
 
 impl Context {
@@ -169,6 +171,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let mut canary_status = None;
     let mut revision_name = None;
     let mut image = None;
+    let mut apply_failed = false;
 
     let revision = match (&certs.blocking, desired_revision(&pxd, &ctx.settings, &certs.secrets)) {
         (Some(block), _) => Err(SpecError(block.clone())),
@@ -181,14 +184,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             } else {
                 "InvalidSpec".to_string()
             };
-            let changed = pxd
-                .status
-                .as_ref()
-                .and_then(|s| s.conditions.iter().find(|c| c.type_ == crate::conditions::DEGRADED))
-                .is_none_or(|c| c.status != "True" || c.message != message);
-            if changed {
-                ctx.warn(&owner, &reason, &message).await;
-            }
+            warn_once(&ctx, &pxd, &owner, &reason, &message).await;
             tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
             problem = Some(Problem { reason, message });
             requeue = requeue.min(Duration::from_secs(60));
@@ -252,82 +248,26 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
             if command.is_some() {
                 clear_command(&ctx, &owner).await;
             }
-            let mut changes = Vec::new();
-            if let Some(sa) = desired.service_account.clone() {
-                note(
-                    &mut changes,
-                    "ServiceAccount",
-                    ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0,
-                );
-            }
-            for cm in desired.config_maps.iter().cloned() {
-                note(
-                    &mut changes,
-                    "ConfigMap",
-                    ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0,
-                );
-            }
-            for d in desired.deployments.iter().cloned() {
-                let is_stable = status::track_of(&d) == Some(Track::Stable);
-                let (outcome, written) = ctx.applier.apply(d, &ctx.stores.deployments).await?;
-                if is_stable {
-                    written_stable = written;
+            match apply_owned_set(&ctx, &owner, &desired, &keep_config_maps).await {
+                Ok((changes, stable)) => {
+                    written_stable = stable;
+                    if !changes.is_empty() {
+                        ctx.record(&owner, "Applied", &changes.join("; ")).await;
+                    }
                 }
-                note(&mut changes, "Deployment", outcome);
-            }
-            for s in desired.services.iter().cloned() {
-                note(
-                    &mut changes,
-                    "Service",
-                    ctx.applier.apply(s, &ctx.stores.services).await?.0,
-                );
-            }
-            if let Some(p) = desired.pdb.clone() {
-                note(
-                    &mut changes,
-                    "PodDisruptionBudget",
-                    ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
-                );
-            }
-            // Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after
-            // scaling to one, the headless Service when turned off, a finished canary.
-            let uid = owner.reference.uid.as_str();
-            let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
-            let deleted = [
-                ctx.applier
-                    .delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, &keep_config_maps)
-                    .await?,
-                ctx.applier
-                    .delete_orphans(
-                        &ctx.stores.deployments,
-                        &owner.namespace,
-                        uid,
-                        &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
-                    )
-                    .await?,
-                ctx.applier
-                    .delete_orphans(
-                        &ctx.stores.services,
-                        &owner.namespace,
-                        uid,
-                        &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
-                    )
-                    .await?,
-                ctx.applier
-                    .delete_orphans(
-                        &ctx.stores.pdbs,
-                        &owner.namespace,
-                        uid,
-                        &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
-                    )
-                    .await?,
-            ]
-            .concat();
-            if !deleted.is_empty() {
-                changes.push(format!("deleted {}", deleted.join(", ")));
-            }
-            if !changes.is_empty() {
-                ctx.record(&owner, "Applied", &changes.join("; ")).await;
+                Err(e) => {
+                    // Refused objects are the user's to fix: say so in status, retry with backoff.
+                    let Some(message) = e.refusal() else {
+                        return Err(e.into());
+                    };
+                    warn_once(&ctx, &pxd, &owner, "ApplyFailed", &message).await;
+                    problem = Some(Problem {
+                        reason: "ApplyFailed".into(),
+                        message,
+                    });
+                    requeue = requeue.min(ctx.backoff.failed(&owner.reference.uid));
+                    apply_failed = true;
+                }
             }
         }
     }
@@ -343,6 +283,11 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         &owner.namespace,
         &deployment_name(&owner.name, Track::Canary),
     );
+    if problem.is_none() {
+        if let Some(d) = stable.filter(|d| crate::pod_problem::deadline_exceeded(d)) {
+            problem = Some(stalled(&ctx, &pxd, &owner, d).await);
+        }
+    }
     let desired_revision_hash = revision_name.clone();
     let observed = Observed {
         stable,
@@ -416,7 +361,126 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     {
         requeue = requeue.min(Duration::from_secs(10));
     }
+    if !apply_failed {
+        ctx.backoff.succeeded(&owner.reference.uid);
+    }
     Ok(Action::requeue(requeue))
+}
+
+/// Applies every object of the fleet's desired set, then deletes what it no longer contains:
+/// old ConfigMaps, a PDB after scaling to one, the headless Service when turned off, a
+/// finished canary. Returns what changed and the stable Deployment as written.
+async fn apply_owned_set(
+    ctx: &Context,
+    owner: &Owner,
+    desired: &crate::desired::DesiredObjects,
+    keep_config_maps: &[String],
+) -> Result<(Vec<String>, Option<Deployment>), ApplyError> {
+    let mut written_stable = None;
+    let mut changes = Vec::new();
+    if let Some(sa) = desired.service_account.clone() {
+        note(
+            &mut changes,
+            "ServiceAccount",
+            ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0,
+        );
+    }
+    for cm in desired.config_maps.iter().cloned() {
+        note(
+            &mut changes,
+            "ConfigMap",
+            ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0,
+        );
+    }
+    for d in desired.deployments.iter().cloned() {
+        let is_stable = status::track_of(&d) == Some(Track::Stable);
+        let (outcome, written) = ctx.applier.apply(d, &ctx.stores.deployments).await?;
+        if is_stable {
+            written_stable = written;
+        }
+        note(&mut changes, "Deployment", outcome);
+    }
+    for s in desired.services.iter().cloned() {
+        note(
+            &mut changes,
+            "Service",
+            ctx.applier.apply(s, &ctx.stores.services).await?.0,
+        );
+    }
+    if let Some(p) = desired.pdb.clone() {
+        note(
+            &mut changes,
+            "PodDisruptionBudget",
+            ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
+        );
+    }
+    // Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after
+    // scaling to one, the headless Service when turned off, a finished canary.
+    let uid = owner.reference.uid.as_str();
+    let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
+    let deleted = [
+        ctx.applier
+            .delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, keep_config_maps)
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                &ctx.stores.deployments,
+                &owner.namespace,
+                uid,
+                &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
+            )
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                &ctx.stores.services,
+                &owner.namespace,
+                uid,
+                &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
+            )
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                &ctx.stores.pdbs,
+                &owner.namespace,
+                uid,
+                &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
+            )
+            .await?,
+    ]
+    .concat();
+    if !deleted.is_empty() {
+        changes.push(format!("deleted {}", deleted.join(", ")));
+    }
+    Ok((changes, written_stable))
+}
+
+/// The Deployment controller gave up on the stable pods: say which pod and why.
+async fn stalled(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, d: &Deployment) -> Problem {
+    let why = crate::pod_problem::describe(ctx, owner, Track::Stable)
+        .await
+        .unwrap_or_else(|| "no pod reported a reason".into());
+    let message = format!(
+        "Deployment {}: pods not Ready within progressDeadline ({}s): {why}",
+        d.metadata.name.as_deref().unwrap_or(&owner.name),
+        crate::pod_problem::progress_deadline_secs(pxd)
+    );
+    warn_once(ctx, pxd, owner, "ProgressDeadlineExceeded", &message).await;
+    Problem {
+        reason: "ProgressDeadlineExceeded".into(),
+        message,
+    }
+}
+
+/// A warning event for a problem, once per distinct message (the Degraded condition remembers it).
+async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: &str, message: &str) {
+    let changed = pxd
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.type_ == crate::conditions::DEGRADED))
+        .is_none_or(|c| c.status != "True" || c.message != message);
+    if changed {
+        ctx.warn(owner, reason, message).await;
+    }
 }
 
 /// Removes the handled command annotation, so it acts once.
@@ -448,8 +512,9 @@ pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>)
             reason: error.metric_label(),
         })
         .inc();
-    // kube-runtime's controller adds its own exponential backoff on repeated failures.
-    Action::requeue(Duration::from_secs(5))
+    // 5 s, doubling per consecutive failure of this fleet, up to 5 min.
+    let key = pxd.metadata.uid.clone().unwrap_or_else(|| pxd.name_any());
+    Action::requeue(ctx.backoff.failed(&key))
 }
 
 /// A cache of one owned kind, limited to objects we manage, kept by a background task.
@@ -585,6 +650,7 @@ pub async fn run(
         http: Default::default(),
         snapshots: Default::default(),
         written_status: Default::default(),
+        backoff: Default::default(),
         propagation: crate::propagation::reconcile::Propagation {
             cluster_secrets,
             clients: Default::default(),

@@ -30,6 +30,7 @@ pub const GROUP: &str = "proxyfleet.io";
     status = "ProxyDeploymentStatus",
     derive = "PartialEq",
     category = "proxyfleet",
+    validation = Rule::new("self.metadata.name.matches('^[a-z]([-a-z0-9]*[a-z0-9])?$') && size(self.metadata.name) <= 54").message("metadata.name must be a DNS-1035 label (lower-case letters, digits, '-'; starting with a letter) of at most 54 characters: it names the Service and <name>-headless, <name>-canary, <name>-config-<hash>, <name>-tls"),
     scale = r#"{"specReplicasPath":".spec.replicas", "statusReplicasPath":".status.replicas", "labelSelectorPath":".status.selector"}"#,
     printcolumn = r#"{"name":"Ready", "type":"string", "jsonPath":".status.conditions[?(@.type==\"Ready\")].status"}"#,
     printcolumn = r#"{"name":"Replicas", "type":"string", "jsonPath":".status.readyReplicas", "description":"ready replicas"}"#,
@@ -146,12 +147,23 @@ pub struct ListenerSpec {
     #[serde(default)]
     pub protocol: ListenerProtocol,
     /// Host names served on this listener; they become SANs of the managed certificate.
+    /// Lower-case DNS names; a wildcard only as the whole leftmost label (`*.example.com`).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(min = 1, max = 253),
+            pattern(r"^([*][.])?[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        )
+    )]
     pub hostnames: Vec<String>,
-    /// Require client certificates signed by the CA in this Secret's `ca.crt` (mTLS).
+    /// Require client certificates signed by the CA in this Secret's `ca.crt` (mTLS). A Secret
+    /// of the fleet's own namespace: a name, never `namespace/name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub client_ca_secret: Option<String>,
 }
 
@@ -185,7 +197,7 @@ pub enum ServiceType {
 }
 
 /// Scheduling and metadata of the proxy pods.
-#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PodOverrides {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -198,9 +210,11 @@ pub struct PodOverrides {
     pub topology_spread_constraints: Vec<TopologySpreadConstraint>,
     /// Extra pod annotations.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64))]
     pub annotations: BTreeMap<String, String>,
     /// Extra pod labels (the operator's own labels win).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    #[schemars(extend("maxProperties" = 64, "additionalProperties" = {"type": "string", "maxLength": 63, "pattern": "^(([A-Za-z0-9][-A-Za-z0-9_.]{0,61})?[A-Za-z0-9])?$"}))]
     pub labels: BTreeMap<String, String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub priority_class_name: Option<String>,

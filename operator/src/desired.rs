@@ -36,6 +36,7 @@ pub fn desired_revision(
 ) -> Result<RevisionObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
+    crate::spec_check::check(spec)?;
     let needs_tls = spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
     if needs_tls && secrets.serving.is_none() {
         return Err(SpecError(
@@ -100,6 +101,7 @@ pub fn desired_objects(
 ) -> Result<DesiredObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
+    crate::spec_check::check(spec)?;
     let pull = spec.image_pull_policy.unwrap_or(PullPolicy::IfNotPresent).as_str();
     let mut out = DesiredObjects {
         service_account: Some(desired_service_account(&owner)),

@@ -6,6 +6,7 @@
 
 pub mod admin;
 pub mod apply;
+pub mod backoff;
 pub mod canary;
 pub mod certs;
 pub mod conditions;
@@ -20,4 +21,5 @@ pub mod pod_problem;
 pub mod propagation;
 pub mod resources;
 pub mod schema;
+pub mod spec_check;
 pub mod status;

@@ -46,8 +46,19 @@ fn describe_pod(pod: &Pod) -> Option<String> {
     };
     let mut parts = Vec::new();
     if let Some(w) = c.state.as_ref().and_then(|s| s.waiting.as_ref()) {
-        parts.push(w.reason.clone().unwrap_or_else(|| "Waiting".into()));
-        parts.extend(w.message.clone().filter(|m| !m.is_empty()));
+        let reason = w.reason.clone().unwrap_or_else(|| "Waiting".into());
+        // CrashLoopBackOff's message only counts the back-off up; the last exit says why.
+        if reason != "CrashLoopBackOff" {
+            parts.extend(
+                w.message
+                    .clone()
+                    .filter(|m| !m.is_empty())
+                    .map(|m| format!("{reason}: {m}")),
+            );
+        }
+        if parts.is_empty() {
+            parts.push(reason);
+        }
     }
     if let Some(t) = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
         let reason = t.reason.clone().unwrap_or_else(|| "Terminated".into());

@@ -271,5 +271,52 @@ async fn admission_refuses_a_malformed_proxydeployment_naming_the_field() {
     negative.spec.replicas = -1;
     let err = api.create(&dry_run, &negative).await.expect_err("admitted replicas -1");
     assert!(err.to_string().contains("spec.replicas"), "{err}");
+
+    // Issue 16: what the API server would refuse later is refused at admission, field named.
+    let refused: Vec<(&str, serde_json::Value)> = vec![
+        (
+            "spec.pod.labels.team",
+            serde_json::json!({"spec": {"pod": {"labels": {"team": "bad value!"}}}}),
+        ),
+        (
+            "spec.listeners[0].hostnames[0]",
+            serde_json::json!({"spec": {"listeners": [{"name": "https", "port": 8443, "hostnames": ["a.*.example.com"]}]}}),
+        ),
+        (
+            "spec.listeners[0].clientCaSecret",
+            serde_json::json!({"spec": {"listeners": [{"name": "https", "port": 8443, "clientCaSecret": "kube-system/ca"}]}}),
+        ),
+        (
+            "spec.tls.secretName",
+            serde_json::json!({"spec": {"tls": {"secretName": "other/tls"}}}),
+        ),
+        (
+            "spec.progressDeadline",
+            serde_json::json!({"spec": {"progressDeadline": "1s"}}),
+        ),
+        (
+            "metadata.name",
+            serde_json::json!({"metadata": {"name": "a-name-longer-than-fifty-four-characters-is-refused-at-admission"}}),
+        ),
+    ];
+    for (field, patch) in refused {
+        let mut value = serde_json::to_value(&good).expect("serializable");
+        json_merge(&mut value, &patch);
+        let bad: ProxyDeployment = serde_json::from_value(value).expect("well-typed");
+        let err = api.create(&dry_run, &bad).await.expect_err(field);
+        assert!(err.to_string().contains(field), "{field}: {err}");
+    }
     ns.delete().await;
+}
+
+/// RFC 7386 merge of `patch` into `target`.
+fn json_merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
+    match (target, patch) {
+        (serde_json::Value::Object(t), serde_json::Value::Object(p)) => {
+            for (k, v) in p {
+                json_merge(t.entry(k.clone()).or_insert(serde_json::Value::Null), v);
+            }
+        }
+        (t, p) => *t = p.clone(),
+    }
 }

@@ -21,6 +21,20 @@ struct Args {
     /// Log format: json or text.
     #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
     log_format: String,
+    /// Where a fatal error is also written (Kubernetes' terminationMessagePath), so the
+    /// operator can quote why a pod does not start.
+    #[arg(long, env = "PROXYFLEET_TERMINATION_LOG")]
+    termination_log: Option<PathBuf>,
+}
+
+/// Reports a fatal error on stderr and, when asked, in the termination message file.
+fn fatal(termination_log: Option<&std::path::Path>, message: &str, code: ExitCode) -> ExitCode {
+    eprintln!("{message}");
+    if let Some(path) = termination_log {
+        // Best effort: the kubelet falls back to the log tail when this is empty.
+        let _ = std::fs::write(path, message.as_bytes());
+    }
+    code
 }
 
 /// mimalloc's `arena_eager_commit` (mimalloc.h, v2 option 4; libmimalloc-sys exports no name
@@ -53,12 +67,10 @@ fn main() -> ExitCode {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    let term_log = args.termination_log.clone();
     let config = match proxyfleet_proxy::read_config(&args.config) {
         Ok(c) => c,
-        Err(e) => {
-            eprintln!("{e}");
-            return ExitCode::from(2);
-        }
+        Err(e) => return fatal(term_log.as_deref(), &e.to_string(), ExitCode::from(2)),
     };
     let workers = config
         .worker_threads
@@ -76,8 +88,11 @@ fn main() -> ExitCode {
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("starting the runtime: {e}");
-            return ExitCode::FAILURE;
+            return fatal(
+                term_log.as_deref(),
+                &format!("starting the runtime: {e}"),
+                ExitCode::FAILURE,
+            )
         }
     };
     runtime.block_on(async move {
@@ -103,8 +118,7 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %e, "proxy failed");
-                eprintln!("{e}");
-                ExitCode::FAILURE
+                fatal(term_log.as_deref(), &e.to_string(), ExitCode::FAILURE)
             }
         }
     })

@@ -20,11 +20,20 @@ pub struct TlsSpec {
     pub cert_manager: Option<CertManagerTls>,
     /// An existing `kubernetes.io/tls` Secret in the same namespace; only mounted and watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(length(min = 1, max = 253))]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub secret_name: Option<String>,
     /// Extra DNS names for the certificate, besides listener hostnames and the Service names.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
-    #[schemars(length(max = 64))]
+    #[schemars(
+        length(max = 64),
+        inner(
+            length(min = 1, max = 253),
+            pattern(r"^([*][.])?[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+        )
+    )]
     pub dns_names: Vec<String>,
     /// Also issue a client certificate (mounted at /etc/proxyfleet/client) for mTLS to upstreams.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]

@@ -33,6 +33,8 @@ pub struct MountedSecrets {
     pub client: Option<String>,
 }
 
+const TERMINATION_LOG: &str = "/dev/termination-log";
+
 pub fn deployment_name(pxd: &str, track: Track) -> String {
     match track {
         Track::Stable => pxd.to_string(),
@@ -151,7 +153,15 @@ pub fn desired_deployment(
         name: "proxy".into(),
         image: Some(pod.image.clone()),
         image_pull_policy: Some(pull_policy.to_string()),
-        args: Some(vec!["--config".into(), format!("{CONFIG_DIR}/{CONFIG_FILE}")]),
+        args: Some(vec![
+            "--config".into(),
+            format!("{CONFIG_DIR}/{CONFIG_FILE}"),
+            "--termination-log".into(),
+            TERMINATION_LOG.into(),
+        ]),
+        // The proxy writes a fatal start-up error there; the operator quotes it in status.
+        termination_message_path: Some(TERMINATION_LOG.into()),
+        termination_message_policy: Some("FallbackToLogsOnError".into()),
         ports: Some(ports),
         volume_mounts: Some(mounts),
         // A loaded node can make one probe slow; never pull every pod at once for that.
