@@ -60,6 +60,25 @@ wait || true
 echo "load during the rollout: $(cat /tmp/proxyfleet-demo-load.json 2>/dev/null)"
 kubectl get pxd
 
+step "a bad canary: the route answers 503 on 30 % of requests; the analysis must roll it back"
+"$release/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/proxyfleet-demo-ca.crt \
+  --rate 20 --workers 2 --duration 120s >/tmp/proxyfleet-demo-bad.json 2>/dev/null &
+kubectl patch pxd demo --type=json -p '[{"op":"replace","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
+end=$(( $(date +%s) + 150 ))
+while [ "$(date +%s)" -lt "$end" ]; do
+  clear 2>/dev/null || true
+  printf 'bad canary (%ss)\n\n' "$(( $(date +%s) - t0 ))"
+  "$release/kubectl-proxyfleet" get pxd demo || true
+  phase=$(kubectl get pxd demo -o jsonpath='{.status.canary.phase}')
+  [ "$phase" = Aborted ] || [ "$phase" = Completed ] && break
+  sleep 3
+done
+echo "bad canary: $(kubectl get pxd demo -o jsonpath='{.status.canary.phase}: {.status.canary.message}')"
+kill %% 2>/dev/null || true
+wait || true
+# Back to what stable runs: nothing to roll out.
+kubectl patch pxd demo --type=json -p '[{"op":"remove","path":"/spec/routes/0/fault"}]'
+
 step "done in $(( $(date +%s) - t0 ))s. Next:"
 cat <<TXT
   export KUBECONFIG=$KUBECONFIG
@@ -67,6 +86,6 @@ cat <<TXT
   kubectl proxyfleet get pxd demo --watch      # steps, weights, analysis, pods
   curl --cacert /tmp/proxyfleet-demo-ca.crt --resolve demo.example.com:443:$ip https://demo.example.com/
   kubectl patch pxd demo --type=json -p '[{"op":"replace","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
-                                               # a bad canary: watch it roll back
+                                               # a bad canary again: watch it roll back
   e2e/cluster down --all                       # tear everything down
 TXT

@@ -265,7 +265,9 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
                         reason: "ApplyFailed".into(),
                         message,
                     });
-                    requeue = requeue.min(ctx.backoff.failed(&owner.reference.uid));
+                    let retry = ctx.backoff.failed(&owner.reference.uid);
+                    tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
+                    requeue = requeue.min(retry);
                     apply_failed = true;
                 }
             }

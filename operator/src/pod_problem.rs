@@ -60,7 +60,8 @@ fn describe_pod(pod: &Pod) -> Option<String> {
             parts.push(reason);
         }
     }
-    if let Some(t) = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+    let terminated = c.state.as_ref().and_then(|s| s.terminated.as_ref());
+    if let Some(t) = terminated.or_else(|| c.last_state.as_ref().and_then(|s| s.terminated.as_ref())) {
         let reason = t.reason.clone().unwrap_or_else(|| "Terminated".into());
         parts.push(format!("last exit {} ({reason})", t.exit_code));
         parts.extend(
