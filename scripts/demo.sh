@@ -63,7 +63,7 @@ kubectl get pxd
 step "a bad canary: the route answers 503 on 30 % of requests; the analysis must roll it back"
 "$release/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/proxyfleet-demo-ca.crt \
   --rate 20 --workers 2 --duration 120s >/tmp/proxyfleet-demo-bad.json 2>/dev/null &
-kubectl patch pxd demo --type=json -p '[{"op":"replace","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
+kubectl patch pxd demo --type=json -p '[{"op":"add","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
 end=$(( $(date +%s) + 150 ))
 while [ "$(date +%s)" -lt "$end" ]; do
   clear 2>/dev/null || true
@@ -85,7 +85,7 @@ cat <<TXT
   export PATH=$K8S_BIN:$release:\$PATH        # kubectl, helm, kubectl-proxyfleet
   kubectl proxyfleet get pxd demo --watch      # steps, weights, analysis, pods
   curl --cacert /tmp/proxyfleet-demo-ca.crt --resolve demo.example.com:443:$ip https://demo.example.com/
-  kubectl patch pxd demo --type=json -p '[{"op":"replace","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
+  kubectl patch pxd demo --type=json -p '[{"op":"add","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
                                                # a bad canary again: watch it roll back
   e2e/cluster down --all                       # tear everything down
 TXT

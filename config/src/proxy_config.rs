@@ -265,6 +265,24 @@ pub struct UpstreamTls {
     /// Client certificate for mTLS to the upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub client_certificate: Option<CertificateFiles>,
+    /// In a ProxyDeployment: a Secret of the fleet's namespace whose `ca.crt` verifies the
+    /// upstream, mounted into the pods and hot-reloaded (instead of `caFile`). The standalone
+    /// proxy reads files only.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub ca_secret: Option<String>,
+    /// In a ProxyDeployment: a `kubernetes.io/tls` Secret (`tls.crt`, `tls.key`) of the fleet's
+    /// namespace presented to the upstream, mounted and hot-reloaded (instead of
+    /// `clientCertificate`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub client_certificate_secret: Option<String>,
     /// Resume TLS sessions to the upstream (1.3 tickets, 1.2 sessions) per server name. Default true.
     #[serde(default = "default_true")]
     pub session_resumption: bool,

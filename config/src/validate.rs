@@ -166,6 +166,18 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
             }
         }
         if let Some(tls) = &u.tls {
+            if tls.ca_secret.is_some() {
+                errors.push(err(
+                    format!("{f}.tls.caSecret"),
+                    "a Secret reference is resolved by the operator; the proxy itself reads caFile",
+                ));
+            }
+            if tls.client_certificate_secret.is_some() {
+                errors.push(err(
+                    format!("{f}.tls.clientCertificateSecret"),
+                    "a Secret reference is resolved by the operator; the proxy itself reads clientCertificate",
+                ));
+            }
             if let Some(sn) = &tls.server_name {
                 if !is_valid_server_name(sn) && sn.parse::<std::net::IpAddr>().is_err() {
                     errors.push(err(

@@ -58,7 +58,7 @@ follow_bad_rollout() { # follow_bad_rollout PREVIOUS_CANARY_REVISION LABEL
   done
   fail "$2: no abort within 240s (phase $(phase))"
 }
-fault='{"op":"replace","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}'
+fault='{"op":"add","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}'
 
 say "1a. the demo's strategy (background analysis only) + 30 % 5xx → aborted, never promoted"
 load 150 /tmp/safety-bg.json

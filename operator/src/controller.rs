@@ -173,17 +173,15 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let mut image = None;
     let mut apply_failed = false;
 
-    let revision = match (&certs.blocking, desired_revision(&pxd, &ctx.settings, &certs.secrets)) {
-        (Some(block), _) => Err(SpecError(block.clone())),
-        (None, r) => r,
+    let secret_problem = crate::secret_refs::check(&ctx, &owner.namespace, &pxd.spec).await;
+    let revision = match (&certs.blocking, secret_problem) {
+        (Some(block), _) => Err((certs.condition.reason.clone(), block.clone())),
+        (None, Some(problem)) => Err(problem),
+        (None, None) => desired_revision(&pxd, &ctx.settings, &certs.secrets)
+            .map_err(|SpecError(message)| ("InvalidSpec".to_string(), message)),
     };
     match revision {
-        Err(SpecError(message)) => {
-            let reason = if certs.blocking.is_some() {
-                certs.condition.reason.clone()
-            } else {
-                "InvalidSpec".to_string()
-            };
+        Err((reason, message)) => {
             warn_once(&ctx, &pxd, &owner, &reason, &message).await;
             tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
             problem = Some(Problem { reason, message });
@@ -261,13 +259,13 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
                         return Err(e.into());
                     };
                     warn_once(&ctx, &pxd, &owner, "ApplyFailed", &message).await;
+                    let retry = ctx.backoff.failed(&owner.reference.uid);
+                    tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
+                    requeue = requeue.min(retry);
                     problem = Some(Problem {
                         reason: "ApplyFailed".into(),
                         message,
                     });
-                    let retry = ctx.backoff.failed(&owner.reference.uid);
-                    tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
-                    requeue = requeue.min(retry);
                     apply_failed = true;
                 }
             }

@@ -21,5 +21,6 @@ pub mod pod_problem;
 pub mod propagation;
 pub mod resources;
 pub mod schema;
+pub mod secret_refs;
 pub mod spec_check;
 pub mod status;

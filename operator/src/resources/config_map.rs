@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use k8s_openapi::api::core::v1::ConfigMap;
 use sha2::{Digest, Sha256};
 
-use proxyfleet_config::{Admin, CertificateFiles, Listener, ListenerTls, ProxyConfig};
+use proxyfleet_config::{Admin, CertificateFiles, Listener, ListenerTls, ProxyConfig, Upstream};
 
 use super::Owner;
 use crate::crd::{ListenerProtocol, ProxyDeploymentSpec};
@@ -17,7 +17,34 @@ pub const CONFIG_FILE: &str = "proxy.yaml";
 pub const TLS_DIR: &str = "/etc/proxyfleet/tls";
 pub const CLIENT_TLS_DIR: &str = "/etc/proxyfleet/client";
 pub const CLIENT_CA_DIR: &str = "/etc/proxyfleet/client-ca";
+pub const UPSTREAM_TLS_DIR: &str = "/etc/proxyfleet/upstream";
 pub const ADMIN_PORT: i32 = 9901;
+
+/// Where upstream `i`'s CA Secret (`ca`) or client certificate Secret (`client`) is mounted.
+pub fn upstream_secret_dir(i: usize, what: &str) -> String {
+    format!("{UPSTREAM_TLS_DIR}/{i}/{what}")
+}
+
+/// Upstreams as the proxy reads them: Secret references become the files they are mounted as.
+fn upstreams_with_mounted_secrets(upstreams: &[Upstream]) -> Vec<Upstream> {
+    let mut out = upstreams.to_vec();
+    for (i, u) in out.iter_mut().enumerate() {
+        let Some(t) = u.tls.as_mut() else { continue };
+        if t.ca_secret.take().is_some() {
+            t.ca_file = Some(format!("{}/ca.crt", upstream_secret_dir(i, "ca")));
+        }
+        if t.client_certificate_secret.take().is_some() {
+            let dir = upstream_secret_dir(i, "client");
+            t.client_certificate = Some(CertificateFiles {
+                cert_file: format!("{dir}/tls.crt"),
+                key_file: format!("{dir}/tls.key"),
+                server_names: Vec::new(),
+                default: false,
+            });
+        }
+    }
+    out
+}
 
 /// The proxy's configuration for a spec. `tls_mounted` says whether a serving certificate
 /// Secret is mounted at TLS_DIR (HTTPS listeners need one).
@@ -46,7 +73,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
     ProxyConfig {
         listeners,
         routes: spec.routes.clone(),
-        upstreams: spec.upstreams.clone(),
+        upstreams: upstreams_with_mounted_secrets(&spec.upstreams),
         admin: Admin {
             address: format!("0.0.0.0:{ADMIN_PORT}"),
         },
@@ -94,6 +121,24 @@ mod tests {
         assert_eq!(config.listeners[0].address, "0.0.0.0:8443");
         assert!(config.listeners[0].tls.is_some());
         assert_eq!(config.trust_bundle_files, vec!["/etc/proxyfleet/tls/ca.crt"]);
+    }
+
+    #[test]
+    fn upstream_secret_references_become_mounted_files() {
+        let mut pxd = basic();
+        pxd.spec.upstreams[0].tls = serde_json::from_value(serde_json::json!(
+            {"caSecret": "upstream-ca", "clientCertificateSecret": "upstream-client"}
+        ))
+        .unwrap();
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        let tls = config.upstreams[0].tls.as_ref().unwrap();
+        assert_eq!(tls.ca_file.as_deref(), Some("/etc/proxyfleet/upstream/0/ca/ca.crt"));
+        assert_eq!(
+            tls.client_certificate.as_ref().unwrap().key_file,
+            "/etc/proxyfleet/upstream/0/client/tls.key"
+        );
+        assert!(tls.ca_secret.is_none() && tls.client_certificate_secret.is_none());
     }
 
     #[test]

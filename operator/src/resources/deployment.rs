@@ -8,7 +8,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::config_map::{ADMIN_PORT, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR};
+use super::config_map::{
+    upstream_secret_dir, ADMIN_PORT, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR,
+};
 use super::service_account::service_account_name;
 use super::{OperatorSettings, Owner};
 use crate::crd::ProxyDeploymentSpec;
@@ -116,6 +118,19 @@ pub fn desired_deployment(
                 &format!("client-ca-{}", l.name),
                 ca,
                 format!("{CLIENT_CA_DIR}/{}", l.name),
+            );
+        }
+    }
+    for (i, u) in spec.upstreams.iter().enumerate() {
+        let Some(t) = &u.tls else { continue };
+        if let Some(ca) = &t.ca_secret {
+            secret_volume(&format!("upstream-{i}-ca"), ca, upstream_secret_dir(i, "ca"));
+        }
+        if let Some(client) = &t.client_certificate_secret {
+            secret_volume(
+                &format!("upstream-{i}-client"),
+                client,
+                upstream_secret_dir(i, "client"),
             );
         }
     }
