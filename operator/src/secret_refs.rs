@@ -132,8 +132,10 @@ mod tests {
             msg,
             "spec.upstreams[0].tls.caSecret: Secret app-ca not found in namespace team-a"
         );
-        let mut s = Secret::default();
-        s.data = Some([("tls.crt".to_string(), ByteString(b"x".to_vec()))].into());
+        let mut s = Secret {
+            data: Some([("tls.crt".to_string(), ByteString(b"x".to_vec()))].into()),
+            ..Default::default()
+        };
         let msg = problem(&refs[2], "team-a", Some(&s)).unwrap();
         assert!(msg.contains("has no tls.key"), "{msg}");
         s.data
