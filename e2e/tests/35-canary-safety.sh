@@ -132,6 +132,17 @@ wait_degraded quantity InvalidSpec 'spec.resources.limits.cpu: \"lots\"' 60
 [ -z "$(kubectl get deploy -n "$ns" quantity --ignore-not-found -o name)" ] || fail "a Deployment was created for an invalid spec"
 kubectl delete pxd -n "$ns" quantity --wait=false >/dev/null
 
+say "2c. an upstream's CA from a Secret: missing → SecretNotFound naming the field; present → verified TLS"
+small_fleet front '' >/dev/null
+kubectl patch pxd -n "$ns" front --type=json -p '[{"op":"replace","path":"/spec/upstreams/0","value":{"name":"echo","endpoints":["demo.'"$ns"'.svc.cluster.local:443"],"tls":{"serverName":"demo.example.com","caSecret":"no-such-ca"}}}]' >/dev/null
+wait_degraded front SecretNotFound "spec.upstreams[0].tls.caSecret: Secret no-such-ca not found" 60
+kubectl patch pxd -n "$ns" front --type=json -p '[{"op":"replace","path":"/spec/upstreams/0/tls/caSecret","value":"demo-tls"}]' >/dev/null
+kubectl wait -n "$ns" --for=condition=Ready pxd/front --timeout=120s >/dev/null || fail "front not Ready with the CA Secret"
+front_ip=$(kubectl get svc -n "$ns" front -o jsonpath='{.spec.clusterIP}')
+retry 30 curl -fsS --max-time 3 "http://$front_ip:8080/through-verified-tls"
+say "front → demo over TLS verified by the CA in Secret demo-tls"
+kubectl delete pxd -n "$ns" front --wait=false >/dev/null
+
 say "3a. proxy pods that crash → Degraded/ProgressDeadlineExceeded with the proxy's own error"
 small_fleet crashing '' >/dev/null
 kubectl patch pxd -n "$ns" crashing --type=json -p '[{"op":"add","path":"/spec/upstreams/0/tls","value":{"caFile":"/etc/nope/ca.pem"}}]' >/dev/null
