@@ -5,12 +5,12 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::events::{Recorder, Reporter};
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource, ResourceExt};
@@ -20,6 +20,7 @@ use tracing::{field, info_span, Instrument};
 use crate::apply::{Applier, ApplyError, Outcome};
 use crate::canary;
 use crate::certs;
+pub use crate::context::{Context, Stores};
 use crate::crd::ProxyDeployment;
 use crate::desired::{desired_objects, desired_revision, SpecError};
 use crate::labels::{self, Track};
@@ -49,67 +50,6 @@ impl Error {
             Error::Apply(ApplyError::Delete { kind, .. }) => format!("delete_{}", kind.to_lowercase()),
             Error::Status { .. } => "status".into(),
             Error::Metadata(_) => "metadata".into(),
-        }
-    }
-}
-
-/// Caches of what the operator owns (everything labelled managed-by=proxyfleet-operator).
-#[derive(Clone)]
-pub struct Stores {
-    pub deployments: Store<Deployment>,
-    pub config_maps: Store<ConfigMap>,
-    pub services: Store<Service>,
-    pub service_accounts: Store<ServiceAccount>,
-    pub pdbs: Store<PodDisruptionBudget>,
-    pub secrets: Store<Secret>,
-    pub revisions: Store<ControllerRevision>,
-}
-
-pub struct Context {
-    pub client: Client,
-    /// The status this operator last wrote per object (uid → resourceVersion after the write,
-    /// status). The watch cache can lag behind our own write; decisions must not.
-    pub written_status: std::sync::Mutex<std::collections::HashMap<String, (u64, crate::crd::ProxyDeploymentStatus)>>,
-    pub http: crate::canary::source::HttpGetter,
-    pub snapshots: crate::canary::source::SnapshotHistory,
-    pub stores: Stores,
-    pub applier: Applier,
-    pub recorder: Recorder,
-    pub metrics: Arc<Metrics>,
-    pub settings: OperatorSettings,
-    pub propagation: crate::propagation::reconcile::Propagation,
-    /// Retry delays of fleets that keep failing.
-    pub backoff: crate::backoff::Backoff,
-}
-
-impl Context {
-    /// Publishes a Normal event on the ProxyDeployment.
-    pub async fn record(&self, owner: &Owner, reason: &str, note: &str) {
-        self.publish(owner, EventType::Normal, reason, note).await;
-    }
-
-    pub async fn warn(&self, owner: &Owner, reason: &str, note: &str) {
-        self.publish(owner, EventType::Warning, reason, note).await;
-    }
-
-    async fn publish(&self, owner: &Owner, type_: EventType, reason: &str, note: &str) {
-        let reference = ObjectReference {
-            api_version: Some(owner.reference.api_version.clone()),
-            kind: Some(owner.reference.kind.clone()),
-            name: Some(owner.name.clone()),
-            namespace: Some(owner.namespace.clone()),
-            uid: Some(owner.reference.uid.clone()),
-            ..Default::default()
-        };
-        let ev = Event {
-            type_,
-            reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
-            action: "Reconcile".into(),
-            secondary: None,
-        };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::debug!(error = %e, "event not published");
         }
     }
 }
@@ -651,7 +591,7 @@ pub async fn run(
         snapshots: Default::default(),
         written_status: Default::default(),
         backoff: Default::default(),
-        propagation: crate::propagation::reconcile::Propagation {
+        propagation: crate::propagation::state::Propagation {
             cluster_secrets,
             clients: Default::default(),
             resync: settings_propagation.0,

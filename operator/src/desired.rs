@@ -16,10 +16,7 @@ use crate::resources::service::{desired_headless_service, desired_service};
 use crate::resources::service_account::desired_service_account;
 use crate::resources::{OperatorSettings, Owner};
 
-/// A spec that passed admission but cannot run; reported in status as Degraded/InvalidSpec.
-#[derive(Debug, Clone, PartialEq, thiserror::Error)]
-#[error("{0}")]
-pub struct SpecError(pub String);
+pub use crate::spec_check::SpecError;
 
 /// One revision of the fleet's pods with its ConfigMap.
 #[derive(Clone, Debug)]

@@ -187,7 +187,7 @@ pub fn undo_patch(target: &ControllerRevision) -> Result<Value, String> {
 /// Records `stable_hash` as the newest stable revision of the fleet, and prunes beyond the
 /// limit. Writes only when something changes; reads the cache, not the API server.
 pub async fn record_stable(
-    ctx: &crate::controller::Context,
+    ctx: &crate::context::Context,
     owner: &Owner,
     spec: &ProxyDeploymentSpec,
     stable_hash: &str,

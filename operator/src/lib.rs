@@ -10,6 +10,7 @@ pub mod backoff;
 pub mod canary;
 pub mod certs;
 pub mod conditions;
+pub mod context;
 pub mod controller;
 pub mod crd;
 pub mod desired;

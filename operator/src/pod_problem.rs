@@ -5,7 +5,7 @@ use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
-use crate::controller::Context;
+use crate::context::Context;
 use crate::crd::ProxyDeployment;
 use crate::labels::{self, Track};
 use crate::resources::Owner;

@@ -1,15 +1,9 @@
 //! The CRD as the API server takes it: kube-derive's schema, made structural.
 
 use kube::CustomResourceExt;
-use schemars::{json_schema, Schema, SchemaGenerator};
 use serde_json::Value;
 
 use crate::crd::ProxyDeployment;
-
-/// Any JSON value (a JSON patch's `value`).
-pub fn any_value(_: &mut SchemaGenerator) -> Schema {
-    json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
-}
 
 /// `additionalProperties: false` (from `deny_unknown_fields` on the shared proxy config types) is
 /// not allowed in a structural schema; the API server prunes and, with strict field

@@ -5,7 +5,7 @@
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use crate::controller::Context;
+use crate::context::Context;
 use crate::crd::ProxyDeploymentSpec;
 
 /// One reference: the field that names it, the Secret, and the keys the pods read from it.

@@ -7,7 +7,11 @@ use std::collections::BTreeMap;
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 
 use crate::crd::ProxyDeploymentSpec;
-use crate::desired::SpecError;
+
+/// A spec that passed admission but cannot run; reported in status as Degraded/InvalidSpec.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{0}")]
+pub struct SpecError(pub String);
 
 /// Kubernetes' quantity grammar: a signed decimal with an optional suffix (binary SI, decimal
 /// SI or an exponent), as `resource.ParseQuantity` accepts.

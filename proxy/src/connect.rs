@@ -5,7 +5,7 @@ use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::body::{self, ClientBody};
-use crate::server::Shared;
+use crate::shared::Shared;
 
 /// Whether `target` (host:port) is allowed by a pattern list (`*.` prefix, `*` port).
 pub fn allowed(patterns: &[String], target: &str) -> bool {

@@ -14,7 +14,7 @@ use hyper::body::Incoming;
 
 use crate::body::{self, ClientBody, UpstreamBody};
 use crate::router::{self, CompiledRoute};
-use crate::server::Shared;
+use crate::shared::Shared;
 use crate::upstream;
 
 /// Where a request came from.

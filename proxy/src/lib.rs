@@ -9,6 +9,7 @@
 
 pub mod admin;
 pub mod body;
+pub mod config_file;
 pub mod connect;
 mod first_byte;
 pub mod handler;
@@ -16,8 +17,10 @@ pub mod metrics;
 pub mod reload;
 pub mod router;
 pub mod server;
+pub mod shared;
 pub mod state;
 pub mod tls;
 pub mod upstream;
 
-pub use server::{read_config, run, start, RunningProxy};
+pub use config_file::read_config;
+pub use server::{run, start, RunningProxy};

@@ -11,8 +11,9 @@ use tokio::sync::mpsc;
 
 use proxyfleet_config::ProxyConfig;
 
+use crate::config_file::read_config;
 use crate::metrics::ResultLabels;
-use crate::server::{read_config, Shared};
+use crate::shared::Shared;
 use crate::state::ProxyState;
 use crate::tls::parent_dirs;
 

@@ -17,31 +17,18 @@ use tokio::sync::{watch, Semaphore};
 
 use proxyfleet_config::{Listener, ProxyConfig};
 
+pub use crate::config_file::{read_config, ConfigFileError};
 use crate::handler::{self, ClientInfo};
-use crate::metrics::{ClientHandshakeLabels, ListenerLabels, Metrics, RouteMetrics};
+use crate::metrics::{ClientHandshakeLabels, ListenerLabels, Metrics};
 use crate::state::{ProxyState, StateError};
 use crate::tls::ServerResumption;
 
-/// What every connection and request shares.
-pub struct Shared {
-    pub state: ArcSwap<ProxyState>,
-    pub metrics: Metrics,
-    /// False from SIGTERM on: /readyz fails so endpoints are removed before we stop accepting.
-    pub ready: AtomicBool,
-    pub resumption: HashMap<String, Arc<ServerResumption>>,
-    pub config_path: Option<PathBuf>,
-    pub no_route_metrics: RouteMetrics,
-}
+pub use crate::shared::Shared;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
-    #[error("reading configuration {path}: {source}")]
-    ReadConfig { path: String, source: std::io::Error },
-    #[error("configuration {path}: {source}")]
-    Config {
-        path: String,
-        source: proxyfleet_config::ConfigError,
-    },
+    #[error(transparent)]
+    ConfigFile(#[from] ConfigFileError),
     #[error(transparent)]
     State(#[from] StateError),
     #[error("binding {what} {address}: {source}")]
@@ -50,15 +37,6 @@ pub enum ServerError {
         address: String,
         source: std::io::Error,
     },
-}
-
-pub fn read_config(path: &std::path::Path) -> Result<ProxyConfig, ServerError> {
-    let display = path.display().to_string();
-    let text = std::fs::read_to_string(path).map_err(|source| ServerError::ReadConfig {
-        path: display.clone(),
-        source,
-    })?;
-    ProxyConfig::from_yaml(&text).map_err(|source| ServerError::Config { path: display, source })
 }
 
 /// A started proxy: its bound addresses and a handle to drain it.

@@ -12,7 +12,7 @@ use super::analysis::{condition_holds, judge_builtin, Verdict, Window};
 use super::machine::{self, Command, Decision, Measurement, Observations, StableTemplate};
 use super::source::{self, parse_proxy_metrics, Snapshot};
 use super::spec::Analysis;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::crd::ProxyDeployment;
 use crate::desired::{RevisionObjects, TrackPlan};
 use crate::labels::{self, Track};

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use super::ca_rotation::{self, Observations, RotationState, Write};
 use super::issue::{self, CertInfo, KeyedCert};
 use super::spec::CaRotationStatus;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::labels;
 use crate::resources::config_map::ADMIN_PORT;
 

@@ -13,7 +13,7 @@ use kube::runtime::reflector::ObjectRef;
 use super::issue::{self, KeyedCert};
 use super::spec::{CertificateStatus, KeyAlgorithm, ManagedTls, TlsSpec};
 use crate::conditions::{Want, CERTIFICATES_READY};
-use crate::controller::Context;
+use crate::context::Context;
 use crate::crd::{ListenerProtocol, ProxyDeployment};
 use crate::labels;
 use crate::metrics::CertLabels;

@@ -5,4 +5,5 @@ pub mod member;
 pub mod placement;
 pub mod reconcile;
 pub mod spec;
+pub mod state;
 pub mod status;

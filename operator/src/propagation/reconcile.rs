@@ -12,7 +12,6 @@ use futures::future::join_all;
 use futures::FutureExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
-use kube::runtime::reflector::Store;
 use kube::ResourceExt;
 
 use super::clusters::{self, MemberCluster};
@@ -22,7 +21,7 @@ use super::spec::ClusterStatus;
 use super::status::{self, Observation};
 use crate::certs;
 use crate::conditions::Want;
-use crate::controller::Context;
+use crate::context::Context;
 use crate::crd::ProxyDeployment;
 use crate::labels;
 use crate::resources::Owner;
@@ -30,16 +29,7 @@ use crate::resources::Owner;
 /// Finalizer on hub objects that were propagated: members are cleaned up before they go.
 pub const FINALIZER: &str = "proxyfleet.io/propagation";
 
-/// Propagation's share of the operator's state.
-pub struct Propagation {
-    /// Cluster Secrets: ours, and Argo CD's when configured.
-    pub cluster_secrets: Vec<Store<Secret>>,
-    pub clients: MemberClients,
-    /// How often members are re-read (drift, member status) without a hub change.
-    pub resync: Duration,
-    /// How long a deleted hub object waits for unreachable members.
-    pub cleanup_timeout: Duration,
-}
+pub use super::state::Propagation;
 
 /// What propagation adds to the hub object's status.
 pub struct Outcome {

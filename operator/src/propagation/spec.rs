@@ -59,7 +59,7 @@ pub struct JsonPatchOperation {
     #[schemars(length(min = 1, max = 512), pattern(r"^/spec/"))]
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    #[schemars(schema_with = "crate::schema::any_value")]
+    #[schemars(schema_with = "any_value")]
     pub value: Option<serde_json::Value>,
 }
 
@@ -90,4 +90,9 @@ pub struct ClusterStatus {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
+}
+
+/// Any JSON value (a JSON patch's `value`).
+fn any_value(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+    schemars::json_schema!({ "x-kubernetes-preserve-unknown-fields": true })
 }

@@ -1,0 +1,76 @@
+//! What every reconcile shares: the client, the caches of owned objects, the writer, the
+//! event recorder, metrics and settings. At the bottom of the module graph: capability
+//! modules import it, it imports none of them.
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, ServiceAccount};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::reflector::Store;
+use kube::Client;
+use std::sync::Arc;
+
+use crate::apply::Applier;
+use crate::metrics::Metrics;
+use crate::resources::{OperatorSettings, Owner};
+
+/// Caches of what the operator owns (everything labelled managed-by=proxyfleet-operator).
+#[derive(Clone)]
+pub struct Stores {
+    pub deployments: Store<Deployment>,
+    pub config_maps: Store<ConfigMap>,
+    pub services: Store<Service>,
+    pub service_accounts: Store<ServiceAccount>,
+    pub pdbs: Store<PodDisruptionBudget>,
+    pub secrets: Store<Secret>,
+    pub revisions: Store<ControllerRevision>,
+}
+
+pub struct Context {
+    pub client: Client,
+    /// The status this operator last wrote per object (uid → resourceVersion after the write,
+    /// status). The watch cache can lag behind our own write; decisions must not.
+    pub written_status: std::sync::Mutex<std::collections::HashMap<String, (u64, crate::crd::ProxyDeploymentStatus)>>,
+    pub http: crate::canary::source::HttpGetter,
+    pub snapshots: crate::canary::source::SnapshotHistory,
+    pub stores: Stores,
+    pub applier: Applier,
+    pub recorder: Recorder,
+    pub metrics: Arc<Metrics>,
+    pub settings: OperatorSettings,
+    pub propagation: crate::propagation::state::Propagation,
+    /// Retry delays of fleets that keep failing.
+    pub backoff: crate::backoff::Backoff,
+}
+
+impl Context {
+    /// Publishes a Normal event on the ProxyDeployment.
+    pub async fn record(&self, owner: &Owner, reason: &str, note: &str) {
+        self.publish(owner, EventType::Normal, reason, note).await;
+    }
+
+    pub async fn warn(&self, owner: &Owner, reason: &str, note: &str) {
+        self.publish(owner, EventType::Warning, reason, note).await;
+    }
+
+    async fn publish(&self, owner: &Owner, type_: EventType, reason: &str, note: &str) {
+        let reference = ObjectReference {
+            api_version: Some(owner.reference.api_version.clone()),
+            kind: Some(owner.reference.kind.clone()),
+            name: Some(owner.name.clone()),
+            namespace: Some(owner.namespace.clone()),
+            uid: Some(owner.reference.uid.clone()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_,
+            reason: reason.into(),
+            note: Some(note.chars().take(1000).collect()),
+            action: "Reconcile".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::debug!(error = %e, "event not published");
+        }
+    }
+}
