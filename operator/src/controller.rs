@@ -22,7 +22,7 @@ use crate::canary;
 use crate::certs;
 pub use crate::context::{Context, Stores};
 use crate::crd::ProxyDeployment;
-use crate::desired::{desired_objects, desired_revision, SpecError};
+use crate::desired::{desired_objects, desired_revision, RevisionObjects, SpecError};
 use crate::labels::{self, Track};
 use crate::metrics::{Metrics, ObjectLabels, ReasonLabels};
 use crate::resources::deployment::deployment_name;
@@ -91,220 +91,316 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let pxd = with_latest_status(pxd, &ctx);
     let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
     if pxd.metadata.deletion_timestamp.is_some() {
-        // Members first (per the deletion policy), then the finalizer goes.
-        if let Some(again) = crate::propagation::reconcile::finalize(&pxd, &owner, &ctx).await {
-            return Ok(Action::requeue(again));
-        }
-        if let Ok(mut m) = ctx.written_status.lock() {
-            m.remove(&owner.reference.uid);
-        }
-        // Owned objects go with it through their owner references.
-        return Ok(Action::await_change());
+        return Ok(finalize(&pxd, &owner, &ctx).await);
     }
     let certs = certs::reconcile::ensure(&pxd, &ctx).await;
-    let mut problem = None;
-    let mut requeue = certs
-        .requeue_after
-        .unwrap_or(Duration::from_secs(300))
-        .min(Duration::from_secs(300));
-    let mut written_stable: Option<Deployment> = None;
-    let mut canary_status = None;
-    let mut revision_name = None;
-    let mut image = None;
-    let mut apply_failed = false;
+    let mut pass = Pass::new(&certs);
+    match desired_revision_checked(&pxd, &owner, &ctx, &certs).await {
+        Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
+        Ok(rev) => roll_out(&pxd, &owner, &ctx, &certs, rev, &mut pass).await?,
+    }
+    let (stable, canary) = (
+        cached_track(&ctx, &owner, Track::Stable),
+        cached_track(&ctx, &owner, Track::Canary),
+    );
+    let written_stable = pass.written_stable.take();
+    let stable = written_stable.as_ref().or(stable.as_deref());
+    check_progress_deadline(&pxd, &owner, &ctx, stable, &mut pass).await;
+    let propagation = crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await;
+    let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &propagation, &mut pass);
+    record_history(&pxd, &owner, &ctx, &new_status, stable, &mut pass).await;
+    write_status(&pxd, &owner, &ctx, &new_status).await?;
+    Ok(pass.finish(&ctx, &owner, &new_status))
+}
 
-    let secret_problem = crate::secret_refs::check(&ctx, &owner.namespace, &pxd.spec).await;
-    let revision = match (&certs.blocking, secret_problem) {
-        (Some(block), _) => Err((certs.condition.reason.clone(), block.clone())),
-        (None, Some(problem)) => Err(problem),
-        (None, None) => desired_revision(&pxd, &ctx.settings, &certs.secrets)
-            .map_err(|SpecError(message)| ("InvalidSpec".to_string(), message)),
+/// What one reconcile pass learned on its way through the steps.
+struct Pass {
+    problem: Option<Problem>,
+    requeue: Duration,
+    written_stable: Option<Deployment>,
+    canary_status: Option<canary::spec::CanaryStatus>,
+    revision: Option<String>,
+    image: Option<String>,
+    apply_failed: bool,
+}
+
+impl Pass {
+    fn new(certs: &certs::reconcile::CertOutcome) -> Self {
+        Self {
+            problem: None,
+            requeue: certs.requeue_after.unwrap_or(MAX_REQUEUE).min(MAX_REQUEUE),
+            written_stable: None,
+            canary_status: None,
+            revision: None,
+            image: None,
+            apply_failed: false,
+        }
+    }
+
+    fn requeue_within(&mut self, d: Duration) {
+        self.requeue = self.requeue.min(d);
+    }
+
+    /// The spec cannot roll out: say why once, touch nothing running.
+    async fn block(
+        &mut self,
+        ctx: &Context,
+        pxd: &ProxyDeployment,
+        owner: &Owner,
+        (reason, message): (String, String),
+    ) {
+        warn_once(ctx, pxd, owner, &reason, &message).await;
+        tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
+        self.problem = Some(Problem { reason, message });
+        self.requeue_within(Duration::from_secs(60));
+    }
+
+    fn finish(mut self, ctx: &Context, owner: &Owner, status: &crate::crd::ProxyDeploymentStatus) -> Action {
+        if matches!(
+            status.phase,
+            Some(crate::crd::Phase::Progressing | crate::crd::Phase::Pending)
+        ) {
+            self.requeue_within(Duration::from_secs(10));
+        }
+        if !self.apply_failed {
+            ctx.backoff.succeeded(&owner.reference.uid);
+        }
+        Action::requeue(self.requeue)
+    }
+}
+
+const MAX_REQUEUE: Duration = Duration::from_secs(300);
+
+/// Members first (per the deletion policy), then the finalizer goes; owned objects follow
+/// through their owner references.
+async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
+    if let Some(again) = crate::propagation::reconcile::finalize(pxd, owner, ctx).await {
+        return Action::requeue(again);
+    }
+    if let Ok(mut m) = ctx.written_status.lock() {
+        m.remove(&owner.reference.uid);
+    }
+    Action::await_change()
+}
+
+fn cached_track(ctx: &Context, owner: &Owner, track: Track) -> Option<Arc<Deployment>> {
+    cached(
+        &ctx.stores.deployments,
+        &owner.namespace,
+        &deployment_name(&owner.name, track),
+    )
+}
+
+/// The revision the spec asks for, or why it cannot run: the certificate source blocks, a
+/// referenced Secret is missing, or the spec is invalid — as (reason, message).
+async fn desired_revision_checked(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    certs: &certs::reconcile::CertOutcome,
+) -> Result<RevisionObjects, (String, String)> {
+    if let Some(block) = &certs.blocking {
+        return Err((certs.condition.reason.clone(), block.clone()));
+    }
+    if let Some(problem) = crate::secret_refs::check(ctx, &owner.namespace, &pxd.spec).await {
+        return Err(problem);
+    }
+    desired_revision(pxd, &ctx.settings, &certs.secrets).map_err(|SpecError(m)| ("InvalidSpec".to_string(), m))
+}
+
+/// Rollout plan (canary machine) → desired set → apply it and collect orphans.
+async fn roll_out(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    certs: &certs::reconcile::CertOutcome,
+    rev: RevisionObjects,
+    pass: &mut Pass,
+) -> Result<(), Error> {
+    pass.revision = Some(rev.pod.revision.clone());
+    pass.image = Some(rev.pod.image.clone());
+    let command = canary::rollout::command_of(pxd);
+    let (stable_now, canary_now) = (
+        cached_track(ctx, owner, Track::Stable),
+        cached_track(ctx, owner, Track::Canary),
+    );
+    let rollout = canary::rollout::plan(pxd, owner, ctx, rev, stable_now, canary_now, command).await;
+    let mut desired = desired_objects(pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+    desired.deployments.extend(rollout.kept_stable.clone());
+    let mut keep_config_maps: Vec<String> = desired
+        .config_maps
+        .iter()
+        .filter_map(|c| c.metadata.name.clone())
+        .collect();
+    keep_config_maps.extend(rollout.kept_config_map.clone());
+    if let Some(decision) = &rollout.decision {
+        report_decision(ctx, owner, decision, pass).await;
+    }
+    if command.is_some() {
+        clear_command(ctx, owner).await;
+    }
+    match apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
+        Ok((changes, stable)) => {
+            pass.written_stable = stable;
+            if !changes.is_empty() {
+                ctx.record(owner, "Applied", &changes.join("; ")).await;
+            }
+        }
+        // Refused objects are the user's to fix: say so in status, retry with backoff.
+        Err(e) => {
+            let Some(message) = e.refusal() else {
+                return Err(e.into());
+            };
+            warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
+            let retry = ctx.backoff.failed(&owner.reference.uid);
+            tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
+            pass.requeue_within(retry);
+            pass.problem = Some(Problem {
+                reason: "ApplyFailed".into(),
+                message,
+            });
+            pass.apply_failed = true;
+        }
+    }
+    Ok(())
+}
+
+/// Events, metrics and status of one canary decision.
+async fn report_decision(ctx: &Context, owner: &Owner, decision: &canary::machine::Decision, pass: &mut Pass) {
+    for e in &decision.events {
+        if e.warning {
+            ctx.warn(owner, e.reason, &e.message).await;
+        } else {
+            ctx.record(owner, e.reason, &e.message).await;
+        }
+    }
+    if let Some(reason) = &decision.aborted {
+        let labels = ReasonLabels { reason: reason.clone() };
+        ctx.metrics.rollout_aborts.get_or_create(&labels).inc();
+    }
+    if decision.status.phase == canary::machine::ABORTED {
+        pass.problem = Some(Problem {
+            reason: "RolloutAborted".into(),
+            message: decision.status.message.clone().unwrap_or_default(),
+        });
+    }
+    let labels = ObjectLabels {
+        namespace: owner.namespace.clone(),
+        proxydeployment: owner.name.clone(),
     };
-    match revision {
-        Err((reason, message)) => {
-            warn_once(&ctx, &pxd, &owner, &reason, &message).await;
-            tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
-            problem = Some(Problem { reason, message });
-            requeue = requeue.min(Duration::from_secs(60));
-        }
-        Ok(rev) => {
-            revision_name = Some(rev.pod.revision.clone());
-            image = Some(rev.pod.image.clone());
-            let command = canary::rollout::command_of(&pxd);
-            let stable_now = cached(
-                &ctx.stores.deployments,
-                &owner.namespace,
-                &deployment_name(&owner.name, Track::Stable),
-            );
-            let canary_now = cached(
-                &ctx.stores.deployments,
-                &owner.namespace,
-                &deployment_name(&owner.name, Track::Canary),
-            );
-            let rollout = canary::rollout::plan(&pxd, &owner, &ctx, rev, stable_now, canary_now, command).await;
-            let mut desired =
-                desired_objects(&pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
-            if let Some(kept) = rollout.kept_stable.clone() {
-                desired.deployments.push(kept);
-            }
-            let mut keep_config_maps: Vec<String> = desired
-                .config_maps
-                .iter()
-                .filter_map(|c| c.metadata.name.clone())
-                .collect();
-            keep_config_maps.extend(rollout.kept_config_map.clone());
-            if let Some(decision) = &rollout.decision {
-                for e in &decision.events {
-                    if e.warning {
-                        ctx.warn(&owner, e.reason, &e.message).await;
-                    } else {
-                        ctx.record(&owner, e.reason, &e.message).await;
-                    }
-                }
-                if let Some(reason) = &decision.aborted {
-                    ctx.metrics
-                        .rollout_aborts
-                        .get_or_create(&ReasonLabels { reason: reason.clone() })
-                        .inc();
-                }
-                if decision.status.phase == canary::machine::ABORTED {
-                    problem = Some(Problem {
-                        reason: "RolloutAborted".into(),
-                        message: decision.status.message.clone().unwrap_or_default(),
-                    });
-                }
-                ctx.metrics
-                    .canary_weight
-                    .get_or_create(&ObjectLabels {
-                        namespace: owner.namespace.clone(),
-                        proxydeployment: owner.name.clone(),
-                    })
-                    .set(decision.status.weight as i64);
-                requeue = requeue.min(Duration::from_secs(decision.requeue_after.max(1)));
-                canary_status = Some(decision.status.clone());
-            }
-            if command.is_some() {
-                clear_command(&ctx, &owner).await;
-            }
-            match apply_owned_set(&ctx, &owner, &desired, &keep_config_maps).await {
-                Ok((changes, stable)) => {
-                    written_stable = stable;
-                    if !changes.is_empty() {
-                        ctx.record(&owner, "Applied", &changes.join("; ")).await;
-                    }
-                }
-                Err(e) => {
-                    // Refused objects are the user's to fix: say so in status, retry with backoff.
-                    let Some(message) = e.refusal() else {
-                        return Err(e.into());
-                    };
-                    warn_once(&ctx, &pxd, &owner, "ApplyFailed", &message).await;
-                    let retry = ctx.backoff.failed(&owner.reference.uid);
-                    tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
-                    requeue = requeue.min(retry);
-                    problem = Some(Problem {
-                        reason: "ApplyFailed".into(),
-                        message,
-                    });
-                    apply_failed = true;
-                }
-            }
-        }
-    }
+    ctx.metrics
+        .canary_weight
+        .get_or_create(&labels)
+        .set(decision.status.weight as i64);
+    pass.requeue_within(Duration::from_secs(decision.requeue_after.max(1)));
+    pass.canary_status = Some(decision.status.clone());
+}
 
-    let stable_cached = cached(
-        &ctx.stores.deployments,
-        &owner.namespace,
-        &deployment_name(&owner.name, Track::Stable),
-    );
-    let stable = written_stable.as_ref().or(stable_cached.as_deref());
-    let canary_cached = cached(
-        &ctx.stores.deployments,
-        &owner.namespace,
-        &deployment_name(&owner.name, Track::Canary),
-    );
-    if problem.is_none() {
-        if let Some(d) = stable.filter(|d| crate::pod_problem::deadline_exceeded(d)) {
-            problem = Some(stalled(&ctx, &pxd, &owner, d).await);
-        }
+/// A plain rollout whose pods never became Ready: Degraded/ProgressDeadlineExceeded.
+async fn check_progress_deadline(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    stable: Option<&Deployment>,
+    pass: &mut Pass,
+) {
+    if pass.problem.is_some() {
+        return;
     }
-    let desired_revision_hash = revision_name.clone();
+    if let Some(d) = stable.filter(|d| crate::pod_problem::deadline_exceeded(d)) {
+        pass.problem = Some(stalled(ctx, pxd, owner, d).await);
+    }
+}
+
+fn new_status(
+    pxd: &ProxyDeployment,
+    certs: &certs::reconcile::CertOutcome,
+    stable: Option<&Deployment>,
+    canary: Option<&Deployment>,
+    propagation: &crate::propagation::reconcile::Outcome,
+    pass: &mut Pass,
+) -> crate::crd::ProxyDeploymentStatus {
+    let mut extra_conditions = vec![certs.condition.clone()];
+    extra_conditions.extend(propagation.condition.clone());
     let observed = Observed {
         stable,
-        canary: canary_cached.as_deref(),
-        revision: revision_name,
-        image,
-        problem,
-        extra_conditions: vec![certs.condition.clone()],
+        canary,
+        revision: pass.revision.clone(),
+        image: pass.image.clone(),
+        problem: pass.problem.clone(),
+        extra_conditions,
     };
-    let propagation = crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await;
-    let mut observed = observed;
-    if let Some(c) = propagation.condition.clone() {
-        observed.extra_conditions.push(c);
-    }
     if let Some(again) = propagation.requeue {
-        requeue = requeue.min(again);
+        pass.requeue_within(again);
     }
-    let mut new_status = status::compute(&pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
-    new_status.certificates = certs.statuses.clone();
-    new_status.ca_rotation = certs.ca_rotation.clone();
-    new_status.canary = canary_status;
-    new_status.clusters = propagation.clusters;
+    let mut s = status::compute(pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
+    s.certificates = certs.statuses.clone();
+    s.ca_rotation = certs.ca_rotation.clone();
+    s.canary = pass.canary_status.clone();
+    s.clusters = propagation.clusters.clone();
     if propagation.condition.is_none() {
-        new_status
-            .conditions
-            .retain(|c| c.type_ != crate::conditions::PROPAGATED);
+        s.conditions.retain(|c| c.type_ != crate::conditions::PROPAGATED);
     }
-    // A revision every pod runs and serves with is stable: keep it in the history for undo.
-    if new_status.phase == Some(crate::crd::Phase::Ready) {
-        if let (Some(hash), Some(d)) = (&desired_revision_hash, stable) {
-            if status::revision_of(d).as_deref() == Some(hash.as_str()) {
-                if let Err(e) = crate::history::record_stable(&ctx, &owner, &pxd.spec, hash).await {
-                    tracing::warn!(error = %e, "could not record the stable revision; retrying");
-                    requeue = requeue.min(Duration::from_secs(10));
-                }
-            }
-        }
+    s
+}
+
+/// A revision every pod runs and serves with is stable: keep it in the history for undo.
+async fn record_history(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    status: &crate::crd::ProxyDeploymentStatus,
+    stable: Option<&Deployment>,
+    pass: &mut Pass,
+) {
+    let (Some(hash), Some(d)) = (&pass.revision, stable) else {
+        return;
+    };
+    if status.phase != Some(crate::crd::Phase::Ready) || status::revision_of(d).as_deref() != Some(hash.as_str()) {
+        return;
     }
-    if pxd.status.as_ref() != Some(&new_status) {
-        let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-        let patch = serde_json::json!({
-            "apiVersion": "proxyfleet.io/v1alpha1",
-            "kind": "ProxyDeployment",
-            "status": new_status,
-        });
-        let written = api
-            .patch_status(
-                &owner.name,
-                &PatchParams::apply(labels::FIELD_MANAGER).force(),
-                &Patch::Apply(&patch),
-            )
-            .await
-            .map_err(|source| Error::Status {
-                namespace: owner.namespace.clone(),
-                name: owner.name.clone(),
-                source,
-            })?;
-        if let Some(rv) = written
-            .metadata
-            .resource_version
-            .as_deref()
-            .and_then(|r| r.parse::<u64>().ok())
-        {
-            if let Ok(mut m) = ctx.written_status.lock() {
-                m.insert(owner.reference.uid.clone(), (rv, new_status.clone()));
-            }
-        }
-        ctx.metrics.api_write("ProxyDeployment/status", "apply");
+    if let Err(e) = crate::history::record_stable(ctx, owner, &pxd.spec, hash).await {
+        tracing::warn!(error = %e, "could not record the stable revision; retrying");
+        pass.requeue_within(Duration::from_secs(10));
     }
-    if new_status.phase == Some(crate::crd::Phase::Progressing) || new_status.phase == Some(crate::crd::Phase::Pending)
-    {
-        requeue = requeue.min(Duration::from_secs(10));
+}
+
+/// Server-side apply of the status, only when it changed; remembers what it wrote, since the
+/// watch cache can lag behind our own write.
+async fn write_status(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    status: &crate::crd::ProxyDeploymentStatus,
+) -> Result<(), Error> {
+    if pxd.status.as_ref() == Some(status) {
+        return Ok(());
     }
-    if !apply_failed {
-        ctx.backoff.succeeded(&owner.reference.uid);
+    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let patch = serde_json::json!({
+        "apiVersion": "proxyfleet.io/v1alpha1",
+        "kind": "ProxyDeployment",
+        "status": status,
+    });
+    let params = PatchParams::apply(labels::FIELD_MANAGER).force();
+    let written = api
+        .patch_status(&owner.name, &params, &Patch::Apply(&patch))
+        .await
+        .map_err(|source| Error::Status {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
+    let rv = written
+        .metadata
+        .resource_version
+        .as_deref()
+        .and_then(|r| r.parse::<u64>().ok());
+    if let (Some(rv), Ok(mut m)) = (rv, ctx.written_status.lock()) {
+        m.insert(owner.reference.uid.clone(), (rv, status.clone()));
     }
-    Ok(Action::requeue(requeue))
+    ctx.metrics.api_write("ProxyDeployment/status", "apply");
+    Ok(())
 }
 
 /// Applies every object of the fleet's desired set, then deletes what it no longer contains:
