@@ -99,7 +99,7 @@ wait_degraded() { # wait_degraded PXD REASON MESSAGE_PART SECONDS
     sleep 2
   done
 }
-small_fleet() { # small_fleet NAME EXTRA_SPEC_YAML
+small_fleet() { # small_fleet NAME EXTRA_SPEC_YAML [UPSTREAMS_FLOW_YAML]
   kubectl apply -n "$ns" -f - >/dev/null <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -109,7 +109,7 @@ spec:
   progressDeadline: 30s
   listeners: [{name: http, port: 8080, protocol: HTTP}]
   routes: [{name: all, upstream: echo}]
-  upstreams: [{name: echo, dns: {name: echo.$ns.svc.cluster.local, port: 8080}}]
+  upstreams: ${3:-[{name: echo, dns: {name: echo.$ns.svc.cluster.local, port: 8080}}]}
 $2
 YAML
 }
@@ -128,17 +128,18 @@ kubectl delete pxd -n "$ns" refused --wait=false >/dev/null
 
 say "2b. an invalid quantity is reported before anything is applied"
 small_fleet quantity '  resources: {limits: {cpu: lots}}'
-wait_degraded quantity InvalidSpec 'spec.resources.limits.cpu: \"lots\"' 60
+wait_degraded quantity InvalidSpec 'spec.resources.limits.cpu: "lots" is not a quantity' 60
 [ -z "$(kubectl get deploy -n "$ns" quantity --ignore-not-found -o name)" ] || fail "a Deployment was created for an invalid spec"
 kubectl delete pxd -n "$ns" quantity --wait=false >/dev/null
 
 say "2c. an upstream's CA from a Secret: missing → SecretNotFound naming the field; present → verified TLS"
-small_fleet front '' >/dev/null
-kubectl patch pxd -n "$ns" front --type=json -p '[{"op":"replace","path":"/spec/upstreams/0","value":{"name":"echo","endpoints":["demo.'"$ns"'.svc.cluster.local:443"],"tls":{"serverName":"demo.example.com","caSecret":"no-such-ca"}}}]' >/dev/null
+# From the start: no earlier revision (to echo directly) could answer in its place.
+small_fleet front '' "[{name: echo, endpoints: ['demo.$ns.svc.cluster.local:443'], tls: {serverName: demo.example.com, caSecret: no-such-ca}}]"
 wait_degraded front SecretNotFound "spec.upstreams[0].tls.caSecret: Secret no-such-ca not found" 60
 kubectl patch pxd -n "$ns" front --type=json -p '[{"op":"replace","path":"/spec/upstreams/0/tls/caSecret","value":"demo-tls"}]' >/dev/null
 kubectl wait -n "$ns" --for=condition=Ready pxd/front --timeout=120s >/dev/null || fail "front not Ready with the CA Secret"
 front_ip=$(kubectl get svc -n "$ns" front -o jsonpath='{.spec.clusterIP}')
+[ -z "$(kubectl get pxd -n "$ns" front -o jsonpath='{.status.conditions[?(@.type=="Degraded")].status}' | grep True)" ] || fail "front still Degraded"
 retry 30 curl -fsS --max-time 3 "http://$front_ip:8080/through-verified-tls"
 say "front → demo over TLS verified by the CA in Secret demo-tls"
 kubectl delete pxd -n "$ns" front --wait=false >/dev/null

@@ -251,6 +251,37 @@ mod tests {
         assert!(!is_owned_by(&cm(true, "u2"), "u1"));
     }
 
+    /// The shell against a mocked API server: a 422 is the user's to fix and is reported with
+    /// the API server's own words; a 409 is transient and is not.
+    #[tokio::test]
+    async fn a_refused_object_is_reported_a_conflict_is_not() {
+        use kube::client::Body;
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let applier = Applier::new(Client::new(mock, "default"), std::sync::Arc::new(Metrics::new()));
+        let (cache, _writer) = kube::runtime::reflector::store::<ConfigMap>();
+        let server = tokio::spawn(async move {
+            for code in [422u16, 409] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                assert_eq!(request.method(), http::Method::PATCH);
+                assert!(request.uri().path().ends_with("/namespaces/team-a/configmaps/x"));
+                let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": format!("refused with {code}"), "reason": "Invalid", "code": code});
+                let body = Body::from(serde_json::to_vec(&status).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+            }
+        });
+        let mut obj = cm(true, "u1");
+        obj.metadata.namespace = Some("team-a".into());
+        let refused = applier.apply(obj.clone(), &cache).await.expect_err("422");
+        assert_eq!(
+            refused.refusal().as_deref(),
+            Some("the API server refused applying ConfigMap team-a/x: refused with 422")
+        );
+        let conflict = applier.apply(obj, &cache).await.expect_err("409");
+        assert_eq!(conflict.refusal(), None);
+        server.await.expect("mock server");
+    }
+
     #[test]
     fn hash_is_deterministic() {
         assert_eq!(desired_hash(&cm(true, "a")), desired_hash(&cm(true, "a")));
