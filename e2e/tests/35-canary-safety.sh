@@ -100,6 +100,8 @@ wait_degraded() { # wait_degraded PXD REASON MESSAGE_PART SECONDS
   done
 }
 small_fleet() { # small_fleet NAME EXTRA_SPEC_YAML [UPSTREAMS_FLOW_YAML]
+  local upstreams=${3:-}
+  [ -n "$upstreams" ] || upstreams="[{name: echo, dns: {name: echo.$ns.svc.cluster.local, port: 8080}}]"
   kubectl apply -n "$ns" -f - >/dev/null <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -109,7 +111,7 @@ spec:
   progressDeadline: 30s
   listeners: [{name: http, port: 8080, protocol: HTTP}]
   routes: [{name: all, upstream: echo}]
-  upstreams: ${3:-[{name: echo, dns: {name: echo.$ns.svc.cluster.local, port: 8080}}]}
+  upstreams: $upstreams
 $2
 YAML
 }

@@ -11,6 +11,7 @@ use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
+use tracing::Instrument;
 
 use crate::body::{self, ClientBody, UpstreamBody};
 use crate::router::{self, CompiledRoute};
@@ -89,11 +90,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
             headers.remove(n);
         }
     }
+    // `TE: trailers` is the one TE value passed on: gRPC servers refuse requests without it.
+    let te_trailers = present & TE_BIT != 0 && asks_for_trailers(headers);
     for (i, h) in HOP_BY_HOP.iter().enumerate() {
         if present & (1 << i) != 0 {
             headers.remove(h);
         }
     }
+    if te_trailers {
+        headers.insert(header::TE, HeaderValue::from_static("trailers"));
+    }
+}
+
+/// Bit of `TE` in `strip_hop_by_hop`'s presence mask (its index in HOP_BY_HOP).
+const TE_BIT: u8 = 1 << 4;
+
+fn asks_for_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .any(|t| {
+            let t = t.trim_ascii();
+            let name = t.split(|&b| b == b';').next().unwrap_or(t).trim_ascii();
+            name.eq_ignore_ascii_case(b"trailers")
+        })
 }
 
 /// Whether a Connection value names a header other than the hop-by-hop ones removed anyway.
@@ -158,6 +179,15 @@ pub async fn handle(
             Instant::now(),
         ));
     }
+    if let Some(why) = host_problem(&req) {
+        shared.metrics.malformed_requests.inc();
+        return Ok(finish(
+            &shared,
+            None,
+            status_response(StatusCode::BAD_REQUEST, why),
+            Instant::now(),
+        ));
+    }
 
     let started = Instant::now();
     let host = router::request_host(req.uri(), req.headers());
@@ -169,9 +199,39 @@ pub async fn handle(
             started,
         ));
     };
+    // Instrumented, never entered across an await: an entered span that outlives its task's
+    // poll is the tracing-subscriber panic debug logging used to cause under load.
     let span = tracing::debug_span!("request", route = %route.name, method = %req.method(), path = %req.uri().path());
-    let _e = span.enter();
+    Ok(
+        routed(&shared, route, req, client, limits.max_request_body_bytes, started)
+            .instrument(span)
+            .await,
+    )
+}
 
+/// RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; two are refused, not both
+/// forwarded (routing confusion, cache poisoning). HTTP/2 and /3 carry `:authority` instead.
+fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let first = hosts.next();
+    if hosts.next().is_some() {
+        return Some("more than one Host header\n");
+    }
+    if req.version() == Version::HTTP_11 && first.is_none() && req.uri().authority().is_none() {
+        return Some("an HTTP/1.1 request needs a Host header\n");
+    }
+    None
+}
+
+/// The phases after routing: fault injection, then the upstream.
+async fn routed(
+    shared: &Shared,
+    route: &CompiledRoute,
+    req: Request<Incoming>,
+    client: ClientInfo,
+    body_limit: u64,
+    started: Instant,
+) -> Response<ClientBody> {
     // Fault injection. The route timeout and the upstream latency sample start after an
     // injected delay: the delay is not the upstream's.
     let mut upstream_started = started;
@@ -187,18 +247,17 @@ pub async fn handle(
             if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
                 route.metrics.fault_abort.inc();
                 let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                return Ok(finish(
-                    &shared,
+                return finish(
+                    shared,
                     Some(route),
                     status_response(status, "fault injected\n"),
                     started,
-                ));
+                );
             }
         }
     }
-
-    let resp = forward(route, req, client, limits.max_request_body_bytes, upstream_started).await;
-    Ok(finish(&shared, Some(route), resp, started))
+    let resp = forward(route, req, client, body_limit, upstream_started).await;
+    finish(shared, Some(route), resp, started)
 }
 
 fn finish(
@@ -452,7 +511,7 @@ mod tests {
             ("host", "a"),
             ("connection", "keep-alive"),
             ("keep-alive", "timeout=5"),
-            ("te", "trailers"),
+            ("te", "gzip"),
             ("transfer-encoding", "chunked"),
             ("upgrade", "h2c"),
             ("proxy-connection", "close"),
@@ -461,6 +520,35 @@ mod tests {
         ]);
         strip_hop_by_hop(&mut h);
         assert_eq!(names(&h), ["host"]);
+    }
+
+    #[test]
+    fn te_trailers_is_kept_other_te_values_are_not() {
+        let mut h = headers(&[("te", "trailers"), ("grpc-timeout", "1S")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        let mut h = headers(&[("te", "gzip, trailers;q=0.5")]);
+        strip_hop_by_hop(&mut h);
+        assert_eq!(h.get("te").unwrap(), "trailers");
+        let mut h = headers(&[("te", "gzip")]);
+        strip_hop_by_hop(&mut h);
+        assert!(h.get("te").is_none());
+    }
+
+    #[test]
+    fn host_rules_of_rfc_9112() {
+        let req = |version, hosts: &[&str]| {
+            let mut b = Request::builder().version(version).uri("/x");
+            for h in hosts {
+                b = b.header("host", *h);
+            }
+            b.body(()).unwrap()
+        };
+        assert_eq!(host_problem(&req(Version::HTTP_11, &["a"])), None);
+        assert!(host_problem(&req(Version::HTTP_11, &["a", "b"])).is_some());
+        assert!(host_problem(&req(Version::HTTP_11, &[])).is_some());
+        assert_eq!(host_problem(&req(Version::HTTP_10, &[])), None);
+        assert_eq!(host_problem(&req(Version::HTTP_2, &[])), None);
     }
 
     #[test]
