@@ -7,4 +7,4 @@ kubectl apply -f "$root/crds/" >/dev/null
 retry 30 kubectl get crd proxydeployments.proxyfleet.io
 kubectl wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=60s >/dev/null
 cd "$root"
-PROXYFLEET_TEST_KUBECONFIG=$KUBECONFIG cargo test -q -p proxyfleet-operator --test apiserver -- --test-threads 3 2>&1 | tail -5
+PROXYFLEET_TEST_KUBECONFIG=$KUBECONFIG cargo test -q -p proxyfleet-operator --test apiserver -- --include-ignored --test-threads 3 2>&1 | tail -5
