@@ -25,3 +25,6 @@ pub mod schema;
 pub mod secret_refs;
 pub mod spec_check;
 pub mod status;
+
+#[cfg(test)]
+mod golden_tests;

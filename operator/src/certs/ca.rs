@@ -172,7 +172,7 @@ fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMateri
     };
     let rotating = state.phase != ca_rotation::STABLE;
     let rotation = CaRotationStatus {
-        phase: state.phase.clone(),
+        phase: state.phase,
         old_ca_serial: if state.has_previous {
             serial_of("previous.crt")
         } else if rotating {
@@ -205,7 +205,9 @@ fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMateri
 
 fn state_of(secret: &Secret) -> RotationState {
     RotationState {
-        phase: annotation(secret, ca_rotation::PHASE_ANNOTATION).unwrap_or_else(|| ca_rotation::STABLE.into()),
+        phase: annotation(secret, ca_rotation::PHASE_ANNOTATION)
+            .map(|p| ca_rotation::RotationPhase::parse(&p))
+            .unwrap_or_default(),
         since: annotation(secret, ca_rotation::SINCE_ANNOTATION)
             .and_then(|s| s.parse().ok())
             .unwrap_or(0),
@@ -327,7 +329,7 @@ async fn rotate(
             .unwrap_or(ca_rotation::DEFAULT_OVERLAP),
         ..Default::default()
     };
-    let phase = state.phase.as_str();
+    let phase = state.phase;
     if [
         ca_rotation::PUBLISHING_BUNDLE,
         ca_rotation::WAITING_FOR_BUNDLE,
@@ -350,7 +352,7 @@ async fn rotate(
     let mut annotations = serde_json::Map::from_iter([
         (
             ca_rotation::PHASE_ANNOTATION.to_string(),
-            step.state.phase.clone().into(),
+            step.state.phase.as_str().into(),
         ),
         (
             ca_rotation::SINCE_ANNOTATION.to_string(),

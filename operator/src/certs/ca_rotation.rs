@@ -18,11 +18,13 @@
 
 use std::time::Duration;
 
-pub const STABLE: &str = "Stable";
-pub const PUBLISHING_BUNDLE: &str = "PublishingBundle";
-pub const WAITING_FOR_BUNDLE: &str = "WaitingForBundle";
-pub const REISSUING: &str = "Reissuing";
-pub const OVERLAP: &str = "Overlap";
+pub use super::spec::RotationPhase;
+
+pub const STABLE: RotationPhase = RotationPhase::Stable;
+pub const PUBLISHING_BUNDLE: RotationPhase = RotationPhase::PublishingBundle;
+pub const WAITING_FOR_BUNDLE: RotationPhase = RotationPhase::WaitingForBundle;
+pub const REISSUING: RotationPhase = RotationPhase::Reissuing;
+pub const OVERLAP: RotationPhase = RotationPhase::Overlap;
 
 /// Annotation on the CA Secret asking for a rotation now (any value; removed when it starts).
 pub const ROTATE_ANNOTATION: &str = "proxyfleet.io/rotate-ca";
@@ -38,7 +40,7 @@ pub const DEFAULT_OVERLAP: Duration = Duration::from_secs(24 * 3600);
 /// The rotation state, as recorded on the CA Secret.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RotationState {
-    pub phase: String,
+    pub phase: RotationPhase,
     /// Unix seconds when the phase began.
     pub since: i64,
     pub has_next: bool,
@@ -88,7 +90,7 @@ pub struct Step {
     pub requeue: Duration,
 }
 
-fn moved(state: &RotationState, phase: &str, now: i64, write: Write, message: String) -> Step {
+fn moved(state: &RotationState, phase: RotationPhase, now: i64, write: Write, message: String) -> Step {
     let (has_next, has_previous) = match write {
         Write::StartRotation => (true, false),
         Write::SwapToNext => (false, true),
@@ -98,7 +100,7 @@ fn moved(state: &RotationState, phase: &str, now: i64, write: Write, message: St
     Step {
         write: Some(write),
         state: RotationState {
-            phase: phase.to_string(),
+            phase,
             since: now,
             has_next,
             has_previous,
@@ -119,7 +121,7 @@ fn stay(state: &RotationState, message: String, requeue: Duration) -> Step {
 
 pub fn decide(state: &RotationState, o: &Observations) -> Step {
     let waiting = Duration::from_secs(5);
-    match state.phase.as_str() {
+    match state.phase {
         PUBLISHING_BUNDLE => {
             if o.leaves_with_bundle >= o.leaves_total {
                 moved(
@@ -204,8 +206,8 @@ pub fn decide(state: &RotationState, o: &Observations) -> Step {
                 )
             }
         }
-        // Stable, or anything unknown (treated as Stable: a hand-edited phase never wedges us).
-        _ => {
+        // An unknown annotation value parses as Stable: a hand-edited phase never wedges us.
+        RotationPhase::Stable => {
             if o.rotation_requested || o.now >= o.ca_renewal_time {
                 let why = if o.rotation_requested {
                     "requested"
@@ -239,9 +241,9 @@ pub fn ca_renewal_time(not_before: i64, not_after: i64) -> i64 {
 mod tests {
     use super::*;
 
-    fn state(phase: &str, since: i64) -> RotationState {
+    fn state(phase: RotationPhase, since: i64) -> RotationState {
         RotationState {
-            phase: phase.into(),
+            phase,
             since,
             has_next: false,
             has_previous: false,
@@ -288,7 +290,7 @@ mod tests {
                 ..obs()
             },
         );
-        assert_eq!((p.write, p.state.phase.as_str()), (None, PUBLISHING_BUNDLE));
+        assert_eq!((p.write, p.state.phase), (None, PUBLISHING_BUNDLE));
         let p = decide(
             &state(PUBLISHING_BUNDLE, 900),
             &Observations {
@@ -296,10 +298,7 @@ mod tests {
                 ..obs()
             },
         );
-        assert_eq!(
-            (p.write, p.state.phase.as_str()),
-            (Some(Write::Phase), WAITING_FOR_BUNDLE)
-        );
+        assert_eq!((p.write, p.state.phase), (Some(Write::Phase), WAITING_FOR_BUNDLE));
 
         let w = decide(
             &state(WAITING_FOR_BUNDLE, 900),
@@ -319,7 +318,7 @@ mod tests {
                 ..obs()
             },
         );
-        assert_eq!((w.write, w.state.phase.as_str()), (Some(Write::SwapToNext), REISSUING));
+        assert_eq!((w.write, w.state.phase), (Some(Write::SwapToNext), REISSUING));
         assert!(w.state.has_previous && !w.state.has_next);
 
         let r = decide(
@@ -348,7 +347,7 @@ mod tests {
             },
         );
         assert_eq!(
-            (r.write, r.state.phase.as_str(), r.state.since),
+            (r.write, r.state.phase, r.state.since),
             (Some(Write::Phase), OVERLAP, 1000)
         );
     }
@@ -359,13 +358,15 @@ mod tests {
         assert_eq!(o.write, None);
         assert_eq!(o.requeue, Duration::from_secs(50));
         let o = decide(&state(OVERLAP, 900), &obs());
-        assert_eq!((o.write, o.state.phase.as_str()), (Some(Write::DropPrevious), STABLE));
+        assert_eq!((o.write, o.state.phase), (Some(Write::DropPrevious), STABLE));
         assert!(!o.state.has_previous);
     }
 
     #[test]
     fn an_unknown_phase_is_treated_as_stable() {
-        assert_eq!(decide(&state("Bogus", 0), &obs()).write, None);
+        assert_eq!(RotationPhase::parse("Bogus"), STABLE);
+        assert_eq!(decide(&state(RotationPhase::parse("Bogus"), 0), &obs()).write, None);
+        assert_eq!(RotationPhase::parse("Reissuing"), REISSUING);
     }
 
     #[test]

@@ -140,7 +140,7 @@ pub struct CertificateStatus {
 #[serde(rename_all = "camelCase")]
 pub struct CaRotationStatus {
     /// Stable, PublishingBundle, WaitingForBundle, Reissuing, Overlap.
-    pub phase: String,
+    pub phase: RotationPhase,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub old_ca_serial: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -149,4 +149,47 @@ pub struct CaRotationStatus {
     pub phase_started_at: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,
+}
+
+/// Where a namespace CA's rotation stands (recorded on the CA Secret, shown in status).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum RotationPhase {
+    #[default]
+    Stable,
+    PublishingBundle,
+    WaitingForBundle,
+    Reissuing,
+    Overlap,
+}
+
+impl RotationPhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stable => "Stable",
+            Self::PublishingBundle => "PublishingBundle",
+            Self::WaitingForBundle => "WaitingForBundle",
+            Self::Reissuing => "Reissuing",
+            Self::Overlap => "Overlap",
+        }
+    }
+
+    /// The phase an annotation names; anything unknown is Stable (a hand edit never wedges a
+    /// rotation).
+    pub fn parse(s: &str) -> Self {
+        [
+            Self::PublishingBundle,
+            Self::WaitingForBundle,
+            Self::Reissuing,
+            Self::Overlap,
+        ]
+        .into_iter()
+        .find(|p| p.as_str() == s)
+        .unwrap_or(Self::Stable)
+    }
+}
+
+impl std::fmt::Display for RotationPhase {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
 }
