@@ -39,43 +39,44 @@ for i in 1 2 3; do
   curl -sS --cacert /tmp/proxyfleet-demo-ca.crt --resolve "demo.example.com:443:$ip" "https://demo.example.com/hello/$i"
 done
 
-step "starting a canary: new config, steps 34% → pause → 67% → pause → 100%, judged on 5xx and P99"
-"$release/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/proxyfleet-demo-ca.crt \
-  --rate 20 --workers 2 --duration 150s >/tmp/proxyfleet-demo-load.json 2>/dev/null &
+# watch_rollout TITLE — the plugin's tree until the canary ends (Completed or Aborted).
+watch_rollout() {
+  local end=$(( $(date +%s) + 300 )) phase
+  while [ "$(date +%s)" -lt "$end" ]; do
+    clear 2>/dev/null || true
+    printf '%s (%ss)\n\n' "$1" "$(( $(date +%s) - t0 ))"
+    "$release/kubectl-proxyfleet" get pxd demo || true
+    phase=$(kubectl get pxd demo -o jsonpath='{.status.canary.phase}')
+    [ "$phase" = Completed ] || [ "$phase" = Aborted ] && break
+    sleep 3
+  done
+}
+# load SUMMARY — 20 req/s through the Service until stopped (every weight is judged on it).
+load() {
+  "$release/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/proxyfleet-demo-ca.crt \
+    --rate 20 --workers 2 --duration 330s >"$1" 2>/dev/null &
+  LOAD_PID=$!
+}
+stop_load() { kill -TERM "$LOAD_PID" 2>/dev/null || true; wait "$LOAD_PID" 2>/dev/null || true; }
+
+step "starting a canary: new config, steps 34% → pause → 67% → pause → 100%, each weight judged on 5xx and P99"
+load /tmp/proxyfleet-demo-load.json
 kubectl patch pxd demo --type=merge -p '{"spec":{"replicas":3,"strategy":{"canary":{
   "steps":[{"setWeight":34},{"pause":{"duration":"15s"}},{"setWeight":67},{"pause":{"duration":"15s"}},{"setWeight":100}],
   "analysis":{"interval":"10s","window":"20s","minRequests":10,"metrics":[{"name":"errors","errorRate5xx":{"max":5}},{"name":"p99","p99LatencyMs":{"max":250}}]}}}}}'
 kubectl wait --for=condition=Ready pxd/demo --timeout=120s >/dev/null
 kubectl patch pxd demo --type=json -p '[{"op":"replace","path":"/spec/routes/0/timeout","value":"4s"}]'
-end=$(( $(date +%s) + 180 ))
-while [ "$(date +%s)" -lt "$end" ]; do
-  clear 2>/dev/null || true
-  printf 'canary rollout (%ss)\n\n' "$(( $(date +%s) - t0 ))"
-  "$release/kubectl-proxyfleet" get pxd demo || true
-  phase=$(kubectl get pxd demo -o jsonpath='{.status.canary.phase}')
-  [ "$phase" = Completed ] || [ "$phase" = Aborted ] && break
-  sleep 3
-done
-wait || true
+watch_rollout "canary rollout"
+stop_load
 echo "load during the rollout: $(cat /tmp/proxyfleet-demo-load.json 2>/dev/null)"
 kubectl get pxd
 
 step "a bad canary: the route answers 503 on 30 % of requests; the analysis must roll it back"
-"$release/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/proxyfleet-demo-ca.crt \
-  --rate 20 --workers 2 --duration 120s >/tmp/proxyfleet-demo-bad.json 2>/dev/null &
+load /tmp/proxyfleet-demo-bad.json
 kubectl patch pxd demo --type=json -p '[{"op":"add","path":"/spec/routes/0/fault","value":{"abort":{"status":503,"percent":30}}}]'
-end=$(( $(date +%s) + 150 ))
-while [ "$(date +%s)" -lt "$end" ]; do
-  clear 2>/dev/null || true
-  printf 'bad canary (%ss)\n\n' "$(( $(date +%s) - t0 ))"
-  "$release/kubectl-proxyfleet" get pxd demo || true
-  phase=$(kubectl get pxd demo -o jsonpath='{.status.canary.phase}')
-  [ "$phase" = Aborted ] || [ "$phase" = Completed ] && break
-  sleep 3
-done
+watch_rollout "bad canary"
+stop_load
 echo "bad canary: $(kubectl get pxd demo -o jsonpath='{.status.canary.phase}: {.status.canary.message}')"
-kill %% 2>/dev/null || true
-wait || true
 # Back to what stable runs: nothing to roll out.
 kubectl patch pxd demo --type=json -p '[{"op":"remove","path":"/spec/routes/0/fault"}]'
 
