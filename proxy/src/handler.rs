@@ -34,7 +34,7 @@ impl ClientInfo {
     }
 }
 
-fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
+pub(crate) fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
     let mut r = Response::new(body::full(text));
     *r.status_mut() = status;
     r.headers_mut().insert(
@@ -60,7 +60,7 @@ const HOP_BY_HOP: [HeaderName; 8] = [
     PROXY_CONNECTION,
 ];
 
-fn strip_hop_by_hop(headers: &mut HeaderMap) {
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
     // One pass over the message's few names finds which hop-by-hop headers it has (usually
     // none, or a `Connection: keep-alive`); only those are removed.
     let mut present = 0u8;
@@ -256,8 +256,27 @@ async fn routed(
             }
         }
     }
-    let resp = forward(route, req, client, body_limit, upstream_started).await;
+    let resp = if is_websocket_upgrade(&req) {
+        crate::upgrade::tunnel(route, req, client, upstream_started).await
+    } else {
+        forward(route, req, client, body_limit, upstream_started).await
+    };
     finish(shared, Some(route), resp, started)
+}
+
+/// An HTTP/1.1 WebSocket handshake: `Connection: upgrade` and `Upgrade: websocket`. Other
+/// upgrades (h2c) are not passed on: they are stripped as hop-by-hop like any other.
+fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
+    let has_token = |name: header::HeaderName, token: &str| {
+        req.headers()
+            .get_all(name)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
+    };
+    req.version() == Version::HTTP_11
+        && has_token(header::CONNECTION, "upgrade")
+        && has_token(header::UPGRADE, "websocket")
 }
 
 fn finish(
@@ -348,7 +367,7 @@ async fn forward(
     }
 }
 
-fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
+pub(crate) fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
     let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
         Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
         None => Some(client.remote_ip.clone()),
@@ -460,7 +479,7 @@ async fn attempt_once(
     }
 }
 
-fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
+pub(crate) fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, http_body_util::Either::Left(body))

@@ -20,6 +20,7 @@ pub mod server;
 pub mod shared;
 pub mod state;
 pub mod tls;
+pub mod upgrade;
 pub mod upstream;
 
 pub use config_file::read_config;

@@ -128,6 +128,7 @@ pub struct Metrics {
     pub certificate_not_after: Family<CertLabels, Gauge>,
     pub faults: Family<FaultLabels, Counter>,
     pub retries: Family<RouteOnly, Counter>,
+    pub upgrades: Family<RouteOnly, Counter>,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
@@ -198,6 +199,12 @@ impl Metrics {
             "Retried upstream requests by route",
             retries.clone(),
         );
+        let upgrades = Family::default();
+        registry.register(
+            "upgraded_connections",
+            "Connections switched to another protocol (WebSocket) by route",
+            upgrades.clone(),
+        );
         let ejections = Family::default();
         registry.register(
             "outlier_ejections",
@@ -236,6 +243,7 @@ impl Metrics {
             certificate_not_after,
             faults,
             retries,
+            upgrades,
             ejections,
             trust_bundle,
             malformed_requests,
@@ -280,12 +288,19 @@ impl Metrics {
                 route: route.to_string(),
             })
             .clone();
+        let upgrades = self
+            .upgrades
+            .get_or_create(&RouteOnly {
+                route: route.to_string(),
+            })
+            .clone();
         RouteMetrics {
             duration,
             responses_by_class: by_class,
             fault_abort,
             fault_delay,
             retries,
+            upgrades,
         }
     }
 
@@ -368,6 +383,7 @@ pub struct RouteMetrics {
     pub fault_abort: Counter,
     pub fault_delay: Counter,
     pub retries: Counter,
+    pub upgrades: Counter,
 }
 
 impl RouteMetrics {

@@ -170,6 +170,26 @@ impl H1Pool {
         Ok((resp, false))
     }
 
+    /// Sends an upgrade request (WebSocket) on a connection of its own that may switch
+    /// protocols; it never returns to the pool.
+    pub async fn send_upgrade(
+        &self,
+        endpoint: &Endpoint,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<http::Response<Incoming>, H1Error> {
+        let io: TokioIo<UpstreamConnection> = self.connector.dial(&endpoint.authority).await?;
+        let (mut sender, conn) = http1::handshake(io).await.map_err(|source| H1Error::Handshake {
+            endpoint: endpoint.authority.to_string(),
+            source,
+        })?;
+        tokio::spawn(async move {
+            if let Err(e) = conn.with_upgrades().await {
+                tracing::debug!(error = %e, "upgraded upstream connection ended");
+            }
+        });
+        sender.send_request(req).await.map_err(H1Error::Request)
+    }
+
     /// Closes `endpoint`'s connections idle longer than the idle timeout (by dropping them).
     fn reap(&self, endpoint: &Endpoint, now: Instant) {
         let Ok(mut list) = endpoint.h1_idle.0.lock() else {

@@ -201,6 +201,25 @@ impl UpstreamCluster {
         }
     }
 
+    /// Sends an upgrade request on a dedicated HTTP/1.1 connection. Only HTTP/1.1 clusters
+    /// (plain, or `protocol: http1`) can: an h2 or ALPN-negotiated connection cannot switch.
+    pub async fn send_upgrade(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
+        let Some(h1) = &self.h1 else {
+            return Err(SendError {
+                connect: false,
+                error: "upgrades need an HTTP/1.1 upstream (protocol: http1 for TLS upstreams)".into(),
+            });
+        };
+        h1.send_upgrade(endpoint, req).await.map_err(|e| SendError {
+            connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
+            error: Box::new(e),
+        })
+    }
+
     /// Replaces the endpoint set, keeping the state of endpoints that remain.
     pub fn set_endpoints(&self, authorities: Vec<http::uri::Authority>) {
         let current = self.endpoints.load();

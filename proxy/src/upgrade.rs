@@ -1,0 +1,119 @@
+//! WebSocket pass-through: the handshake goes to the upstream on a connection of its own;
+//! once both sides have switched protocols (101), the two upgraded streams are copied to each
+//! other until either closes or the tunnel idles out.
+
+use std::time::{Duration, Instant};
+
+use http::header::{self, HeaderValue};
+use http::{Request, Response, StatusCode, Version};
+use hyper::body::Incoming;
+use hyper_util::rt::TokioIo;
+use tokio::io::{AsyncRead, AsyncWrite};
+
+use crate::body::{ClientBody, UpstreamBody};
+use crate::handler::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
+use crate::router::CompiledRoute;
+use crate::upstream;
+
+/// A tunnel with no byte in either direction for this long is closed.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+/// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
+pub async fn tunnel(
+    route: &CompiledRoute,
+    mut req: Request<Incoming>,
+    client: ClientInfo,
+    started: Instant,
+) -> Response<ClientBody> {
+    let client_side = hyper::upgrade::on(&mut req);
+    let cluster = &route.upstream;
+    let Some(endpoint) = upstream::pick_avoiding(&cluster.endpoints.load(), None).cloned() else {
+        return status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n");
+    };
+    let Some(upstream_req) = upstream_request(route, req, &client, &endpoint.authority) else {
+        return status_response(StatusCode::BAD_REQUEST, "bad request target\n");
+    };
+    let sent = tokio::time::timeout_at(
+        (started + route.timeout).into(),
+        cluster.send_upgrade(&endpoint, upstream_req),
+    );
+    let mut resp = match sent.await {
+        Err(_) => return status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"),
+        Ok(Err(e)) => {
+            tracing::debug!(upstream = %cluster.name, error = %e, "upgrade failed");
+            return status_response(StatusCode::BAD_GATEWAY, "upstream upgrade failed\n");
+        }
+        Ok(Ok(resp)) => resp,
+    };
+    if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        return client_response(resp);
+    }
+    let upstream_side = hyper::upgrade::on(&mut resp);
+    route.metrics.upgrades.inc();
+    tokio::spawn(async move {
+        match tokio::join!(client_side, upstream_side) {
+            (Ok(c), Ok(u)) => join(TokioIo::new(c), TokioIo::new(u), IDLE_TIMEOUT).await,
+            (c, u) => tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed"),
+        }
+    });
+    // The upstream's 101 as it is: Connection/Upgrade and Sec-WebSocket-* are end to end here.
+    let (parts, _) = resp.into_parts();
+    Response::from_parts(parts, crate::body::full(""))
+}
+
+/// The handshake as the upstream gets it: hop-by-hop headers removed, forwarding headers
+/// added, then the upgrade asked for again.
+fn upstream_request(
+    route: &CompiledRoute,
+    req: Request<Incoming>,
+    client: &ClientInfo,
+    endpoint: &http::uri::Authority,
+) -> Option<Request<UpstreamBody>> {
+    let (mut parts, _) = req.into_parts();
+    strip_hop_by_hop(&mut parts.headers);
+    append_forwarded(&mut parts.headers, client);
+    parts
+        .headers
+        .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+    parts
+        .headers
+        .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
+    let pq = parts.uri.path_and_query().cloned()?;
+    let uri = route.upstream.request_uri(endpoint, pq).ok()?;
+    let mut out = Request::new(UpstreamBody::Empty);
+    *out.method_mut() = parts.method;
+    *out.uri_mut() = uri;
+    *out.version_mut() = Version::HTTP_11;
+    *out.headers_mut() = parts.headers;
+    Some(out)
+}
+
+/// Copies both directions until either side closes, or nothing moves for `idle`.
+async fn join<A, B>(mut a: A, mut b: B, idle: Duration)
+where
+    A: AsyncRead + AsyncWrite + Unpin,
+    B: AsyncRead + AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut buf_a, mut buf_b) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
+    loop {
+        let step = tokio::time::timeout(idle, async {
+            tokio::select! {
+                n = a.read(&mut buf_a) => match n {
+                    Ok(0) | Err(_) => false,
+                    Ok(n) => b.write_all(&buf_a[..n]).await.is_ok(),
+                },
+                n = b.read(&mut buf_b) => match n {
+                    Ok(0) | Err(_) => false,
+                    Ok(n) => a.write_all(&buf_b[..n]).await.is_ok(),
+                },
+            }
+        });
+        match step.await {
+            Ok(true) => {}
+            _ => break,
+        }
+    }
+    let _ = a.shutdown().await;
+    let _ = b.shutdown().await;
+}

@@ -1,0 +1,88 @@
+//! WebSocket through the proxy with a real WebSocket implementation on both ends
+//! (tokio-tungstenite): the handshake is passed on, both directions stream, and the upgrade
+//! is counted. Other upgrades (h2c) are not passed on.
+
+mod support;
+
+use futures_util::{SinkExt, StreamExt};
+use tokio_tungstenite::tungstenite::Message;
+
+use support::*;
+
+/// A WebSocket echo server: every text or binary message comes back, prefixed.
+async fn ws_echo() -> std::net::SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let Ok(mut ws) = tokio_tungstenite::accept_async(tcp).await else {
+                    return;
+                };
+                while let Some(Ok(m)) = ws.next().await {
+                    let reply = match m {
+                        Message::Text(t) => Message::text(format!("echo: {t}")),
+                        Message::Binary(b) => Message::binary(b),
+                        Message::Close(_) => break,
+                        _ => continue,
+                    };
+                    if ws.send(reply).await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websocket_messages_flow_both_ways_through_the_proxy() {
+    init();
+    let upstream = ws_echo().await;
+    let dir = tempdir("websocket");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut ws, resp) = tokio_tungstenite::client_async("ws://chat.example/socket", tcp)
+        .await
+        .expect("WebSocket handshake through the proxy");
+    assert_eq!(resp.status(), 101);
+    for i in 0..50 {
+        ws.send(Message::text(format!("hello {i}"))).await.unwrap();
+        let back = ws.next().await.expect("a reply").expect("a message");
+        assert_eq!(back, Message::text(format!("echo: hello {i}")));
+    }
+    let big = vec![7u8; 1 << 20];
+    ws.send(Message::binary(big.clone())).await.unwrap();
+    let back = ws.next().await.expect("a reply").expect("a message");
+    assert_eq!(back.into_data().len(), big.len(), "1 MiB binary message streamed back");
+    ws.close(None).await.unwrap();
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_upgraded_connections_total", &["route=\"ws\""]),
+        1.0
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2c_upgrade_is_not_passed_on() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("h2c");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{}\"]}}]\n",
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let reply = raw(
+        proxy.addr("http"),
+        b"GET / HTTP/1.1\r\nhost: x\r\nconnection: upgrade, http2-settings\r\nupgrade: h2c\r\nhttp2-settings: AAMAAABkAAQAAP__\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 200"), "served as plain HTTP/1.1: {reply}");
+    proxy.running.drain();
+}
