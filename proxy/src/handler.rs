@@ -37,6 +37,7 @@ impl ClientInfo {
 pub(crate) fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
     let mut r = Response::new(body::full(text));
     *r.status_mut() = status;
+    r.extensions_mut().insert(crate::grpc::Generated);
     r.headers_mut().insert(
         header::CONTENT_TYPE,
         HeaderValue::from_static("text/plain; charset=utf-8"),
@@ -137,6 +138,19 @@ fn is_idempotent(m: &Method) -> bool {
 }
 
 pub async fn handle(
+    req: Request<Incoming>,
+    shared: Arc<Shared>,
+    client: ClientInfo,
+) -> Result<Response<ClientBody>, Infallible> {
+    // A gRPC client gets the proxy's own failures as gRPC statuses.
+    if crate::grpc::is_grpc(&req) {
+        let resp = handle_request(req, shared, client).await?;
+        return Ok(crate::grpc::answer(resp));
+    }
+    handle_request(req, shared, client).await
+}
+
+async fn handle_request(
     req: Request<Incoming>,
     shared: Arc<Shared>,
     client: ClientInfo,
@@ -326,7 +340,9 @@ async fn forward(
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, &client);
 
-    let deadline = started + route.timeout;
+    // A gRPC client's own deadline wins when it is shorter than the route's.
+    let timeout = crate::grpc::timeout(&parts.headers).map_or(route.timeout, |t| t.min(route.timeout));
+    let deadline = started + timeout;
     let mut attempt = 0u8;
     let mut last_endpoint: Option<http::uri::Authority> = None;
     loop {
