@@ -1,25 +1,29 @@
-//! Notices whether a client connection has sent anything at all.
+//! Notices whether a client connection has sent enough to be served.
 //!
-//! hyper's `header_read_timeout` starts when the first byte of a request arrives, so a client
-//! that connects (and completes TLS) and then sends nothing would hold a connection slot
-//! forever. The server closes such connections after the header-read timeout; this wrapper tells
-//! it whether a byte has arrived.
+//! hyper's `header_read_timeout` starts when the first byte of a request arrives, and the auto
+//! builder first waits for the 24-byte HTTP/2 preface (or for enough to know it is HTTP/1.1), so
+//! a client that connects and sends nothing, or a few bytes of the preface, would hold a
+//! connection slot forever. The server closes a connection that has not sent `PREFACE_LEN` bytes
+//! within the header-read timeout; this wrapper counts them (and stops counting after that).
 
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
+/// Length of the HTTP/2 connection preface; every HTTP/1.1 request with a Host is longer.
+pub const PREFACE_LEN: usize = 24;
+
 pub struct FirstByte<I> {
     inner: I,
-    seen: Arc<AtomicBool>,
+    seen: Arc<AtomicUsize>,
 }
 
 impl<I> FirstByte<I> {
-    pub fn new(inner: I) -> (Self, Arc<AtomicBool>) {
-        let seen = Arc::new(AtomicBool::new(false));
+    pub fn new(inner: I) -> (Self, Arc<AtomicUsize>) {
+        let seen = Arc::new(AtomicUsize::new(0));
         (
             Self {
                 inner,
@@ -34,9 +38,10 @@ impl<I: AsyncRead + Unpin> AsyncRead for FirstByte<I> {
     fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<std::io::Result<()>> {
         let before = buf.filled().len();
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
-        // One relaxed load per read once set; the store happens once per connection.
-        if buf.filled().len() > before && !self.seen.load(Ordering::Relaxed) {
-            self.seen.store(true, Ordering::Relaxed);
+        // One relaxed load per read once enough has arrived; counting stops there.
+        let n = buf.filled().len() - before;
+        if n > 0 && self.seen.load(Ordering::Relaxed) < PREFACE_LEN {
+            self.seen.fetch_add(n, Ordering::Relaxed);
         }
         r
     }

@@ -305,8 +305,9 @@ async fn accept_loop(
     }
 }
 
-/// Serves one connection; closes it when the client has sent nothing within `first_byte_timeout`
-/// (hyper's header-read timer only starts at the first byte).
+/// Serves one connection; closes it when the client has not sent enough to pick a protocol
+/// (nothing, or part of the HTTP/2 preface) within `first_byte_timeout`: hyper's header-read
+/// timer only starts once HTTP/1.1 is chosen.
 async fn serve<I, S>(
     builder: &auto::Builder<TokioExecutor>,
     watcher: hyper_util::server::graceful::Watcher,
@@ -331,8 +332,8 @@ async fn serve<I, S>(
         _ = &mut served => return,
         _ = tokio::time::sleep(first_byte_timeout) => {}
     }
-    if !seen.load(std::sync::atomic::Ordering::Relaxed) {
-        tracing::debug!("closing a connection that sent nothing");
+    if seen.load(std::sync::atomic::Ordering::Relaxed) < crate::first_byte::PREFACE_LEN {
+        tracing::debug!("closing a connection that sent too little to be served");
         return; // dropping the connection closes it
     }
     let _ = served.await;

@@ -118,6 +118,20 @@ async fn no_route_is_404_and_limits_are_enforced() {
         matches!(read, Ok(Ok(0)) | Ok(Err(_))),
         "a silent connection was not closed: {read:?}"
     );
+    // Nor does part of the HTTP/2 preface hold a slot (issue 18: 5 bytes, then silence).
+    let mut partial = tokio::net::TcpStream::connect(a).await.unwrap();
+    tokio::io::AsyncWriteExt::write_all(&mut partial, b"PRI *")
+        .await
+        .unwrap();
+    let read = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::io::AsyncReadExt::read(&mut partial, &mut buf),
+    )
+    .await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "a connection with half a preface was not closed: {read:?}"
+    );
     proxy.running.drain();
 }
 
