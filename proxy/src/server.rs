@@ -244,7 +244,11 @@ async fn accept_loop(
         .http2()
         .timer(TokioTimer::new())
         .max_header_list_size(limits.max_header_bytes)
-        .max_concurrent_streams(256);
+        .max_concurrent_streams(256)
+        // A peer that stops answering PINGs (gone without a FIN, a dead NAT entry) is closed
+        // instead of holding its slot for ever.
+        .keep_alive_interval(Some(H2_PING_INTERVAL))
+        .keep_alive_timeout(H2_PING_TIMEOUT);
     let builder = Arc::new(builder);
     let is_tls = listener.tls.is_some();
     loop {
@@ -304,6 +308,9 @@ async fn accept_loop(
         });
     }
 }
+
+const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
+const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Serves one connection; closes it when the client has not sent enough to pick a protocol
 /// (nothing, or part of the HTTP/2 preface) within `first_byte_timeout`: hyper's header-read
