@@ -1,9 +1,11 @@
 //! The configuration schema of proxyfleet-proxy, shared with the operator.
 
+mod admin_report;
 mod duration;
 mod proxy_config;
 mod validate;
 
+pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
 pub use proxy_config::*;
 pub use validate::{is_valid_server_name, validate, FieldError};

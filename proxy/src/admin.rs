@@ -21,24 +21,27 @@ fn text(status: StatusCode, content_type: &'static str, body: impl Into<Bytes>) 
     r
 }
 
-/// The running configuration as served on /config. It holds file paths, never key material;
-/// loaded certificates are described by serial and expiry only.
+/// The running configuration as served on /config (the shared `AdminReport` contract, JSON).
+/// It holds file paths, never key material; loaded certificates are described by serial and
+/// expiry only.
 pub fn config_report(shared: &Shared) -> String {
     let state = shared.state.load();
-    let mut out = String::from("# running configuration\n");
-    out.push_str(&state.config.to_yaml());
-    out.push_str("---\n# loaded certificates\ncertificates:\n");
-    for (listener, c) in &state.certificates {
-        out.push_str(&format!(
-            "  - listener: {listener}\n    serial: \"{}\"\n    subject: \"{}\"\n    notAfter: {}\n",
-            c.serial, c.subject, c.not_after_unix
-        ));
+    let certificates = state
+        .certificates
+        .iter()
+        .map(|(listener, c)| proxyfleet_config::LoadedCertificate {
+            listener: listener.clone(),
+            serial: c.serial.clone(),
+            subject: c.subject.clone(),
+            not_after: c.not_after_unix,
+        })
+        .collect();
+    proxyfleet_config::AdminReport {
+        config: state.config.clone(),
+        certificates,
+        trust_bundle_sha256: state.trust_bundle_sha256.clone(),
     }
-    out.push_str(&format!(
-        "trustBundleSha256: {}\n",
-        state.trust_bundle_sha256.as_deref().unwrap_or("null")
-    ));
-    out
+    .to_json()
 }
 
 async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -56,7 +59,7 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
                 text(StatusCode::SERVICE_UNAVAILABLE, "text/plain", "draining\n")
             }
         }
-        "/config" => text(StatusCode::OK, "text/yaml", config_report(&shared)),
+        proxyfleet_config::ADMIN_REPORT_PATH => text(StatusCode::OK, "application/json", config_report(&shared)),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     })
 }

@@ -526,6 +526,13 @@ async fn certificate_rotation_under_load_drops_nothing() {
     assert!(ok.load(Ordering::Relaxed) > 20);
     let m = metrics(&proxy).await;
     assert!(metric_sum(&m, "proxyfleet_config_reloads_total", &["result=\"success\""]) >= 2.0);
+    // The contract the operator relies on during a CA rotation: /config parses as the shared
+    // AdminReport and names the certificate now served.
+    let (status, body) = get(proxy.admin(), "admin", proxyfleet_config::ADMIN_REPORT_PATH).await;
+    assert_eq!(status, 200);
+    let report = proxyfleet_config::AdminReport::from_json(&body).expect("an AdminReport");
+    assert_eq!(report.certificates.len(), 1);
+    assert_eq!(report.certificates[0].serial.to_lowercase(), serial.to_lowercase());
     proxy.running.drain();
 }
 

@@ -246,19 +246,22 @@ struct PodReport {
     serials: Vec<String>,
 }
 
+/// A pod's admin report; one that cannot be read (an older proxy, a truncated body) reports
+/// nothing, so the pod counts as not converged: waiting is safe, guessing is not.
 fn parse_config_report(body: &str) -> PodReport {
-    let mut report = PodReport {
-        bundle_sha: None,
-        serials: Vec::new(),
-    };
-    for line in body.lines().map(str::trim) {
-        if let Some(sha) = line.strip_prefix("trustBundleSha256: ") {
-            report.bundle_sha = Some(sha.trim().to_string()).filter(|s| s != "null");
-        } else if let Some(serial) = line.strip_prefix("serial: ") {
-            report.serials.push(serial.trim().trim_matches('"').to_string());
+    match proxyfleet_config::AdminReport::from_json(body) {
+        Ok(r) => PodReport {
+            bundle_sha: r.trust_bundle_sha256,
+            serials: r.certificates.into_iter().map(|c| c.serial).collect(),
+        },
+        Err(e) => {
+            tracing::debug!(error = %e, "unreadable admin report");
+            PodReport {
+                bundle_sha: None,
+                serials: Vec::new(),
+            }
         }
     }
-    report
 }
 
 /// Proxy pods of the namespace that loaded a trust bundle: (total, reporting `sha`, serving only
@@ -285,7 +288,8 @@ async fn pods_with_bundle(
             continue;
         }
         // A pod that cannot be asked counts as not converged.
-        let report = match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/config")).await {
+        let url = format!("http://{ip}:{ADMIN_PORT}{}", proxyfleet_config::ADMIN_REPORT_PATH);
+        let report = match ctx.http.get(&url).await {
             Ok(body) => parse_config_report(&body),
             Err(_) => PodReport {
                 bundle_sha: Some(String::new()),
@@ -440,11 +444,26 @@ mod tests {
     }
 
     #[test]
-    fn reads_the_proxy_config_report() {
-        let body = "listeners: []\n---\n# loaded certificates\ncertificates:\n  - listener: https\n    serial: \"0a1b\"\n    subject: \"CN=x\"\n    notAfter: 1\ntrustBundleSha256: abc\n";
-        let r = parse_config_report(body);
+    fn reads_the_proxy_admin_report() {
+        let report = proxyfleet_config::AdminReport {
+            config: proxyfleet_config::ProxyConfig::from_yaml(
+                "listeners: [{name: h, address: '127.0.0.1:0'}]\nroutes: [{name: r, upstream: u}]\nupstreams: [{name: u, endpoints: ['127.0.0.1:1']}]\nadmin: {address: '127.0.0.1:0'}\n",
+            )
+            .unwrap(),
+            certificates: vec![proxyfleet_config::LoadedCertificate {
+                listener: "https".into(),
+                serial: "0a1b".into(),
+                subject: "CN=x".into(),
+                not_after: 1,
+            }],
+            trust_bundle_sha256: Some("abc".into()),
+        };
+        let r = parse_config_report(&report.to_json());
         assert_eq!(r.bundle_sha.as_deref(), Some("abc"));
         assert_eq!(r.serials, ["0a1b"]);
-        assert!(parse_config_report("trustBundleSha256: null\n").bundle_sha.is_none());
+        assert!(
+            parse_config_report("trustBundleSha256: abc\n").bundle_sha.is_none(),
+            "the old text is not guessed at"
+        );
     }
 }
