@@ -2,6 +2,7 @@
 
 mod admin_report;
 mod duration;
+pub mod metric_names;
 mod proxy_config;
 mod validate;
 

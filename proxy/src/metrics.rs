@@ -136,16 +136,16 @@ pub struct Metrics {
 
 impl Metrics {
     pub fn new() -> Self {
-        let mut registry = Registry::with_prefix("proxyfleet");
+        let mut registry = Registry::with_prefix(proxyfleet_config::metric_names::PREFIX);
         let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
         registry.register(
-            "request_duration_seconds",
+            proxyfleet_config::metric_names::REQUEST_DURATION,
             "Time from request received to upstream response headers sent to the client",
             request_duration.clone(),
         );
         let responses = Family::default();
         registry.register(
-            "responses",
+            proxyfleet_config::metric_names::RESPONSES,
             "Responses sent to clients by route, upstream and status class",
             responses.clone(),
         );

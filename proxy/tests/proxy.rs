@@ -245,6 +245,11 @@ async fn fault_injection_ratios() {
         metric_sum(&m, "proxyfleet_fault_injections_total", &["kind=\"abort\""]),
         aborted as f64
     );
+    // The contract the canary analysis relies on: these names, with this label.
+    use proxyfleet_config::metric_names as names;
+    let code_5xx = format!("{}=\"5xx\"", names::CODE_CLASS);
+    assert_eq!(metric_sum(&m, names::RESPONSES_TOTAL, &[&code_5xx]), aborted as f64);
+    assert!(metric_sum(&m, names::REQUEST_DURATION_BUCKET, &["le=\"+Inf\""]) >= 1000.0);
     proxy.running.drain();
 }
 

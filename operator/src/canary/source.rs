@@ -1,6 +1,7 @@
 //! Where measurements come from: the proxies' own /metrics scraped directly (works with no
 //! Prometheus), or PromQL generated from the same metric names.
 
+use proxyfleet_config::metric_names as names;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -42,13 +43,13 @@ pub fn parse_proxy_metrics(text: &str) -> PodCounters {
         let Ok(value) = value.parse::<f64>() else { continue };
         let (name, labels) = series.split_once('{').unwrap_or((series, ""));
         match name {
-            "proxyfleet_responses_total" => {
+            names::RESPONSES_TOTAL => {
                 out.requests += value;
-                if label(labels, "code_class") == Some("5xx") {
+                if label(labels, names::CODE_CLASS) == Some("5xx") {
                     out.errors_5xx += value;
                 }
             }
-            "proxyfleet_request_duration_seconds_bucket" => {
+            names::REQUEST_DURATION_BUCKET => {
                 let le = match label(labels, "le") {
                     Some("+Inf") => f64::INFINITY,
                     Some(v) => v.parse().unwrap_or(f64::INFINITY),
@@ -236,9 +237,19 @@ pub fn track_selector(namespace: &str, name: &str, track: &str, revision: Option
 /// PromQL for the built-in metrics of the pods `selector` matches: requests, 5xx, P99 (ms).
 pub fn builtin_queries(selector: &str, window_secs: i64) -> [String; 3] {
     [
-        format!("sum(increase(proxyfleet_responses_total{{{selector}}}[{window_secs}s]))"),
-        format!("sum(increase(proxyfleet_responses_total{{{selector},code_class=\"5xx\"}}[{window_secs}s]))"),
-        format!("1000 * histogram_quantile(0.99, sum by (le) (rate(proxyfleet_request_duration_seconds_bucket{{{selector}}}[{window_secs}s])))"),
+        format!(
+            "sum(increase({}{{{selector}}}[{window_secs}s]))",
+            names::RESPONSES_TOTAL
+        ),
+        format!(
+            "sum(increase({}{{{selector},{}=\"5xx\"}}[{window_secs}s]))",
+            names::RESPONSES_TOTAL,
+            names::CODE_CLASS
+        ),
+        format!(
+            "1000 * histogram_quantile(0.99, sum by (le) (rate({}{{{selector}}}[{window_secs}s])))",
+            names::REQUEST_DURATION_BUCKET
+        ),
     ]
 }
 
