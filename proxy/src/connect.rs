@@ -44,7 +44,7 @@ pub fn handle_connect(req: Request<Incoming>, shared: &Shared) -> Response<Clien
         return status(StatusCode::BAD_REQUEST, "CONNECT needs host:port\n");
     };
     if !allowed(&connect.allow, &target) {
-        tracing::info!(%target, "CONNECT refused by allow-list");
+        tracing::debug!(%target, "CONNECT refused by allow-list");
         return status(StatusCode::FORBIDDEN, "CONNECT target not allowed\n");
     }
     tokio::spawn(async move {
@@ -60,7 +60,7 @@ pub fn handle_connect(req: Request<Incoming>, shared: &Shared) -> Response<Clien
                 let mut client = TokioIo::new(upgraded);
                 let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
             }
-            Err(e) => tracing::info!(%target, error = %e, "CONNECT target unreachable"),
+            Err(e) => tracing::debug!(%target, error = %e, "CONNECT target unreachable"),
         }
     });
     Response::new(body::full(""))

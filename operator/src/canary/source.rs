@@ -155,6 +155,9 @@ impl SnapshotHistory {
     }
 }
 
+/// Largest body read from a pod or Prometheus: a proxy's /metrics is tens of KiB.
+pub const MAX_BODY_BYTES: usize = 4 << 20;
+
 /// A small HTTP client for scraping pods and asking Prometheus.
 pub struct HttpGetter {
     client: Client<HttpConnector, Empty<Bytes>>,
@@ -178,10 +181,12 @@ impl HttpGetter {
             .map_err(|_| format!("{url}: timed out"))?
             .map_err(|e| format!("{url}: {e}"))?;
         let status = resp.status();
-        let body = tokio::time::timeout(Duration::from_secs(3), resp.into_body().collect())
+        // A pod's image is the tenant's: a body without end must not exhaust the operator.
+        let limited = http_body_util::Limited::new(resp.into_body(), MAX_BODY_BYTES);
+        let body = tokio::time::timeout(Duration::from_secs(3), limited.collect())
             .await
             .map_err(|_| format!("{url}: body timed out"))?
-            .map_err(|e| format!("{url}: {e}"))?
+            .map_err(|e| format!("{url}: {e} (at most {MAX_BODY_BYTES} bytes are read)"))?
             .to_bytes();
         if !status.is_success() {
             return Err(format!("{url}: HTTP {status}"));
@@ -335,6 +340,33 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
         let (c, _, _) = h.push("ns/demo", snap(50, 260.0), 30).unwrap();
         // base is the newest snapshot at least 30 s old: t=10 (50 requests)
         assert_eq!(c.requests, 210.0);
+    }
+
+    /// A tenant's pod answering /metrics with an endless body is cut off at the cap.
+    #[tokio::test]
+    async fn an_oversized_body_is_refused_not_buffered() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt, AsyncWriteExt};
+            let (mut tcp, _) = listener.accept().await.unwrap();
+            let mut request = [0u8; 1024];
+            let _ = tcp.read(&mut request).await;
+            let _ = tcp
+                .write_all(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n")
+                .await;
+            let chunk = format!("{:x}\r\n{}\r\n", 64 * 1024, "x".repeat(64 * 1024));
+            for _ in 0..(MAX_BODY_BYTES / (64 * 1024) + 8) {
+                if tcp.write_all(chunk.as_bytes()).await.is_err() {
+                    return;
+                }
+            }
+        });
+        let err = HttpGetter::default()
+            .get(&format!("http://{addr}/metrics"))
+            .await
+            .unwrap_err();
+        assert!(err.contains("at most"), "{err}");
     }
 
     #[test]

@@ -140,8 +140,9 @@ pub struct MetricSource {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusSource {
-    /// Base URL, e.g. http://prometheus.monitoring:9090.
-    #[schemars(length(min = 1, max = 512), pattern(r"^https?://"))]
+    /// Base URL, e.g. http://prometheus.monitoring:9090 (plain HTTP: the operator's client
+    /// does not speak TLS to Prometheus, so an https:// address is refused at admission).
+    #[schemars(length(min = 1, max = 512), pattern(r"^http://"))]
     pub address: String,
 }
 
@@ -182,7 +183,7 @@ pub struct Threshold {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct PrometheusQuery {
-    #[schemars(length(min = 1, max = 512), pattern(r"^https?://"))]
+    #[schemars(length(min = 1, max = 512), pattern(r"^http://"))]
     pub address: String,
     /// PromQL; `{{canary}}` and `{{stable}}` are replaced with pod label selectors.
     #[schemars(length(min = 1, max = 4096))]

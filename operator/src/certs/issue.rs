@@ -112,10 +112,15 @@ fn new_key(alg: KeyAlgorithm) -> Result<KeyPair, IssueError> {
     }
 }
 
-/// 127 random bits: serials must be unique per CA, and unpredictable.
+/// 127 random bits from the operating system's CSPRNG: serials must be unique per CA, and
+/// unpredictable (CA/B Forum BR 7.1: at least 64 bits of CSPRNG output).
 fn random_serial() -> SerialNumber {
+    use ring::rand::SecureRandom;
     let mut bytes = [0u8; 16];
-    bytes.iter_mut().for_each(|b| *b = fastrand::u8(..));
+    if ring::rand::SystemRandom::new().fill(&mut bytes).is_err() {
+        // The OS RNG does not fail on Linux; should it, a non-CSPRNG serial beats no certificate.
+        bytes.iter_mut().for_each(|b| *b = fastrand::u8(..));
+    }
     bytes[0] &= 0x7f;
     SerialNumber::from_slice(&bytes)
 }
