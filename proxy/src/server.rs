@@ -228,28 +228,7 @@ async fn accept_loop(
     };
     let (hs_full, hs_resumed, hs_failed) = (hs("full"), hs("resumed"), hs("failed"));
     let limits = shared.state.load().config.limits.clone();
-    let mut builder = auto::Builder::new(TokioExecutor::new());
-    builder
-        .http1()
-        .timer(TokioTimer::new())
-        .header_read_timeout(limits.header_read_timeout.get())
-        .max_buf_size((limits.max_header_bytes as usize).max(8192))
-        // A client may shut down its write side after sending the request (HTTP/1.0 style
-        // clients, health checkers, `nc -N`). Without this hyper closes the connection when it
-        // reads that EOF before the response is written: found by the request fuzzer, ~1 in
-        // 1500 well-formed requests dropped without an answer.
-        .half_close(true)
-        .keep_alive(true);
-    builder
-        .http2()
-        .timer(TokioTimer::new())
-        .max_header_list_size(limits.max_header_bytes)
-        .max_concurrent_streams(256)
-        // A peer that stops answering PINGs (gone without a FIN, a dead NAT entry) is closed
-        // instead of holding its slot for ever.
-        .keep_alive_interval(Some(H2_PING_INTERVAL))
-        .keep_alive_timeout(H2_PING_TIMEOUT);
-    let builder = Arc::new(builder);
+    let builder = Arc::new(ConnectionBuilders::new(&limits));
     let is_tls = listener.tls.is_some();
     loop {
         let Ok(permit) = conn_limit.clone().acquire_owned().await else {
@@ -294,14 +273,16 @@ async fn accept_loop(
                             Some(rustls::HandshakeKind::Resumed) => hs_resumed.inc(),
                             _ => hs_full.inc(),
                         };
-                        serve(&builder, watcher, tls, svc, handshake_timeout).await;
+                        // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
+                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                        serve(&builder, h2, watcher, tls, svc, handshake_timeout).await;
                     }
                     _ => {
                         hs_failed.inc();
                     }
                 }
             } else {
-                serve(&builder, watcher, stream, svc, handshake_timeout).await;
+                serve(&builder, false, watcher, stream, svc, handshake_timeout).await;
             }
             active.dec();
             drop(permit);
@@ -309,14 +290,53 @@ async fn accept_loop(
     }
 }
 
+/// Connection builders: `auto` detects HTTP/1.1 or the HTTP/2 preface (plain listeners, TLS
+/// with ALPN http/1.1 or none) and allows upgrades; `h2` serves only HTTP/2 (ALPN h2).
+struct ConnectionBuilders {
+    auto: auto::Builder<TokioExecutor>,
+    h2: auto::Builder<TokioExecutor>,
+}
+
+impl ConnectionBuilders {
+    fn new(limits: &proxyfleet_config::Limits) -> Self {
+        let mut builder = auto::Builder::new(TokioExecutor::new());
+        builder
+            .http1()
+            .timer(TokioTimer::new())
+            .header_read_timeout(limits.header_read_timeout.get())
+            .max_buf_size((limits.max_header_bytes as usize).max(8192))
+            // A client may shut down its write side after sending the request (HTTP/1.0 style
+            // clients, health checkers, `nc -N`). Without this hyper closes the connection when
+            // it reads that EOF before the response is written: found by the request fuzzer,
+            // ~1 in 1500 well-formed requests dropped without an answer.
+            .half_close(true)
+            .keep_alive(true);
+        builder
+            .http2()
+            .timer(TokioTimer::new())
+            .max_header_list_size(limits.max_header_bytes)
+            .max_concurrent_streams(256)
+            // A peer that stops answering PINGs (gone without a FIN, a dead NAT entry) is
+            // closed instead of holding its slot for ever.
+            .keep_alive_interval(Some(H2_PING_INTERVAL))
+            .keep_alive_timeout(H2_PING_TIMEOUT);
+        Self {
+            // Only `serve_connection` honours http2_only (hyper-util); h2 has no upgrades anyway.
+            h2: builder.clone().http2_only(),
+            auto: builder,
+        }
+    }
+}
+
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Serves one connection; closes it when the client has not sent enough to pick a protocol
-/// (nothing, or part of the HTTP/2 preface) within `first_byte_timeout`: hyper's header-read
-/// timer only starts once HTTP/1.1 is chosen.
+/// Serves one connection (HTTP/2 only when `h2`); closes it when the client has not sent
+/// enough to pick a protocol (nothing, or part of the HTTP/2 preface) within
+/// `first_byte_timeout`: hyper's header-read timer only starts once HTTP/1.1 is chosen.
 async fn serve<I, S>(
-    builder: &auto::Builder<TokioExecutor>,
+    builders: &ConnectionBuilders,
+    h2: bool,
     watcher: hyper_util::server::graceful::Watcher,
     io: I,
     svc: S,
@@ -332,8 +352,18 @@ async fn serve<I, S>(
     S::Future: Send + 'static,
 {
     let (io, seen) = crate::first_byte::FirstByte::new(io);
-    let conn = builder.serve_connection_with_upgrades(TokioIo::new(io), svc);
-    let served = watcher.watch(conn);
+    let io = TokioIo::new(io);
+    if h2 {
+        let served = watcher.watch(builders.h2.serve_connection(io, svc));
+        drive(served, &seen, first_byte_timeout).await;
+    } else {
+        let served = watcher.watch(builders.auto.serve_connection_with_upgrades(io, svc));
+        drive(served, &seen, first_byte_timeout).await;
+    }
+}
+
+/// Runs a connection to its end, unless it has sent too little by `first_byte_timeout`.
+async fn drive<F: Future>(served: F, seen: &std::sync::atomic::AtomicUsize, first_byte_timeout: Duration) {
     tokio::pin!(served);
     tokio::select! {
         _ = &mut served => return,

@@ -814,3 +814,48 @@ async fn active_health_check_takes_an_endpoint_out_and_brings_it_back() {
     assert!(back, "a recovered endpoint never got traffic again");
     proxy.running.drain();
 }
+
+/// RFC 7301: the protocol ALPN agreed on is the one served: HTTP/1.1 on a connection that
+/// agreed on h2 is not answered as HTTP/1.1 (issue 18). (An h2 preface on an http/1.1
+/// connection is still detected and served as h2: hyper-util's auto builder keeps upgrades
+/// only with detection; see docs/decisions.md.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_alpn_agreed_on_is_the_one_served() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let ca = TestCa::new("alpn ca");
+    let dir = tempdir("alpn");
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&dir, "tls.crt", &c);
+    write(&dir, "tls.key", &k);
+    let up = upstream("up", None, false).await;
+    let yaml = format!(
+        "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      certificates: [{{certFile: {0}/tls.crt, keyFile: {0}/tls.key, default: true}}]\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [\"{1}\"]}}]\n",
+        dir.display(),
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let addr = proxy.addr("https");
+    let answer = |mut s: tokio_rustls::client::TlsStream<tokio::net::TcpStream>, bytes: &'static [u8]| async move {
+        s.write_all(bytes).await.unwrap();
+        let mut buf = vec![0u8; 256];
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .map(|r| r.unwrap_or(0))
+            .unwrap_or(0);
+        String::from_utf8_lossy(&buf[..n]).into_owned()
+    };
+    let h1_request: &'static [u8] = b"GET / HTTP/1.1\r\nhost: localhost\r\n\r\n";
+    let on_h2 = answer(tls_connect(addr, Some("localhost"), &ca, &[b"h2"]).await, h1_request).await;
+    assert!(
+        !on_h2.starts_with("HTTP/1.1"),
+        "HTTP/1.1 served on an h2 connection: {on_h2:?}"
+    );
+    let on_h1 = answer(
+        tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await,
+        h1_request,
+    )
+    .await;
+    assert!(on_h1.starts_with("HTTP/1.1 200"), "{on_h1:?}");
+    proxy.running.drain();
+}
