@@ -111,6 +111,31 @@ pub struct Route {
     /// Fault injection for chaos drills and canary tests.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub fault: Option<Fault>,
+    /// Local rate limit (per proxy): a token bucket; requests over it get 429 with Retry-After.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rate_limit: Option<RateLimit>,
+}
+
+/// A token bucket: `requestsPerSecond` refill, `burst` capacity; one bucket for the route, or
+/// one per client IP or per value of a header.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RateLimit {
+    /// Sustained rate.
+    #[schemars(range(min = 0.001, max = 1000000.0))]
+    pub requests_per_second: f64,
+    /// Bucket size (requests allowed at once). Default: one second's worth, at least 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub burst: Option<u32>,
+    /// One bucket per client IP address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub per_client_ip: bool,
+    /// One bucket per value of this request header (e.g. an API key); requests without it
+    /// share one bucket.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 128))]
+    pub per_header: Option<String>,
 }
 
 /// Request match; all given parts must match.

@@ -204,6 +204,25 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         if !r.matches.path_prefix.starts_with('/') {
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }
+        if let Some(rl) = &r.rate_limit {
+            if !(rl.requests_per_second > 0.0 && rl.requests_per_second.is_finite()) {
+                errors.push(err(format!("{f}.rateLimit.requestsPerSecond"), "must be positive"));
+            }
+            if rl.burst == Some(0) {
+                errors.push(err(format!("{f}.rateLimit.burst"), "must be at least 1"));
+            }
+            if rl.per_client_ip && rl.per_header.is_some() {
+                errors.push(err(format!("{f}.rateLimit"), "give perClientIp or perHeader, not both"));
+            }
+            if let Some(h) = &rl.per_header {
+                if http_header_name_invalid(h) {
+                    errors.push(err(
+                        format!("{f}.rateLimit.perHeader"),
+                        format!("{h:?} is not a header name"),
+                    ));
+                }
+            }
+        }
         if let Some(h) = &r.matches.host {
             if !is_valid_server_name(h) {
                 errors.push(err(
@@ -282,4 +301,12 @@ fn http_token(s: &str) -> Option<&str> {
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
     .then_some(s)
+}
+
+/// RFC 9110 token characters only.
+fn http_header_name_invalid(name: &str) -> bool {
+    name.is_empty()
+        || !name
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }

@@ -223,6 +223,15 @@ async fn handle_request(
     )
 }
 
+/// 429 with the seconds until a token is there (at least 1, as Retry-After counts whole seconds).
+fn too_many_requests(wait: std::time::Duration) -> Response<ClientBody> {
+    let mut r = status_response(StatusCode::TOO_MANY_REQUESTS, "rate limit exceeded\n");
+    let secs = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+    r.headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from(secs.max(1)));
+    r
+}
+
 /// RFC 9112 §3.2: an HTTP/1.1 request needs exactly one Host; two are refused, not both
 /// forwarded (routing confusion, cache poisoning). HTTP/2 and /3 carry `:authority` instead.
 fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
@@ -246,6 +255,12 @@ async fn routed(
     body_limit: u64,
     started: Instant,
 ) -> Response<ClientBody> {
+    if let Some(limiter) = &route.rate_limit {
+        if let Err(wait) = limiter.check(req.headers(), client.remote.ip(), started) {
+            route.metrics.rate_limited.inc();
+            return finish(shared, Some(route), too_many_requests(wait), started);
+        }
+    }
     // Fault injection. The route timeout and the upstream latency sample start after an
     // injected delay: the delay is not the upstream's.
     let mut upstream_started = started;

@@ -15,6 +15,7 @@ mod first_byte;
 pub mod grpc;
 pub mod handler;
 pub mod metrics;
+pub mod rate_limit;
 pub mod reload;
 pub mod router;
 pub mod server;

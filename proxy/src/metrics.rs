@@ -129,6 +129,7 @@ pub struct Metrics {
     pub faults: Family<FaultLabels, Counter>,
     pub retries: Family<RouteOnly, Counter>,
     pub upgrades: Family<RouteOnly, Counter>,
+    pub rate_limited: Family<RouteOnly, Counter>,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
@@ -205,6 +206,12 @@ impl Metrics {
             "Connections switched to another protocol (WebSocket) by route",
             upgrades.clone(),
         );
+        let rate_limited = Family::default();
+        registry.register(
+            "rate_limited_requests",
+            "Requests refused with 429 by a route's rate limit",
+            rate_limited.clone(),
+        );
         let ejections = Family::default();
         registry.register(
             "outlier_ejections",
@@ -244,6 +251,7 @@ impl Metrics {
             faults,
             retries,
             upgrades,
+            rate_limited,
             ejections,
             trust_bundle,
             malformed_requests,
@@ -294,6 +302,12 @@ impl Metrics {
                 route: route.to_string(),
             })
             .clone();
+        let rate_limited = self
+            .rate_limited
+            .get_or_create(&RouteOnly {
+                route: route.to_string(),
+            })
+            .clone();
         RouteMetrics {
             duration,
             responses_by_class: by_class,
@@ -301,6 +315,7 @@ impl Metrics {
             fault_delay,
             retries,
             upgrades,
+            rate_limited,
         }
     }
 
@@ -384,6 +399,7 @@ pub struct RouteMetrics {
     pub fault_delay: Counter,
     pub retries: Counter,
     pub upgrades: Counter,
+    pub rate_limited: Counter,
 }
 
 impl RouteMetrics {

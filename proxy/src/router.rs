@@ -85,6 +85,7 @@ pub struct CompiledRoute {
     pub retry_attempts: u8,
     pub retry_budget: RetryBudget,
     pub fault: Option<Fault>,
+    pub rate_limit: Option<crate::rate_limit::RateLimiter>,
     pub metrics: RouteMetrics,
 }
 
@@ -106,6 +107,7 @@ impl CompiledRoute {
             retry_attempts: route.retries.as_ref().map_or(0, |r| r.attempts),
             retry_budget: RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent)),
             fault: route.fault.clone(),
+            rate_limit: route.rate_limit.as_ref().map(crate::rate_limit::RateLimiter::new),
             metrics,
         }
     }

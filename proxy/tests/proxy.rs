@@ -859,3 +859,37 @@ async fn the_protocol_alpn_agreed_on_is_the_one_served() {
     assert!(on_h1.starts_with("HTTP/1.1 200"), "{on_h1:?}");
     proxy.running.drain();
 }
+
+/// A route's rate limit: the burst passes, the rest get 429 with Retry-After, counted; another
+/// route is not limited (issue 18).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_limited_route_answers_429_with_retry_after() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("ratelimit");
+    let yaml = plain_config(
+        up.addr,
+        "  - {name: limited, match: {pathPrefix: /api}, upstream: u, timeout: 2s, rateLimit: {requestsPerSecond: 0.5, burst: 3}}",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    let statuses: Vec<u16> = futures_util::future::join_all((0..10).map(|_| get(a, "x", "/api/x")))
+        .await
+        .into_iter()
+        .map(|(s, _)| s)
+        .collect();
+    assert_eq!(statuses.iter().filter(|s| **s == 200).count(), 3, "{statuses:?}");
+    assert_eq!(statuses.iter().filter(|s| **s == 429).count(), 7, "{statuses:?}");
+    let reply = raw(a, b"GET /api/y HTTP/1.1\r\nhost: x\r\n\r\n").await.to_lowercase();
+    assert!(
+        reply.starts_with("http/1.1 429") && reply.contains("retry-after: 2"),
+        "{reply}"
+    );
+    assert_eq!(get(a, "x", "/other").await.0, 200, "other routes are not limited");
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_rate_limited_requests_total", &["route=\"limited\""]),
+        8.0
+    );
+    proxy.running.drain();
+}
