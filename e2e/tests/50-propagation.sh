@@ -52,8 +52,12 @@ kubeconfig_for_hub() {
 kubectl create secret generic member-1 -n proxyfleet-system --from-file=kubeconfig=<(kubeconfig_for_hub member-1) \
   --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl label secret -n proxyfleet-system member-1 proxyfleet.io/cluster=true env=e2e region=eu --overwrite >/dev/null
-# member-2 in Argo CD's format, in the argocd namespace the chart watches by default.
+# member-2 in Argo CD's format. Argo CD import is off by default; this test turns it on.
 kubectl create ns argocd --dry-run=client -o yaml | kubectl apply -f - >/dev/null
+helm upgrade proxyfleet "$root/charts/proxyfleet" -n proxyfleet-system --reuse-values \
+  --set multicluster.argocdNamespace=argocd --wait --timeout 180s >/dev/null || fail "helm upgrade (argocd import) failed"
+retry 120 kubectl rollout status -n proxyfleet-system deploy/proxyfleet-operator --timeout=5s
+retry 60 bash -c "kubectl get lease -n proxyfleet-system proxyfleet-operator -o jsonpath='{.spec.holderIdentity}' | grep -q ."
 m2=$(kubeconfig_for_hub member-2)
 field() { echo "$m2" | awk -v k="$1:" '$1 == k {print $2; exit}'; }
 argo_config=$(jq -cn --arg ca "$(field certificate-authority-data)" --arg cert "$(field client-certificate-data)" \

@@ -37,8 +37,9 @@ struct Args {
     /// Namespace of member cluster Secrets (label proxyfleet.io/cluster); defaults to the lease namespace.
     #[arg(long, env = "PROXYFLEET_CLUSTERS_NAMESPACE")]
     clusters_namespace: Option<String>,
-    /// Also read Argo CD cluster Secrets (argocd.argoproj.io/secret-type=cluster) from this namespace.
-    #[arg(long, default_value = "argocd", env = "PROXYFLEET_ARGOCD_NAMESPACE")]
+    /// Also read Argo CD cluster Secrets (argocd.argoproj.io/secret-type=cluster) from this
+    /// namespace. Off unless given: Argo CD's credentials are not ours to lend.
+    #[arg(long, env = "PROXYFLEET_ARGOCD_NAMESPACE")]
     argocd_namespace: Option<String>,
     /// How often member clusters are re-read for drift and status.
     #[arg(long, default_value = "15s", env = "PROXYFLEET_PROPAGATION_RESYNC")]
