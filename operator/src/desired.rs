@@ -98,7 +98,6 @@ pub fn desired_objects(
 ) -> Result<DesiredObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
-    crate::spec_check::check(spec)?;
     let pull = spec.image_pull_policy.unwrap_or(PullPolicy::IfNotPresent).as_str();
     let mut out = DesiredObjects {
         service_account: Some(desired_service_account(&owner)),

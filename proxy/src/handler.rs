@@ -2,133 +2,22 @@
 //! response filter → metrics.
 
 use std::convert::Infallible;
-use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
 use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::body::{self, ClientBody, UpstreamBody};
+pub use crate::forwarding::ClientInfo;
+use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::router::{self, CompiledRoute};
 use crate::shared::Shared;
 use crate::upstream;
-
-/// Where a request came from.
-#[derive(Clone, Debug)]
-pub struct ClientInfo {
-    pub remote: SocketAddr,
-    pub tls: bool,
-    /// The client's IP as a header value, made once per connection, not per request.
-    pub remote_ip: HeaderValue,
-}
-
-impl ClientInfo {
-    pub fn new(remote: SocketAddr, tls: bool) -> Self {
-        let remote_ip = HeaderValue::from_str(&remote.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Self { remote, tls, remote_ip }
-    }
-}
-
-pub(crate) fn status_response(status: StatusCode, text: &'static str) -> Response<ClientBody> {
-    let mut r = Response::new(body::full(text));
-    *r.status_mut() = status;
-    r.extensions_mut().insert(crate::grpc::Generated);
-    r.headers_mut().insert(
-        header::CONTENT_TYPE,
-        HeaderValue::from_static("text/plain; charset=utf-8"),
-    );
-    r
-}
-
-const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
-const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
-
-const HOP_BY_HOP: [HeaderName; 8] = [
-    header::CONNECTION,
-    KEEP_ALIVE,
-    header::PROXY_AUTHENTICATE,
-    header::PROXY_AUTHORIZATION,
-    header::TE,
-    header::TRANSFER_ENCODING,
-    header::UPGRADE,
-    PROXY_CONNECTION,
-];
-
-pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap) {
-    // One pass over the message's few names finds which hop-by-hop headers it has (usually
-    // none, or a `Connection: keep-alive`); only those are removed.
-    let mut present = 0u8;
-    let mut connection_names_others = false;
-    for (name, value) in headers.iter() {
-        if let Some(i) = HOP_BY_HOP.iter().position(|h| h == name) {
-            present |= 1 << i;
-            if i == 0 {
-                connection_names_others |= names_other_headers(value);
-            }
-        }
-    }
-    if present == 0 {
-        return;
-    }
-    // Headers named in Connection are hop-by-hop too.
-    if connection_names_others {
-        let listed: Vec<HeaderName> = headers
-            .get_all(header::CONNECTION)
-            .iter()
-            .filter_map(|v| v.to_str().ok())
-            .flat_map(|v| v.split(','))
-            .map(str::trim)
-            .filter_map(|n| HeaderName::from_bytes(n.as_bytes()).ok())
-            .collect();
-        for n in listed {
-            headers.remove(n);
-        }
-    }
-    // `TE: trailers` is the one TE value passed on: gRPC servers refuse requests without it.
-    let te_trailers = present & TE_BIT != 0 && asks_for_trailers(headers);
-    for (i, h) in HOP_BY_HOP.iter().enumerate() {
-        if present & (1 << i) != 0 {
-            headers.remove(h);
-        }
-    }
-    if te_trailers {
-        headers.insert(header::TE, HeaderValue::from_static("trailers"));
-    }
-}
-
-/// Bit of `TE` in `strip_hop_by_hop`'s presence mask (its index in HOP_BY_HOP).
-const TE_BIT: u8 = 1 << 4;
-
-fn asks_for_trailers(headers: &HeaderMap) -> bool {
-    headers
-        .get_all(header::TE)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .any(|t| {
-            let t = t.trim_ascii();
-            let name = t.split(|&b| b == b';').next().unwrap_or(t).trim_ascii();
-            name.eq_ignore_ascii_case(b"trailers")
-        })
-}
-
-/// Whether a Connection value names a header other than the hop-by-hop ones removed anyway.
-fn names_other_headers(value: &HeaderValue) -> bool {
-    value.as_bytes().split(|&b| b == b',').any(|token| {
-        let token = token.trim_ascii();
-        !token.is_empty()
-            && !token.eq_ignore_ascii_case(b"close")
-            && !HOP_BY_HOP
-                .iter()
-                .any(|h| token.eq_ignore_ascii_case(h.as_str().as_bytes()))
-    })
-}
 
 fn is_idempotent(m: &Method) -> bool {
     matches!(
@@ -296,16 +185,9 @@ async fn routed(
 /// An HTTP/1.1 WebSocket handshake: `Connection: upgrade` and `Upgrade: websocket`. Other
 /// upgrades (h2c) are not passed on: they are stripped as hop-by-hop like any other.
 fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
-    let has_token = |name: header::HeaderName, token: &str| {
-        req.headers()
-            .get_all(name)
-            .iter()
-            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-            .any(|t| t.trim_ascii().eq_ignore_ascii_case(token.as_bytes()))
-    };
     req.version() == Version::HTTP_11
-        && has_token(header::CONNECTION, "upgrade")
-        && has_token(header::UPGRADE, "websocket")
+        && header_has_token(req.headers(), &header::CONNECTION, "upgrade")
+        && header_has_token(req.headers(), &header::UPGRADE, "websocket")
 }
 
 fn finish(
@@ -396,20 +278,6 @@ async fn forward(
             }
         }
     }
-}
-
-pub(crate) fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
-        None => Some(client.remote_ip.clone()),
-    };
-    if let Some(v) = value {
-        headers.insert(X_FORWARDED_FOR, v);
-    }
-    headers.insert(
-        X_FORWARDED_PROTO,
-        HeaderValue::from_static(if client.tls { "https" } else { "http" }),
-    );
 }
 
 async fn attempt_once(
@@ -510,12 +378,6 @@ async fn attempt_once(
     }
 }
 
-pub(crate) fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
-    let (mut parts, body) = resp.into_parts();
-    strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, http_body_util::Either::Left(body))
-}
-
 fn error_chain(e: &dyn std::error::Error) -> String {
     let mut s = e.to_string();
     let mut cur = e.source();
@@ -531,60 +393,6 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 mod tests {
     use super::*;
 
-    fn headers(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
-
-    fn names(h: &HeaderMap) -> Vec<&str> {
-        let mut n: Vec<_> = h.keys().map(|k| k.as_str()).collect();
-        n.sort_unstable();
-        n
-    }
-
-    #[test]
-    fn end_to_end_headers_pass_untouched() {
-        let mut h = headers(&[("host", "a"), ("content-length", "3"), ("x-custom", "1")]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(names(&h), ["content-length", "host", "x-custom"]);
-    }
-
-    #[test]
-    fn hop_by_hop_headers_are_removed() {
-        let mut h = headers(&[
-            ("host", "a"),
-            ("connection", "keep-alive"),
-            ("keep-alive", "timeout=5"),
-            ("te", "gzip"),
-            ("transfer-encoding", "chunked"),
-            ("upgrade", "h2c"),
-            ("proxy-connection", "close"),
-            ("proxy-authorization", "Basic x"),
-            ("proxy-authenticate", "Basic"),
-        ]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(names(&h), ["host"]);
-    }
-
-    #[test]
-    fn te_trailers_is_kept_other_te_values_are_not() {
-        let mut h = headers(&[("te", "trailers"), ("grpc-timeout", "1S")]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.get("te").unwrap(), "trailers");
-        let mut h = headers(&[("te", "gzip, trailers;q=0.5")]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(h.get("te").unwrap(), "trailers");
-        let mut h = headers(&[("te", "gzip")]);
-        strip_hop_by_hop(&mut h);
-        assert!(h.get("te").is_none());
-    }
-
     #[test]
     fn host_rules_of_rfc_9112() {
         let req = |version, hosts: &[&str]| {
@@ -599,25 +407,5 @@ mod tests {
         assert!(host_problem(&req(Version::HTTP_11, &[])).is_some());
         assert_eq!(host_problem(&req(Version::HTTP_10, &[])), None);
         assert_eq!(host_problem(&req(Version::HTTP_2, &[])), None);
-    }
-
-    #[test]
-    fn headers_named_in_connection_are_removed() {
-        let mut h = headers(&[
-            ("connection", "close, X-Secret"),
-            ("connection", "x-other"),
-            ("x-secret", "1"),
-            ("x-other", "2"),
-            ("x-kept", "3"),
-        ]);
-        strip_hop_by_hop(&mut h);
-        assert_eq!(names(&h), ["x-kept"]);
-    }
-
-    #[test]
-    fn a_connection_value_of_only_hop_by_hop_tokens_names_nothing_else() {
-        assert!(!names_other_headers(&HeaderValue::from_static("keep-alive")));
-        assert!(!names_other_headers(&HeaderValue::from_static("Close , Upgrade")));
-        assert!(names_other_headers(&HeaderValue::from_static("keep-alive, x-a")));
     }
 }

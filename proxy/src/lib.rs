@@ -12,6 +12,7 @@ pub mod body;
 pub mod config_file;
 pub mod connect;
 mod first_byte;
+mod forwarding;
 pub mod grpc;
 pub mod handler;
 pub mod metrics;

@@ -11,7 +11,7 @@ use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::body::{ClientBody, UpstreamBody};
-use crate::handler::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
+use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
 use crate::router::CompiledRoute;
 use crate::upstream;
 

@@ -201,12 +201,7 @@ impl H1Pool {
 
 /// Whether the upstream closes the connection after this response (`Connection: close`).
 fn closes_after<B>(resp: &http::Response<B>) -> bool {
-    resp.headers()
-        .get_all(http::header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .any(|token| token.trim().eq_ignore_ascii_case("close"))
+    crate::forwarding::header_has_token(resp.headers(), &http::header::CONNECTION, "close")
 }
 
 /// Reaps the idle connections of `cluster`'s endpoints every half idle timeout until the
