@@ -41,6 +41,8 @@ cluster-down:
 crds:
 	cargo run -q -p proxyfleet-operator --bin crdgen > crds/proxydeployments.proxyfleet.io.yaml
 	cp crds/proxydeployments.proxyfleet.io.yaml charts/proxyfleet/crds/
+	cargo run -q -p proxyfleet-operator --bin crdgen -- --app > crds/approllouts.proxyfleet.io.yaml
+	cp crds/approllouts.proxyfleet.io.yaml charts/proxyfleet/crds/
 	cargo run -q -p proxyfleet-operator --bin crdgen -- --reference > docs/crd-reference.md
 
 bench:

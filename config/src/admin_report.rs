@@ -19,6 +19,9 @@ pub struct AdminReport {
     pub certificates: Vec<LoadedCertificate>,
     /// SHA-256 (hex) of the trust bundle loaded from `trustBundleFiles`, when any.
     pub trust_bundle_sha256: Option<String>,
+    /// Live weights applied, per route (absent: the configured weights rule).
+    #[serde(default)]
+    pub live_weights: Vec<crate::LiveWeights>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

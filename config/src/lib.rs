@@ -2,14 +2,20 @@
 
 mod admin_report;
 mod duration;
+mod live_weights;
 pub mod metric_names;
 mod proxy_config;
+mod traffic_split;
 mod validate;
+mod validate_split;
 
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
+pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
+pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
 pub use validate::{is_valid_server_name, validate, FieldError};
+pub use validate_split::check_live_weights;
 
 /// Why a configuration document was refused.
 #[derive(Debug, thiserror::Error)]

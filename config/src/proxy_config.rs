@@ -99,9 +99,25 @@ pub struct Route {
     /// What a request must look like to take this route.
     #[serde(default, rename = "match")]
     pub matches: RouteMatch,
-    /// Name of the upstream cluster, one of `upstreams[].name`.
-    #[schemars(length(min = 1, max = 63))]
+    /// Name of the upstream cluster, one of `upstreams[].name`; give this or `backends`.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    #[schemars(length(max = 63))]
     pub upstream: String,
+    /// Weighted upstreams, split per request (weights sum to 100); instead of `upstream`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 8))]
+    pub backends: Vec<crate::Backend>,
+    /// Hash this header or cookie (a user id) into 100 buckets so a user keeps one backend;
+    /// requests without it take the weighted split.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sticky: Option<crate::StickyKey>,
+    /// Requests matching one of these go to its backend whatever the weights; first match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub overrides: Vec<crate::BackendOverride>,
+    /// Copy a share of the requests to another upstream (shadow traffic).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mirror: Option<crate::Mirror>,
     /// Whole-request timeout (to the last response header). Default 15s.
     #[serde(default = "default_route_timeout")]
     pub timeout: HumanDuration,
@@ -376,6 +392,14 @@ pub struct Admin {
     /// Address to bind. Default `0.0.0.0:9901`.
     #[serde(default = "default_admin_address")]
     pub address: String,
+    /// File holding the bearer token that authorises writes (`PUT /weights`); writes are
+    /// refused when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub token_file: Option<String>,
+    /// Directory of `LiveWeights` JSON documents (`*.json`, e.g. a mounted ConfigMap), applied
+    /// at start and whenever they change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub live_weights_dir: Option<String>,
 }
 
 /// Limits protecting the proxy.
@@ -506,6 +530,8 @@ impl Default for Admin {
     fn default() -> Self {
         Self {
             address: default_admin_address(),
+            token_file: None,
+            live_weights_dir: None,
         }
     }
 }

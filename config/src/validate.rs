@@ -14,7 +14,7 @@ pub struct FieldError {
     pub message: String,
 }
 
-fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
+pub(crate) fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
     FieldError {
         field: field.into(),
         message: message.into(),
@@ -195,12 +195,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         if !route_names.insert(&r.name) {
             errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
         }
-        if !upstream_names.contains(r.upstream.as_str()) {
-            errors.push(err(
-                format!("{f}.upstream"),
-                format!("unknown upstream {:?}; define it in upstreams", r.upstream),
-            ));
-        }
+        crate::validate_split::check_route_backends(&f, r, &upstream_names, &mut errors);
         if !r.matches.path_prefix.starts_with('/') {
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }
@@ -296,7 +291,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     }
 }
 
-fn http_token(s: &str) -> Option<&str> {
+pub(crate) fn http_token(s: &str) -> Option<&str> {
     (!s.is_empty()
         && s.bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
@@ -304,7 +299,7 @@ fn http_token(s: &str) -> Option<&str> {
 }
 
 /// RFC 9110 token characters only.
-fn http_header_name_invalid(name: &str) -> bool {
+pub(crate) fn http_header_name_invalid(name: &str) -> bool {
     name.is_empty()
         || !name
             .bytes()

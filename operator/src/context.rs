@@ -41,6 +41,8 @@ pub struct Context {
     pub propagation: crate::propagation::state::Propagation,
     /// Retry delays of fleets that keep failing.
     pub backoff: crate::backoff::Backoff,
+    /// Every AppRollout (they reshape the routes of the fleets they name).
+    pub apps: Store<crate::app::spec::AppRollout>,
 }
 
 impl Context {
@@ -53,6 +55,12 @@ impl Context {
         self.publish(owner, EventType::Warning, reason, note).await;
     }
 
+    /// Publishes an event on any object.
+    pub async fn record_on(&self, reference: &ObjectReference, warning: bool, reason: &str, note: &str) {
+        let type_ = if warning { EventType::Warning } else { EventType::Normal };
+        self.publish_on(reference, type_, reason, note).await;
+    }
+
     async fn publish(&self, owner: &Owner, type_: EventType, reason: &str, note: &str) {
         let reference = ObjectReference {
             api_version: Some(owner.reference.api_version.clone()),
@@ -62,6 +70,10 @@ impl Context {
             uid: Some(owner.reference.uid.clone()),
             ..Default::default()
         };
+        self.publish_on(&reference, type_, reason, note).await;
+    }
+
+    async fn publish_on(&self, reference: &ObjectReference, type_: EventType, reason: &str, note: &str) {
         let ev = Event {
             type_,
             reason: reason.into(),
@@ -69,7 +81,7 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+        if let Err(e) = self.recorder.publish(&ev, reference).await {
             tracing::debug!(error = %e, "event not published");
         }
     }

@@ -94,10 +94,13 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         return Ok(finalize(&pxd, &owner, &ctx).await);
     }
     let certs = certs::reconcile::ensure(&pxd, &ctx).await;
+    crate::app::token::ensure(&ctx, &owner).await;
+    // The routes as AppRollouts split them; everything else reads the fleet as written.
+    let shaped = crate::app::render::shaped_fleet(&pxd, &ctx.apps);
     let mut pass = Pass::new(&certs);
-    match desired_revision_checked(&pxd, &owner, &ctx, &certs).await {
+    match desired_revision_checked(&shaped, &owner, &ctx, &certs).await {
         Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
-        Ok(rev) => roll_out(&pxd, &owner, &ctx, &certs, rev, &mut pass).await?,
+        Ok(rev) => roll_out(&shaped, &owner, &ctx, &certs, rev, &mut pass).await?,
     }
     let (stable, canary) = (
         cached_track(&ctx, &owner, Track::Stable),
@@ -645,8 +648,11 @@ pub async fn run(
         );
         cluster_secrets.push(reader);
     }
+    // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
+    let (app_tx, app_rx) = futures::channel::mpsc::unbounded::<ObjectRef<ProxyDeployment>>();
+    let (apps, f8) = crate::app::controller::store(&client, app_tx);
     let caches = tokio::spawn(async move {
-        tokio::join!(f1, f2, f3, f4, f5, f6, f7, futures::future::join_all(cluster_watches));
+        tokio::join!(f1, f2, f3, f4, f5, f6, f7, f8, futures::future::join_all(cluster_watches));
     });
     let stores = Stores {
         deployments,
@@ -666,6 +672,7 @@ pub async fn run(
         stores.pdbs.wait_until_ready(),
         stores.secrets.wait_until_ready(),
         stores.revisions.wait_until_ready(),
+        apps.wait_until_ready(),
     );
     tracing::info!("caches synced; starting the controller");
     let recorder = Recorder::new(
@@ -687,6 +694,7 @@ pub async fn run(
         snapshots: Default::default(),
         written_status: Default::default(),
         backoff: Default::default(),
+        apps,
         propagation: crate::propagation::state::Propagation {
             cluster_secrets,
             clients: Default::default(),
@@ -708,8 +716,13 @@ pub async fn run(
             .collect();
         futures::stream::iter(refs)
     });
+    let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
+    let app_controller = tokio::spawn(crate::app::controller::run(client.clone(), ctx.clone(), async move {
+        let _ = app_stop_rx.await;
+    }));
     controller
         .reconcile_on(ca_changes)
+        .reconcile_on(app_rx)
         .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
         .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())
@@ -723,6 +736,8 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
+    let _ = app_stop_tx.send(());
+    let _ = app_controller.await;
     managed.set(0);
     caches.abort();
 }

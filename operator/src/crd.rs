@@ -42,7 +42,7 @@ pub const GROUP: &str = "proxyfleet.io";
 )]
 #[x_kube(validation = Rule::new("self.upstreams.all(u, !has(u.tls) || ((!has(u.tls.caFile) || !has(u.tls.caSecret)) && (!has(u.tls.clientCertificate) || !has(u.tls.clientCertificateSecret))))").message("spec.upstreams[].tls: give caFile or caSecret, and clientCertificate or clientCertificateSecret, not both").field_path(".upstreams"))]
 #[x_kube(validation = Rule::new("!has(self.drain) || ((!has(self.drain.gracePeriod) || duration(self.drain.gracePeriod) <= duration('5m')) && (!has(self.drain.deadline) || duration(self.drain.deadline) <= duration('1h')))").message("spec.drain: gracePeriod at most 5m and deadline at most 1h (they set the pods' termination grace period, which node drains wait for)").field_path(".drain"))]
-#[x_kube(validation = Rule::new("self.routes.all(r, self.upstreams.exists(u, u.name == r.upstream))").message("every spec.routes[].upstream must name one of spec.upstreams[].name").field_path(".routes"))]
+#[x_kube(validation = Rule::new("self.routes.all(r, !has(r.upstream) || r.upstream == '' || self.upstreams.exists(u, u.name == r.upstream))").message("every spec.routes[].upstream must name one of spec.upstreams[].name").field_path(".routes"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.name == l.name))").message("spec.listeners[].name must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.upstreams.all(u, self.upstreams.exists_one(v, v.name == u.name))").message("spec.upstreams[].name must be unique").field_path(".upstreams"))]

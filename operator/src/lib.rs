@@ -2,9 +2,10 @@
 //!
 //! Reading order: `crd` (the API) → `controller` (the loop) → `desired` (what to own) →
 //! `resources` (pure builders) → `apply` (writes) → `status` / `conditions`; then the
-//! capabilities: `certs`, `canary`, `propagation`.
+//! capabilities: `certs`, `canary`, `propagation`, `app` (gray releases of the apps behind a fleet).
 
 pub mod admin;
+pub mod app;
 pub mod apply;
 pub mod backoff;
 pub mod canary;

@@ -3,6 +3,7 @@
 use kube::CustomResourceExt;
 use serde_json::Value;
 
+use crate::app::spec::AppRollout;
 use crate::crd::ProxyDeployment;
 
 /// `additionalProperties: false` (from `deny_unknown_fields` on the shared proxy config types) is
@@ -23,28 +24,45 @@ fn make_structural(v: &mut Value) {
     }
 }
 
-/// The CustomResourceDefinition of ProxyDeployment, exactly as checked in under crds/.
-pub fn crd() -> k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition {
-    let crd = ProxyDeployment::crd();
+type Crd = k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+
+fn structural<K: CustomResourceExt>() -> Crd {
+    let crd = K::crd();
     let mut v = serde_json::to_value(&crd).unwrap_or(Value::Null);
     make_structural(&mut v);
     serde_json::from_value(v).unwrap_or(crd)
+}
+
+/// The CustomResourceDefinition of ProxyDeployment, exactly as checked in under crds/.
+pub fn crd() -> Crd {
+    structural::<ProxyDeployment>()
 }
 
 pub fn crd_yaml() -> String {
     serde_yaml::to_string(&crd()).unwrap_or_default()
 }
 
+/// The CustomResourceDefinition of AppRollout (crds/approllouts.proxyfleet.io.yaml).
+pub fn app_crd_yaml() -> String {
+    serde_yaml::to_string(&structural::<AppRollout>()).unwrap_or_default()
+}
+
 /// Every spec field with its type and description, as a Markdown table (docs/crd-reference.md),
 /// generated from the CRD schema so it never drifts.
 pub fn reference_markdown() -> String {
-    let crd = serde_json::to_value(crd()).unwrap_or(Value::Null);
+    let mut out = String::from("# ProxyDeployment reference (proxyfleet.io/v1alpha1)\n\nGenerated from the CRD by `make crds`; do not edit.\n\n");
+    out.push_str(&table(&crd()));
+    out.push_str("\n# AppRollout reference (proxyfleet.io/v1alpha1)\n\nGray releases of the application behind a route (docs/app-rollouts.md).\n\n");
+    out.push_str(&table(&structural::<AppRollout>()));
+    out
+}
+
+fn table(crd: &Crd) -> String {
+    let crd = serde_json::to_value(crd).unwrap_or(Value::Null);
     let schema = &crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"];
     let mut rows = Vec::new();
     walk("spec", schema, &mut rows);
-    let mut out = String::from(
-        "# ProxyDeployment reference (proxyfleet.io/v1alpha1)\n\nGenerated from the CRD by `make crds`; do not edit.\n\n| field | type | description |\n|---|---|---|\n",
-    );
+    let mut out = String::from("| field | type | description |\n|---|---|---|\n");
     for (path, ty, desc) in rows {
         out.push_str(&format!(
             "| `{path}` | {ty} | {} |\n",

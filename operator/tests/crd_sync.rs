@@ -11,6 +11,14 @@ fn checked_in_crds_match_the_code() {
         let on_disk = std::fs::read_to_string(root.join(path)).unwrap_or_default();
         assert!(on_disk == generated, "{path} is out of date: run `make crds`");
     }
+    let generated = proxyfleet_operator::schema::app_crd_yaml();
+    for path in [
+        "crds/approllouts.proxyfleet.io.yaml",
+        "charts/proxyfleet/crds/approllouts.proxyfleet.io.yaml",
+    ] {
+        let on_disk = std::fs::read_to_string(root.join(path)).unwrap_or_default();
+        assert!(on_disk == generated, "{path} is out of date: run `make crds`");
+    }
 }
 
 #[test]

@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
-use http_body_util::Full;
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpListener;
@@ -40,11 +40,15 @@ pub fn config_report(shared: &Shared) -> String {
         config: state.config.clone(),
         certificates,
         trust_bundle_sha256: state.trust_bundle_sha256.clone(),
+        live_weights: crate::live_weights::report(shared),
     }
     .to_json()
 }
 
 async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
+    if req.method() != http::Method::GET && req.method() != http::Method::HEAD {
+        return Ok(write(req, &shared).await);
+    }
     Ok(match req.uri().path() {
         "/metrics" => text(
             StatusCode::OK,
@@ -62,6 +66,57 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
         proxyfleet_config::ADMIN_REPORT_PATH => text(StatusCode::OK, "application/json", config_report(&shared)),
         _ => text(StatusCode::NOT_FOUND, "text/plain", "not found\n"),
     })
+}
+
+/// Largest write body accepted (a weights document is a few hundred bytes).
+const MAX_WRITE_BYTES: usize = 64 * 1024;
+
+/// `PUT /weights`: live weights, for a bearer of the admin token only.
+async fn write(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
+    if req.uri().path() != proxyfleet_config::LIVE_WEIGHTS_PATH {
+        return text(StatusCode::NOT_FOUND, "text/plain", "not found\n");
+    }
+    if req.method() != http::Method::PUT {
+        return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "PUT only\n");
+    }
+    let token_file = shared.state.load().config.admin.token_file.clone();
+    let Some(token_file) = token_file else {
+        return text(StatusCode::FORBIDDEN, "text/plain", "writes are disabled: no admin.tokenFile\n");
+    };
+    let expected = match std::fs::read_to_string(&token_file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+        _ => return text(StatusCode::FORBIDDEN, "text/plain", "writes are disabled: the admin token is unreadable\n"),
+    };
+    let given = req
+        .headers()
+        .get(http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(given.trim().as_bytes(), expected.as_bytes()) {
+        return text(StatusCode::UNAUTHORIZED, "text/plain", "a valid bearer token is required\n");
+    }
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_WRITE_BYTES).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
+    };
+    let doc = match std::str::from_utf8(&body).map(proxyfleet_config::LiveWeights::from_json) {
+        Ok(Ok(d)) => d,
+        Ok(Err(e)) => return text(StatusCode::BAD_REQUEST, "text/plain", format!("not a weights document: {e}\n")),
+        Err(_) => return text(StatusCode::BAD_REQUEST, "text/plain", "not UTF-8\n"),
+    };
+    match crate::live_weights::apply(shared, doc) {
+        Ok(crate::live_weights::Outcome::Applied) => text(StatusCode::OK, "text/plain", "applied\n"),
+        Ok(crate::live_weights::Outcome::Unchanged) => text(StatusCode::OK, "text/plain", "unchanged\n"),
+        Err(e @ crate::live_weights::Refused::UnknownRoute(_)) => text(StatusCode::NOT_FOUND, "text/plain", format!("{e}\n")),
+        Err(e @ crate::live_weights::Refused::Stale { .. }) => text(StatusCode::CONFLICT, "text/plain", format!("{e}\n")),
+        Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, "text/plain", format!("{e}\n")),
+    }
+}
+
+/// Compares without an early exit, so the time taken does not reveal how much of a guess matched.
+fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {

@@ -15,7 +15,9 @@ use tracing::Instrument;
 use crate::body::{self, ClientBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
+use crate::metrics::RouteMetrics;
 use crate::router::{self, CompiledRoute};
+use crate::split::CompiledBackend;
 use crate::shared::Shared;
 use crate::upstream;
 
@@ -144,10 +146,12 @@ async fn routed(
     body_limit: u64,
     started: Instant,
 ) -> Response<ClientBody> {
+    let backend = route.backend(req.headers());
+    let metrics = Some(&backend.metrics);
     if let Some(limiter) = &route.rate_limit {
         if let Err(wait) = limiter.check(req.headers(), client.remote.ip(), started) {
-            route.metrics.rate_limited.inc();
-            return finish(shared, Some(route), too_many_requests(wait), started);
+            backend.metrics.rate_limited.inc();
+            return finish(shared, metrics, too_many_requests(wait), started);
         }
     }
     // Fault injection. The route timeout and the upstream latency sample start after an
@@ -156,30 +160,31 @@ async fn routed(
     if let Some(fault) = &route.fault {
         if let Some(d) = &fault.delay {
             if d.percent > 0.0 && fastrand::f64() * 100.0 < d.percent {
-                route.metrics.fault_delay.inc();
+                backend.metrics.fault_delay.inc();
                 tokio::time::sleep(d.duration.get()).await;
                 upstream_started = Instant::now();
             }
         }
         if let Some(a) = &fault.abort {
             if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
-                route.metrics.fault_abort.inc();
+                backend.metrics.fault_abort.inc();
                 let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
                 return finish(
                     shared,
-                    Some(route),
+                    metrics,
                     status_response(status, "fault injected\n"),
                     started,
                 );
             }
         }
     }
+    let target = Target { route, backend };
     let resp = if is_websocket_upgrade(&req) {
-        crate::upgrade::tunnel(route, req, client, upstream_started).await
+        crate::upgrade::tunnel(target, req, client, upstream_started).await
     } else {
-        forward(route, req, client, body_limit, upstream_started).await
+        forward(target, req, client, body_limit, upstream_started).await
     };
-    finish(shared, Some(route), resp, started)
+    finish(shared, metrics, resp, started)
 }
 
 /// An HTTP/1.1 WebSocket handshake: `Connection: upgrade` and `Upgrade: websocket`. Other
@@ -192,16 +197,22 @@ fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
 
 fn finish(
     shared: &Shared,
-    route: Option<&CompiledRoute>,
+    metrics: Option<&RouteMetrics>,
     resp: Response<ClientBody>,
     started: Instant,
 ) -> Response<ClientBody> {
     let secs = started.elapsed().as_secs_f64();
-    match route {
-        Some(r) => r.metrics.observe(resp.status().as_u16(), secs),
-        None => shared.no_route_metrics.observe(resp.status().as_u16(), secs),
-    }
+    metrics
+        .unwrap_or(&shared.no_route_metrics)
+        .observe(resp.status().as_u16(), secs);
     resp
+}
+
+/// Where a routed request goes: the route's settings and the backend chosen for it.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub route: &'a CompiledRoute,
+    pub backend: &'a CompiledBackend,
 }
 
 enum Attempt {
@@ -212,13 +223,17 @@ enum Attempt {
 }
 
 async fn forward(
-    route: &CompiledRoute,
+    target: Target<'_>,
     req: Request<Incoming>,
     client: ClientInfo,
     body_limit: u64,
     started: Instant,
 ) -> Response<ClientBody> {
+    let route = target.route;
     let (mut parts, incoming) = req.into_parts();
+    if let Some(mirror) = &route.mirror {
+        mirror.maybe_copy(&parts, !incoming.is_end_stream());
+    }
     route.retry_budget.on_request();
     let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
     let mut body = Some(if incoming.is_end_stream() {
@@ -253,7 +268,7 @@ async fn forward(
         // The first attempt starts with the request (one clock reading fewer); a retry now.
         let attempt_started = if attempt == 0 { started } else { Instant::now() };
         let outcome = attempt_once(
-            route,
+            target,
             &parts,
             headers,
             req_body,
@@ -271,7 +286,7 @@ async fn forward(
                     && route.retry_budget.try_withdraw()
                 {
                     attempt += 1;
-                    route.metrics.retries.inc();
+                    target.backend.metrics.retries.inc();
                     continue;
                 }
                 return resp;
@@ -281,14 +296,14 @@ async fn forward(
 }
 
 async fn attempt_once(
-    route: &CompiledRoute,
+    target: Target<'_>,
     parts: &http::request::Parts,
     headers: HeaderMap,
     body: UpstreamBody,
     (started, deadline): (Instant, Instant),
     last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Attempt {
-    let cluster = &route.upstream;
+    let cluster = &target.backend.upstream;
     let endpoints = cluster.endpoints.load();
     // A retry goes to another endpoint when there is one.
     let Some(endpoint) = upstream::pick_avoiding(&endpoints, last_endpoint.as_ref()) else {

@@ -24,7 +24,7 @@ pub struct RouteLabels {
 /// Status classes, in the order of `RouteMetrics::responses_by_class`.
 pub const CODE_CLASSES: [&str; 5] = ["1xx", "2xx", "3xx", "4xx", "5xx"];
 
-fn class_index(status: u16) -> usize {
+pub fn class_index(status: u16) -> usize {
     match status {
         100..=199 => 0,
         200..=299 => 1,
@@ -114,6 +114,24 @@ fn duration_histogram() -> Histogram {
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
+/// Registers a metric family (or counter) and returns the handle kept in `Metrics`.
+fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
+where
+    M: Default + Clone + prometheus_client::metrics::TypedMetric + prometheus_client::encoding::EncodeMetric + Send + Sync + std::fmt::Debug + 'static,
+{
+    let m = M::default();
+    registry.register(name, help, m.clone());
+    m
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MirrorLabels {
+    pub route: String,
+    pub upstream: String,
+    /// `2xx`..`5xx`, `error` (no response), or `skipped` (a body, or the mirror was busy).
+    pub result: &'static str,
+}
+
 /// Every metric family the proxy exports.
 pub struct Metrics {
     pub registry: Registry,
@@ -133,6 +151,7 @@ pub struct Metrics {
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
+    pub mirror_requests: Family<MirrorLabels, Counter>,
 }
 
 impl Metrics {
@@ -144,92 +163,6 @@ impl Metrics {
             "Time from request received to upstream response headers sent to the client",
             request_duration.clone(),
         );
-        let responses = Family::default();
-        registry.register(
-            proxyfleet_config::metric_names::RESPONSES,
-            "Responses sent to clients by route, upstream and status class",
-            responses.clone(),
-        );
-        let upstream_connections = Family::default();
-        registry.register(
-            "upstream_connections",
-            "Upstream connection attempts by result",
-            upstream_connections.clone(),
-        );
-        let upstream_handshakes = Family::default();
-        registry.register(
-            "upstream_tls_handshakes",
-            "Upstream TLS handshakes by kind (full or resumed)",
-            upstream_handshakes.clone(),
-        );
-        let upstream_requests = Family::default();
-        registry.register(
-            "upstream_requests",
-            "Upstream requests by whether they reused a pooled connection",
-            upstream_requests.clone(),
-        );
-        let client_handshakes = Family::default();
-        registry.register(
-            "client_tls_handshakes",
-            "Client TLS handshakes by kind (full, resumed or failed)",
-            client_handshakes.clone(),
-        );
-        let active_connections = Family::default();
-        registry.register(
-            "active_connections",
-            "Open client connections",
-            active_connections.clone(),
-        );
-        let reloads = Family::default();
-        registry.register(
-            "config_reloads",
-            "Configuration and certificate reloads by result",
-            reloads.clone(),
-        );
-        let certificate_not_after = Family::default();
-        registry.register(
-            "certificate_not_after_timestamp_seconds",
-            "notAfter of each served certificate, Unix seconds",
-            certificate_not_after.clone(),
-        );
-        let faults = Family::default();
-        registry.register("fault_injections", "Faults injected by route and kind", faults.clone());
-        let retries = Family::default();
-        registry.register(
-            "upstream_retries",
-            "Retried upstream requests by route",
-            retries.clone(),
-        );
-        let upgrades = Family::default();
-        registry.register(
-            "upgraded_connections",
-            "Connections switched to another protocol (WebSocket) by route",
-            upgrades.clone(),
-        );
-        let rate_limited = Family::default();
-        registry.register(
-            "rate_limited_requests",
-            "Requests refused with 429 by a route's rate limit",
-            rate_limited.clone(),
-        );
-        let ejections = Family::default();
-        registry.register(
-            "outlier_ejections",
-            "Endpoints ejected by outlier detection",
-            ejections.clone(),
-        );
-        let trust_bundle = Family::default();
-        registry.register(
-            "trust_bundle_info",
-            "SHA-256 of the loaded trust bundle (value 1)",
-            trust_bundle.clone(),
-        );
-        let malformed_requests = Counter::default();
-        registry.register(
-            "malformed_requests",
-            "Requests refused as malformed before routing",
-            malformed_requests.clone(),
-        );
         let build_info: Family<BuildLabels, Gauge> = Family::default();
         build_info
             .get_or_create(&BuildLabels {
@@ -238,23 +171,28 @@ impl Metrics {
             .set(1);
         registry.register("build_info", "Proxy version (value 1)", build_info);
         Self {
-            registry,
             request_duration,
-            responses,
-            upstream_connections,
-            upstream_handshakes,
-            upstream_requests,
-            client_handshakes,
-            active_connections,
-            reloads,
-            certificate_not_after,
-            faults,
-            retries,
-            upgrades,
-            rate_limited,
-            ejections,
-            trust_bundle,
-            malformed_requests,
+            responses: register(&mut registry, proxyfleet_config::metric_names::RESPONSES, "Responses sent to clients by route, upstream and status class"),
+            upstream_connections: register(&mut registry, "upstream_connections", "Upstream connection attempts by result"),
+            upstream_handshakes: register(&mut registry, "upstream_tls_handshakes", "Upstream TLS handshakes by kind (full or resumed)"),
+            upstream_requests: register(&mut registry, "upstream_requests", "Upstream requests by whether they reused a pooled connection"),
+            client_handshakes: register(&mut registry, "client_tls_handshakes", "Client TLS handshakes by kind (full, resumed or failed)"),
+            active_connections: register(&mut registry, "active_connections", "Open client connections"),
+            reloads: register(&mut registry, "config_reloads", "Configuration and certificate reloads by result"),
+            certificate_not_after: register(&mut registry, "certificate_not_after_timestamp_seconds", "notAfter of each served certificate, Unix seconds"),
+            faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),
+            retries: register(&mut registry, "upstream_retries", "Retried upstream requests by route"),
+            upgrades: register(&mut registry, "upgraded_connections", "Connections switched to another protocol (WebSocket) by route"),
+            rate_limited: register(&mut registry, "rate_limited_requests", "Requests refused with 429 by a route's rate limit"),
+            ejections: register(&mut registry, "outlier_ejections", "Endpoints ejected by outlier detection"),
+            trust_bundle: register(&mut registry, "trust_bundle_info", "SHA-256 of the loaded trust bundle (value 1)"),
+            malformed_requests: register(&mut registry, "malformed_requests", "Requests refused as malformed before routing"),
+            mirror_requests: register(
+                &mut registry,
+                "mirror_requests",
+                "Shadow copies of requests by route, mirror upstream and result (responses discarded)",
+            ),
+            registry,
         }
     }
 

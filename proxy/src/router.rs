@@ -1,7 +1,6 @@
 //! Route selection: a pure function of host, path and headers over the compiled routes.
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
@@ -9,8 +8,8 @@ use http::HeaderMap;
 
 use proxyfleet_config::{Fault, Route};
 
-use crate::metrics::RouteMetrics;
-use crate::upstream::UpstreamCluster;
+use crate::mirror::CompiledMirror;
+use crate::split::{CompiledBackend, Split};
 
 /// A host match: exact, or any subdomain of a suffix (`*.example.com`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -80,17 +79,21 @@ pub struct CompiledRoute {
     pub host: Option<HostMatch>,
     pub path_prefix: String,
     pub header: Option<(HeaderName, HeaderValue)>,
-    pub upstream: Arc<UpstreamCluster>,
+    /// The route's upstream, or its weighted backends in order.
+    pub backends: Vec<CompiledBackend>,
+    /// Chooses among several backends; None with a single upstream.
+    pub split: Option<Split>,
+    pub mirror: Option<CompiledMirror>,
     pub timeout: Duration,
     pub retry_attempts: u8,
     pub retry_budget: RetryBudget,
     pub fault: Option<Fault>,
     pub rate_limit: Option<crate::rate_limit::RateLimiter>,
-    pub metrics: RouteMetrics,
 }
 
 impl CompiledRoute {
-    pub fn new(route: &Route, upstream: Arc<UpstreamCluster>, metrics: RouteMetrics) -> Self {
+    /// `backends` in the order of `route.backends` (or the one `route.upstream`).
+    pub fn new(route: &Route, backends: Vec<CompiledBackend>, mirror: Option<CompiledMirror>) -> Self {
         let header = route.matches.header.as_ref().and_then(|h| {
             Some((
                 HeaderName::from_bytes(h.name.as_bytes()).ok()?,
@@ -102,14 +105,22 @@ impl CompiledRoute {
             host: route.matches.host.as_deref().map(HostMatch::parse),
             path_prefix: route.matches.path_prefix.clone(),
             header,
-            upstream,
+            split: (!route.backends.is_empty()).then(|| Split::new(route)),
+            backends,
+            mirror,
             timeout: route.timeout.get(),
             retry_attempts: route.retries.as_ref().map_or(0, |r| r.attempts),
             retry_budget: RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent)),
             fault: route.fault.clone(),
             rate_limit: route.rate_limit.as_ref().map(crate::rate_limit::RateLimiter::new),
-            metrics,
         }
+    }
+
+    /// The backend a request goes to.
+    pub fn backend(&self, headers: &HeaderMap) -> &CompiledBackend {
+        let i = self.split.as_ref().map_or(0, |s| s.choose(headers));
+        // `backends` is never empty (state.rs builds one per configured backend or upstream).
+        &self.backends[i.min(self.backends.len() - 1)]
     }
 
     fn matches(&self, host: Option<&str>, path: &str, headers: &HeaderMap) -> bool {

@@ -85,7 +85,13 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         resumption,
         config_path,
         no_route_metrics,
+        live_weights: Default::default(),
     });
+
+    // Weights from the mounted directory are in force before the first request is accepted.
+    if let Some(dir) = &config.admin.live_weights_dir {
+        crate::live_weights::spawn_watch(shared.clone(), dir.into());
+    }
 
     let admin = TcpListener::bind(&config.admin.address)
         .await

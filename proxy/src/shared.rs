@@ -21,4 +21,6 @@ pub struct Shared {
     pub resumption: HashMap<String, Arc<ServerResumption>>,
     pub config_path: Option<PathBuf>,
     pub no_route_metrics: RouteMetrics,
+    /// The latest live weights per route (`live_weights`); written only when weights change.
+    pub live_weights: std::sync::Mutex<HashMap<String, proxyfleet_config::LiveWeights>>,
 }

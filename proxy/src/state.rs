@@ -7,10 +7,12 @@ use std::sync::Arc;
 use rustls::ServerConfig;
 use sha2::{Digest, Sha256};
 
-use proxyfleet_config::{ProxyConfig, Upstream};
+use proxyfleet_config::{ProxyConfig, Route, Upstream};
 
 use crate::metrics::{BundleLabels, CertLabels, Metrics};
+use crate::mirror::CompiledMirror;
 use crate::router::CompiledRoute;
+use crate::split::CompiledBackend;
 use crate::tls::{self, CertificateInfo, ServerResumption, SniCertificates, TlsError};
 use crate::upstream::{UpstreamCluster, UpstreamError};
 
@@ -51,6 +53,39 @@ fn upstream_material(u: &Upstream) -> String {
         }
     }
     tls::hex(&h.finalize())
+}
+
+/// A route with its backends (the one upstream, or each weighted backend) and mirror resolved.
+fn compile_route(
+    r: &Route,
+    upstreams: &HashMap<String, Arc<UpstreamCluster>>,
+    metrics: &Metrics,
+) -> Result<CompiledRoute, StateError> {
+    let lookup = |name: &str| {
+        upstreams.get(name).cloned().ok_or_else(|| StateError::UnknownUpstream {
+            route: r.name.clone(),
+            upstream: name.to_string(),
+        })
+    };
+    let names: Vec<&str> = if r.backends.is_empty() {
+        vec![r.upstream.as_str()]
+    } else {
+        r.backends.iter().map(|b| b.upstream.as_str()).collect()
+    };
+    let backends = names
+        .into_iter()
+        .map(|name| {
+            Ok(CompiledBackend {
+                upstream: lookup(name)?,
+                metrics: metrics.route_handles(&r.name, name),
+            })
+        })
+        .collect::<Result<Vec<_>, StateError>>()?;
+    let mirror = match &r.mirror {
+        Some(m) => Some(CompiledMirror::new(&r.name, m, lookup(&m.upstream)?, r.timeout.get(), metrics)),
+        None => None,
+    };
+    Ok(CompiledRoute::new(r, backends, mirror))
 }
 
 impl ProxyState {
@@ -109,20 +144,7 @@ impl ProxyState {
         let routes = config
             .routes
             .iter()
-            .map(|r| {
-                let upstream = upstreams
-                    .get(&r.upstream)
-                    .cloned()
-                    .ok_or_else(|| StateError::UnknownUpstream {
-                        route: r.name.clone(),
-                        upstream: r.upstream.clone(),
-                    })?;
-                Ok(CompiledRoute::new(
-                    r,
-                    upstream,
-                    metrics.route_handles(&r.name, &r.upstream),
-                ))
-            })
+            .map(|r| compile_route(r, &upstreams, metrics))
             .collect::<Result<Vec<_>, StateError>>()?;
 
         let trust_bundle_sha256 =

@@ -12,7 +12,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
-use crate::router::CompiledRoute;
+use crate::handler::Target;
+use crate::upstream::UpstreamCluster;
 use crate::upstream;
 
 /// A tunnel with no byte in either direction for this long is closed.
@@ -20,17 +21,17 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 /// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
 pub async fn tunnel(
-    route: &CompiledRoute,
+    target: Target<'_>,
     mut req: Request<Incoming>,
     client: ClientInfo,
     started: Instant,
 ) -> Response<ClientBody> {
     let client_side = hyper::upgrade::on(&mut req);
-    let cluster = &route.upstream;
+    let (route, cluster) = (target.route, &target.backend.upstream);
     let Some(endpoint) = upstream::pick_avoiding(&cluster.endpoints.load(), None).cloned() else {
         return status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n");
     };
-    let Some(upstream_req) = upstream_request(route, req, &client, &endpoint.authority) else {
+    let Some(upstream_req) = upstream_request(cluster, req, &client, &endpoint.authority) else {
         return status_response(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     let sent = tokio::time::timeout_at(
@@ -49,7 +50,7 @@ pub async fn tunnel(
         return client_response(resp);
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
-    route.metrics.upgrades.inc();
+    target.backend.metrics.upgrades.inc();
     tokio::spawn(async move {
         match tokio::join!(client_side, upstream_side) {
             (Ok(c), Ok(u)) => join(TokioIo::new(c), TokioIo::new(u), IDLE_TIMEOUT).await,
@@ -64,7 +65,7 @@ pub async fn tunnel(
 /// The handshake as the upstream gets it: hop-by-hop headers removed, forwarding headers
 /// added, then the upgrade asked for again.
 fn upstream_request(
-    route: &CompiledRoute,
+    cluster: &UpstreamCluster,
     req: Request<Incoming>,
     client: &ClientInfo,
     endpoint: &http::uri::Authority,
@@ -79,7 +80,7 @@ fn upstream_request(
         .headers
         .insert(header::UPGRADE, HeaderValue::from_static("websocket"));
     let pq = parts.uri.path_and_query().cloned()?;
-    let uri = route.upstream.request_uri(endpoint, pq).ok()?;
+    let uri = cluster.request_uri(endpoint, pq).ok()?;
     let mut out = Request::new(UpstreamBody::Empty);
     *out.method_mut() = parts.method;
     *out.uri_mut() = uri;

@@ -234,13 +234,41 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis, revisions: &
     } else {
         direct_windows(ctx, owner, window_secs).await
     };
+    let subject = Subject {
+        namespace: &owner.namespace,
+        name: &owner.name,
+        canary_selector: revisions.selector(owner, "canary"),
+        stable_selector: revisions.selector(owner, "stable"),
+    };
+    judge(ctx, analysis, &subject, windows, taken_at).await
+}
+
+/// What a measurement is about: for gauges, and the selectors `{{canary}}`/`{{stable}}` stand for.
+pub struct Subject<'a> {
+    pub namespace: &'a str,
+    pub name: &'a str,
+    pub canary_selector: String,
+    pub stable_selector: String,
+}
+
+/// Judges every metric of `analysis` from the built-in windows (when its metrics need them)
+/// and its own Prometheus queries. Shared by fleet and app rollouts.
+pub async fn judge(
+    ctx: &Context,
+    analysis: &Analysis,
+    subject: &Subject<'_>,
+    windows: Result<Option<(Window, Window, i64)>, String>,
+    taken_at: i64,
+) -> Measurement {
+    let window_secs = analysis.window.get().as_secs().max(1) as i64;
+    let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
     let mut out = Vec::new();
     for m in &analysis.metrics {
         let verdict = if let Some(q) = &m.prometheus {
             let query = q
                 .query
-                .replace("{{canary}}", &revisions.selector(owner, "canary"))
-                .replace("{{stable}}", &revisions.selector(owner, "stable"));
+                .replace("{{canary}}", &subject.canary_selector)
+                .replace("{{stable}}", &subject.stable_selector);
             match source::prometheus_scalar(&ctx.http, &q.address, &query).await {
                 Ok(Some(v)) => match condition_holds(&q.success_condition, v) {
                     Some(true) => Verdict::Success(v),
@@ -263,8 +291,8 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis, revisions: &
             ctx.metrics
                 .analysis_value
                 .get_or_create(&crate::metrics::MeasurementLabels {
-                    namespace: owner.namespace.clone(),
-                    proxydeployment: owner.name.clone(),
+                    namespace: subject.namespace.to_string(),
+                    proxydeployment: subject.name.to_string(),
                     metric: m.name.clone(),
                 })
                 .set(v);
@@ -284,16 +312,16 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis, revisions: &
     }
 }
 
-async fn prometheus_windows(
+/// Built-in windows from Prometheus for two selectors: (canary, stable).
+pub async fn prometheus_pair(
     ctx: &Context,
     address: &str,
-    owner: &Owner,
-    revisions: &Revisions<'_>,
+    selectors: [&str; 2],
     window_secs: i64,
 ) -> Result<(Window, Window), String> {
     let mut out = Vec::new();
-    for track in ["canary", "stable"] {
-        let [requests, errors, p99] = source::builtin_queries(&revisions.selector(owner, track), window_secs);
+    for selector in selectors {
+        let [requests, errors, p99] = source::builtin_queries(selector, window_secs);
         let requests = source::prometheus_scalar(&ctx.http, address, &requests)
             .await?
             .unwrap_or(0.0);
@@ -311,6 +339,17 @@ async fn prometheus_windows(
     let stable = out.pop().unwrap_or_default();
     let canary = out.pop().unwrap_or_default();
     Ok((canary, stable))
+}
+
+async fn prometheus_windows(
+    ctx: &Context,
+    address: &str,
+    owner: &Owner,
+    revisions: &Revisions<'_>,
+    window_secs: i64,
+) -> Result<(Window, Window), String> {
+    let (canary, stable) = (revisions.selector(owner, "canary"), revisions.selector(owner, "stable"));
+    prometheus_pair(ctx, address, [&canary, &stable], window_secs).await
 }
 
 /// Scrapes every proxy pod's /metrics and returns the windows since about `window_secs` ago.

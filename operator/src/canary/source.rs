@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty};
+use http_body_util::{BodyExt, Empty, Full};
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
 
@@ -31,6 +31,12 @@ fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
 
 /// Parses the proxy's Prometheus text into per-pod totals.
 pub fn parse_proxy_metrics(text: &str) -> PodCounters {
+    parse_proxy_metrics_of(text, None)
+}
+
+/// Per-pod totals of the series whose `upstream` label is `upstream` (all when None): one
+/// backend of a split route.
+pub fn parse_proxy_metrics_of(text: &str, upstream: Option<&str>) -> PodCounters {
     let mut out = PodCounters::default();
     let mut buckets: Vec<(f64, f64)> = Vec::new();
     for line in text.lines() {
@@ -42,6 +48,9 @@ pub fn parse_proxy_metrics(text: &str) -> PodCounters {
         };
         let Ok(value) = value.parse::<f64>() else { continue };
         let (name, labels) = series.split_once('{').unwrap_or((series, ""));
+        if upstream.is_some() && label(labels, "upstream") != upstream {
+            continue;
+        }
         match name {
             names::RESPONSES_TOTAL => {
                 out.requests += value;
@@ -161,6 +170,7 @@ pub const MAX_BODY_BYTES: usize = 4 << 20;
 /// A small HTTP client for scraping pods and asking Prometheus.
 pub struct HttpGetter {
     client: Client<HttpConnector, Empty<Bytes>>,
+    writer: Client<HttpConnector, Full<Bytes>>,
 }
 
 impl Default for HttpGetter {
@@ -168,12 +178,36 @@ impl Default for HttpGetter {
         let mut connector = HttpConnector::new();
         connector.set_connect_timeout(Some(Duration::from_secs(2)));
         Self {
-            client: Client::builder(TokioExecutor::new()).build(connector),
+            client: Client::builder(TokioExecutor::new()).build(connector.clone()),
+            writer: Client::builder(TokioExecutor::new()).build(connector),
         }
     }
 }
 
 impl HttpGetter {
+    /// PUTs `body` with a bearer token; Ok on a 2xx, else the status and the answer's text.
+    pub async fn put(&self, url: &str, token: &str, body: String) -> Result<(), String> {
+        let req = http::Request::put(url)
+            .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
+            .header(http::header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body)))
+            .map_err(|e| format!("{url}: {e}"))?;
+        let resp = tokio::time::timeout(Duration::from_secs(3), self.writer.request(req))
+            .await
+            .map_err(|_| format!("{url}: timed out"))?
+            .map_err(|e| format!("{url}: {e}"))?;
+        let status = resp.status();
+        if status.is_success() {
+            return Ok(());
+        }
+        let limited = http_body_util::Limited::new(resp.into_body(), 4096);
+        let text = match tokio::time::timeout(Duration::from_secs(3), limited.collect()).await {
+            Ok(Ok(b)) => String::from_utf8_lossy(&b.to_bytes()).trim().to_string(),
+            _ => String::new(),
+        };
+        Err(format!("{url}: HTTP {status}: {text}"))
+    }
+
     pub async fn get(&self, url: &str) -> Result<String, String> {
         let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
         let resp = tokio::time::timeout(Duration::from_secs(3), self.client.get(uri))

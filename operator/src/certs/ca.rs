@@ -457,6 +457,7 @@ mod tests {
                 not_after: 1,
             }],
             trust_bundle_sha256: Some("abc".into()),
+            live_weights: Vec::new(),
         };
         let r = parse_config_report(&report.to_json());
         assert_eq!(r.bundle_sha.as_deref(), Some("abc"));

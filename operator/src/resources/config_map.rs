@@ -19,6 +19,10 @@ pub const CLIENT_TLS_DIR: &str = "/etc/proxyfleet/client";
 pub const CLIENT_CA_DIR: &str = "/etc/proxyfleet/client-ca";
 pub const UPSTREAM_TLS_DIR: &str = "/etc/proxyfleet/upstream";
 pub const ADMIN_PORT: i32 = 9901;
+/// The fleet's admin token Secret (authorises live-weight pushes).
+pub const ADMIN_TOKEN_DIR: &str = "/etc/proxyfleet/admin-token";
+/// The fleet's live-weights ConfigMap (written by its AppRollouts; optional).
+pub const LIVE_WEIGHTS_DIR: &str = "/etc/proxyfleet/weights";
 
 /// Where upstream `i`'s CA Secret (`ca`) or client certificate Secret (`client`) is mounted.
 pub fn upstream_secret_dir(i: usize, what: &str) -> String {
@@ -76,6 +80,8 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         upstreams: upstreams_with_mounted_secrets(&spec.upstreams),
         admin: Admin {
             address: format!("0.0.0.0:{ADMIN_PORT}"),
+            token_file: Some(format!("{ADMIN_TOKEN_DIR}/token")),
+            live_weights_dir: Some(LIVE_WEIGHTS_DIR.to_string()),
         },
         limits: spec.limits.clone().unwrap_or_default(),
         drain: spec.drain.clone().unwrap_or_default(),

@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::config_map::{
+use super::config_map::{ADMIN_TOKEN_DIR, LIVE_WEIGHTS_DIR, 
     upstream_secret_dir, ADMIN_PORT, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR,
 };
 use super::service_account::service_account_name;
@@ -54,6 +54,38 @@ pub fn proxy_image(spec: &ProxyDeploymentSpec, settings: &OperatorSettings) -> S
 pub fn termination_grace_seconds(spec: &ProxyDeploymentSpec) -> i64 {
     let drain = spec.drain.clone().unwrap_or_default();
     (drain.grace_period.get() + drain.deadline.get()).as_secs() as i64 + 5
+}
+
+/// The admin token (authorising weight pushes) and the live-weights ConfigMap, both optional:
+/// a fleet without app rollouts has neither, and its pods start all the same.
+fn live_weight_volumes(fleet: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
+    volumes.push(Volume {
+        name: "admin-token".into(),
+        secret: Some(SecretVolumeSource {
+            secret_name: Some(crate::app::weights::token_secret_name(fleet)),
+            default_mode: Some(0o440),
+            optional: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    volumes.push(Volume {
+        name: "live-weights".into(),
+        config_map: Some(ConfigMapVolumeSource {
+            name: crate::app::weights::config_map_name(fleet),
+            optional: Some(true),
+            ..Default::default()
+        }),
+        ..Default::default()
+    });
+    for (name, path) in [("admin-token", ADMIN_TOKEN_DIR), ("live-weights", LIVE_WEIGHTS_DIR)] {
+        mounts.push(VolumeMount {
+            name: name.into(),
+            mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
 }
 
 pub fn desired_deployment(
@@ -134,6 +166,7 @@ pub fn desired_deployment(
             );
         }
     }
+    live_weight_volumes(&owner.name, &mut volumes, &mut mounts);
 
     let mut ports: Vec<ContainerPort> = spec
         .listeners

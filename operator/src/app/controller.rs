@@ -1,0 +1,74 @@
+//! The AppRollout controller, beside the fleet controller in the same process: one watch of
+//! AppRollouts feeds a cache both read (fleets render the routes AppRollouts split) and wakes
+//! the fleet each one names; the team's Deployments wake the AppRollouts that release them.
+
+use std::sync::Arc;
+
+use futures::channel::mpsc::UnboundedSender;
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Service;
+use kube::api::Api;
+use kube::runtime::controller::Controller;
+use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::{Client, ResourceExt};
+
+use super::reconcile::{error_policy, reconcile};
+use super::spec::AppRollout;
+use crate::context::Context;
+use crate::crd::ProxyDeployment;
+use crate::labels;
+
+/// A cache of every AppRollout, and the task keeping it; each change sends the fleet the
+/// rollout names (before and after an edit) to `fleets`, after the cache holds it.
+pub fn store(
+    client: &Client,
+    fleets: UnboundedSender<ObjectRef<ProxyDeployment>>,
+) -> (Store<AppRollout>, impl std::future::Future<Output = ()>) {
+    let (reader, writer) = reflector::store();
+    let api: Api<AppRollout> = Api::all(client.clone());
+    let task = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(move |ar| {
+            if let Ok(ar) = ar {
+                let fleet = ObjectRef::new(&ar.spec.route.proxy_deployment).within(&ar.namespace().unwrap_or_default());
+                let _ = fleets.unbounded_send(fleet);
+            }
+            futures::future::ready(())
+        });
+    (reader, task)
+}
+
+/// Runs the AppRollout controller until `stop` completes.
+pub async fn run(client: Client, ctx: Arc<Context>, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+    let owned = watcher::Config::default().labels(&labels::managed_selector());
+    let apps = ctx.apps.clone();
+    Controller::new(Api::<AppRollout>::all(client.clone()), watcher::Config::default())
+        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
+        .owns(Api::<Service>::all(client.clone()), owned)
+        // A new template in the team's Deployment starts a rollout.
+        .watches(Api::<Deployment>::all(client), watcher::Config::default(), move |d| {
+            releasing(&apps, &d)
+        })
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "app controller event");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
+
+/// The AppRollouts whose workload is `d`.
+fn releasing(apps: &Store<AppRollout>, d: &Deployment) -> Vec<ObjectRef<AppRollout>> {
+    let (name, namespace) = (d.name_any(), d.namespace());
+    apps.state()
+        .iter()
+        .filter(|ar| ar.spec.workload_ref.name == name && ar.namespace() == namespace)
+        .map(|ar| ObjectRef::from_obj(ar.as_ref()))
+        .collect()
+}

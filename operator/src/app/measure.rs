@@ -1,0 +1,117 @@
+//! Measuring an app's canary and stable from the proxies in front of them: every pod of the
+//! fleet serves both backends, so each scrape yields a canary and a stable series per pod,
+//! told apart by the `upstream` label (`<rollout>-canary`, `<rollout>-stable`).
+
+use std::collections::HashMap;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+
+use super::objects::AppOwner;
+use super::render::{track_name, AppTrack};
+use crate::canary::analysis::Window;
+use crate::canary::machine::Measurement;
+use crate::canary::rollout::{judge, prometheus_pair, Subject};
+use crate::canary::source::{parse_proxy_metrics_of, Snapshot};
+use crate::canary::spec::Analysis;
+use crate::context::Context;
+use crate::labels;
+use crate::resources::config_map::ADMIN_PORT;
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// Key of an app's snapshots (apart from the fleets', which are keyed `namespace/name`).
+pub fn snapshot_key(owner: &AppOwner) -> String {
+    format!("app:{}/{}", owner.namespace, owner.name)
+}
+
+/// The PromQL selector of one backend of the app, as the proxies of `fleet` report it.
+pub fn selector(owner: &AppOwner, fleet: &str, track: AppTrack) -> String {
+    format!(
+        "namespace=\"{}\",proxydeployment=\"{fleet}\",upstream=\"{}\"",
+        owner.namespace,
+        track_name(&owner.name, track)
+    )
+}
+
+/// The IPs of a fleet's running proxy pods.
+pub async fn proxy_pod_ips(ctx: &Context, namespace: &str, fleet: &str) -> Result<Vec<(String, String)>, String> {
+    let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
+    let list = pods
+        .list(&ListParams::default().labels(&format!("{}={fleet}", labels::INSTANCE)))
+        .await
+        .map_err(|e| format!("listing the proxy pods of {fleet}: {e}"))?;
+    Ok(list
+        .items
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter_map(|p| Some((p.metadata.name?, p.status?.pod_ip?)))
+        .collect())
+}
+
+async fn direct_windows(
+    ctx: &Context,
+    owner: &AppOwner,
+    fleet: &str,
+    window_secs: i64,
+) -> Result<Option<(Window, Window, i64)>, String> {
+    let (canary, stable) = (
+        track_name(&owner.name, AppTrack::Canary),
+        track_name(&owner.name, AppTrack::Stable),
+    );
+    let mut snap = Snapshot {
+        at: now(),
+        canary: HashMap::new(),
+        stable: HashMap::new(),
+    };
+    let mut scraped = 0;
+    for (pod, ip) in proxy_pod_ips(ctx, &owner.namespace, fleet).await? {
+        match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
+            Ok(text) => {
+                scraped += 1;
+                snap.canary.insert(pod.clone(), parse_proxy_metrics_of(&text, Some(&canary)));
+                snap.stable.insert(pod, parse_proxy_metrics_of(&text, Some(&stable)));
+            }
+            Err(e) => tracing::debug!(%pod, error = %e, "scrape failed"),
+        }
+    }
+    if scraped == 0 {
+        return Err(format!("no proxy pod of {fleet} could be scraped"));
+    }
+    Ok(ctx.snapshots.push(&snapshot_key(owner), snap, window_secs))
+}
+
+/// One measurement of every metric of `analysis` for the app's canary against its stable.
+pub async fn measure(ctx: &Context, owner: &AppOwner, fleet: &str, analysis: &Analysis) -> Measurement {
+    let window_secs = analysis.window.get().as_secs().max(1) as i64;
+    let taken_at = now();
+    let subject = Subject {
+        namespace: &owner.namespace,
+        name: &owner.name,
+        canary_selector: selector(owner, fleet, AppTrack::Canary),
+        stable_selector: selector(owner, fleet, AppTrack::Stable),
+    };
+    let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
+    let windows = if !builtin {
+        Ok(None)
+    } else if let Some(p) = &analysis.source.prometheus {
+        let selectors = [subject.canary_selector.as_str(), subject.stable_selector.as_str()];
+        prometheus_pair(ctx, &p.address, selectors, window_secs)
+            .await
+            .map(|(c, s)| Some((c, s, taken_at - window_secs)))
+    } else {
+        direct_windows(ctx, owner, fleet, window_secs).await
+    };
+    judge(ctx, analysis, &subject, windows, taken_at).await
+}
+
+/// Drops the app's snapshots (a rollout ended).
+pub fn forget(ctx: &Context, owner: &AppOwner) {
+    ctx.snapshots.forget(&snapshot_key(owner));
+}
+

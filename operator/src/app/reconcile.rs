@@ -1,0 +1,391 @@
+//! The I/O shell of an AppRollout: read the team's Deployment, the fleet and the two tracks;
+//! measure when due; let the canary machine decide; move the proxies' weights (before any
+//! scale-down, so a rollback takes traffic away first); apply the tracks; write status.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
+use kube::api::{Api, Patch, PatchParams};
+use kube::runtime::controller::Action;
+use kube::runtime::reflector::ObjectRef;
+use kube::{Resource, ResourceExt};
+
+use super::measure;
+use super::objects::{self, AppOwner};
+use super::render::{shape_spec, AppTrack};
+use super::spec::{AppRollout, AppRolloutStatus};
+use super::weights;
+use crate::apply::ApplyError;
+use crate::canary::machine::{self, Command, Decision, Observations, StableTemplate};
+use crate::canary::rollout::COMMAND_ANNOTATION;
+use crate::conditions::{self, Want};
+use crate::context::Context;
+use crate::crd::ProxyDeployment;
+
+#[derive(Debug, thiserror::Error)]
+pub enum AppError {
+    #[error("AppRollout has no {0} yet")]
+    Metadata(&'static str),
+    #[error(transparent)]
+    Apply(#[from] ApplyError),
+    #[error("reading {what} for AppRollout {namespace}/{name}: {source}")]
+    Read {
+        what: String,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("writing status of AppRollout {namespace}/{name}: {source}")]
+    Status {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+/// Field manager of one rollout: its key of the shared weights ConfigMap stays its own.
+fn field_manager(owner: &AppOwner) -> String {
+    format!("proxyfleet-app-{}", owner.name)
+}
+
+fn now() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+/// What the shell read before deciding.
+struct Inputs {
+    target: Deployment,
+    stable: Option<Arc<Deployment>>,
+    canary: Option<Arc<Deployment>>,
+}
+
+pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action, AppError> {
+    let owner = AppOwner::of(&ar).ok_or(AppError::Metadata("name, namespace or uid"))?;
+    let inputs = match read_inputs(&ar, &owner, &ctx).await? {
+        Ok(i) => i,
+        Err(blocked) => return blocked_status(&ar, &owner, &ctx, blocked).await,
+    };
+    let template = inputs.target.spec.as_ref().map(|s| s.template.clone()).unwrap_or_default();
+    let revision = objects::template_revision(&template);
+    let command = ar.annotations().get(COMMAND_ANNOTATION).and_then(|c| Command::parse(c));
+    let decision = decide(&ar, &owner, &ctx, &inputs, &revision, command).await;
+    let previous = ar.status.clone().unwrap_or_default();
+    let (generation, applied) = move_weights(&ar, &owner, &ctx, &previous, &decision).await;
+    apply_tracks(&ar, &owner, &ctx, &inputs, (&template, &revision), &decision).await?;
+    publish_events(&ar, &ctx, &decision).await;
+    if command.is_some() {
+        clear_command(&ctx, &owner).await;
+    }
+    let weight = weights::canary_weight(Some(&decision.status));
+    let all_applied = applied.0 == applied.1 && applied.1 > 0;
+    let status = AppRolloutStatus {
+        observed_generation: ar.metadata.generation,
+        stable_revision: decision.status.stable_revision.clone().or(previous.stable_revision.clone()),
+        weight,
+        weights_generation: generation,
+        weights_applied: Some(format!("{}/{}", applied.0, applied.1)),
+        canary: Some(decision.status.clone()),
+        conditions: {
+            let (ok, reason, message) = readiness(&decision, all_applied);
+            ready(&previous.conditions, ar.metadata.generation, ok, reason, message)
+        },
+    };
+    write_status(&ctx, &owner, &status).await?;
+    if matches!(decision.status.phase, machine::COMPLETED | machine::ABORTED | machine::IDLE) {
+        measure::forget(&ctx, &owner);
+    }
+    ctx.backoff.succeeded(&format!("app:{}", owner.reference.uid));
+    let requeue = if all_applied { decision.requeue_after.clamp(1, 60) } else { 2 };
+    Ok(Action::requeue(Duration::from_secs(requeue)))
+}
+
+/// Why the rollout cannot run yet: (reason, message) for the Ready condition.
+type Blocked = (&'static str, String);
+
+async fn read_inputs(ar: &AppRollout, owner: &AppOwner, ctx: &Context) -> Result<Result<Inputs, Blocked>, AppError> {
+    let read_err = |what: &str, source| AppError::Read {
+        what: what.to_string(),
+        namespace: owner.namespace.clone(),
+        name: owner.name.clone(),
+        source,
+    };
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let Some(target) = deployments
+        .get_opt(&ar.spec.workload_ref.name)
+        .await
+        .map_err(|e| read_err("the workload Deployment", e))?
+    else {
+        let msg = format!("Deployment {:?} not found", ar.spec.workload_ref.name);
+        return Ok(Err(("WorkloadNotFound", msg)));
+    };
+    let fleets: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let fleet_name = &ar.spec.route.proxy_deployment;
+    let Some(fleet) = fleets
+        .get_opt(fleet_name)
+        .await
+        .map_err(|e| read_err("the ProxyDeployment", e))?
+    else {
+        return Ok(Err(("ProxyDeploymentNotFound", format!("ProxyDeployment {fleet_name:?} not found"))));
+    };
+    let peers = ctx.apps.state();
+    let peers: Vec<&AppRollout> = peers
+        .iter()
+        .map(|p| p.as_ref())
+        .filter(|p| p.namespace() == ar.namespace())
+        .collect();
+    let (_, conflicts) = shape_spec(&fleet.spec, fleet_name, &owner.namespace, &peers);
+    if let Some(c) = conflicts.iter().find(|c| c.rollout == owner.name) {
+        return Ok(Err(("RouteConflict", c.reason.clone())));
+    }
+    let cached = |track| {
+        ctx.stores
+            .deployments
+            .get(&ObjectRef::new(&super::render::track_name(&owner.name, track)).within(&owner.namespace))
+    };
+    Ok(Ok(Inputs {
+        target,
+        stable: cached(AppTrack::Stable),
+        canary: cached(AppTrack::Canary),
+    }))
+}
+
+fn ready_on_template(d: &Deployment) -> i32 {
+    let Some(s) = &d.status else { return 0 };
+    if s.observed_generation.unwrap_or(0) < d.metadata.generation.unwrap_or(0) {
+        return 0;
+    }
+    s.ready_replicas.unwrap_or(0).min(s.updated_replicas.unwrap_or(0))
+}
+
+async fn decide(
+    ar: &AppRollout,
+    owner: &AppOwner,
+    ctx: &Context,
+    inputs: &Inputs,
+    revision: &str,
+    command: Option<Command>,
+) -> Decision {
+    let total = ar.spec.replicas;
+    let previous = ar.status.as_ref().and_then(|s| s.canary.clone());
+    let stable_revision = inputs.stable.as_deref().and_then(crate::status::revision_of);
+    let stable_rolled_out = inputs.stable.as_deref().is_some_and(|d| {
+        stable_revision.as_deref() == Some(revision) && crate::status::rolled_out(d, total)
+    });
+    let canary_ready = inputs
+        .canary
+        .as_deref()
+        .filter(|d| crate::status::revision_of(d).as_deref() == Some(revision))
+        .map(ready_on_template)
+        .unwrap_or(0);
+    let mut obs = Observations {
+        desired_revision: revision.to_string(),
+        stable_revision,
+        stable_rolled_out,
+        canary_ready,
+        progress_deadline: ar
+            .spec
+            .progress_deadline
+            .as_ref()
+            .map_or(machine::DEFAULT_PROGRESS_DEADLINE, |d| d.get().as_secs() as i64),
+        now: now(),
+        ..Default::default()
+    };
+    if let Some(prev) = previous.as_ref().filter(|p| p.canary_revision.as_deref() == Some(revision)) {
+        if machine::measurement_due(&ar.spec.strategy, prev, obs.now) {
+            if let Some((analysis, _)) = machine::active_analysis(&ar.spec.strategy, prev) {
+                obs.measurement =
+                    Some(measure::measure(ctx, owner, &ar.spec.route.proxy_deployment, analysis).await);
+            }
+        }
+    }
+    let decision = machine::decide(&ar.spec.strategy, previous.as_ref(), total, &obs, command);
+    tracing::info!(
+        approllout = %owner.name,
+        phase = %decision.status.phase,
+        step = decision.status.current_step_index,
+        weight = decision.status.weight,
+        stable_template = ?decision.stable_template,
+        canary_replicas = ?decision.canary_replicas,
+        "app canary decision"
+    );
+    decision
+}
+
+/// Writes the weights for the decision into the fleet's ConfigMap and pushes them to every
+/// proxy pod that has not confirmed them. Returns the generation in force and
+/// (pods confirmed, pods found).
+async fn move_weights(
+    ar: &AppRollout,
+    owner: &AppOwner,
+    ctx: &Context,
+    previous: &AppRolloutStatus,
+    decision: &Decision,
+) -> (u64, (usize, usize)) {
+    let weight = weights::canary_weight(Some(&decision.status));
+    let changed = weight != previous.weight || previous.weights_generation == 0;
+    let generation = previous.weights_generation + u64::from(changed);
+    let fleet = &ar.spec.route.proxy_deployment;
+    let doc = weights::document(owner, &ar.spec.route.name, generation, weight);
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let cm = weights::config_map(owner, fleet, &doc);
+    let params = PatchParams::apply(&field_manager(owner)).force();
+    match cms.patch(&weights::config_map_name(fleet), &params, &Patch::Apply(&cm)).await {
+        Ok(_) => ctx.metrics.api_write("ConfigMap", "apply"),
+        Err(e) => tracing::warn!(error = %e, "writing the live weights ConfigMap failed"),
+    }
+    let applied = push(ctx, owner, fleet, &doc).await;
+    if changed {
+        tracing::info!(approllout = %owner.name, weight, generation, confirmed = applied.0, pods = applied.1, "weights moved");
+    }
+    (generation, applied)
+}
+
+/// Pushes `doc` to each proxy pod of the fleet that does not report it yet.
+async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_config::LiveWeights) -> (usize, usize) {
+    let Ok(pods) = measure::proxy_pod_ips(ctx, &owner.namespace, fleet).await else {
+        return (0, 0);
+    };
+    let token = admin_token(ctx, &owner.namespace, fleet).await;
+    let admin = crate::resources::config_map::ADMIN_PORT;
+    let mut confirmed = 0;
+    for (pod, ip) in &pods {
+        let report = ctx.http.get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH)).await;
+        let has = report
+            .ok()
+            .and_then(|t| proxyfleet_config::AdminReport::from_json(&t).ok())
+            .is_some_and(|r| r.live_weights.iter().any(|w| w.route == doc.route && w.generation >= doc.generation));
+        if has {
+            confirmed += 1;
+            continue;
+        }
+        let Some(token) = &token else { continue };
+        let url = format!("http://{ip}:{admin}{}", proxyfleet_config::LIVE_WEIGHTS_PATH);
+        match ctx.http.put(&url, token, doc.to_json()).await {
+            Ok(()) => confirmed += 1,
+            Err(e) => tracing::info!(%pod, error = %e, "weights not taken yet"),
+        }
+    }
+    (confirmed, pods.len())
+}
+
+async fn admin_token(ctx: &Context, namespace: &str, fleet: &str) -> Option<String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let s = secrets.get_opt(&weights::token_secret_name(fleet)).await.ok()??;
+    let bytes = s.data?.get(weights::TOKEN_KEY)?.0.clone();
+    String::from_utf8(bytes).ok().map(|t| t.trim().to_string())
+}
+
+async fn apply_tracks(
+    ar: &AppRollout,
+    owner: &AppOwner,
+    ctx: &Context,
+    inputs: &Inputs,
+    (template, revision): (&k8s_openapi::api::core::v1::PodTemplateSpec, &str),
+    decision: &Decision,
+) -> Result<(), AppError> {
+    let kept = inputs
+        .stable
+        .as_deref()
+        .and_then(|d| Some((objects::template_of(d)?, crate::status::revision_of(d)?)));
+    let stable = match (decision.stable_template, kept) {
+        (StableTemplate::Current, Some((t, r))) => objects::deployment(owner, AppTrack::Stable, &t, &r, decision.stable_replicas),
+        _ => objects::deployment(owner, AppTrack::Stable, template, revision, decision.stable_replicas),
+    };
+    ctx.applier.apply(stable, &ctx.stores.deployments).await?;
+    // No canary wanted: keep the object, scaled to zero (its weight is already gone).
+    let canary_replicas = decision.canary_replicas.unwrap_or(0);
+    if canary_replicas > 0 || inputs.canary.is_some() {
+        let canary = objects::deployment(owner, AppTrack::Canary, template, revision, canary_replicas);
+        ctx.applier.apply(canary, &ctx.stores.deployments).await?;
+    }
+    for track in [AppTrack::Stable, AppTrack::Canary] {
+        ctx.applier
+            .apply(objects::service(owner, track, ar.spec.port), &ctx.stores.services)
+            .await?;
+    }
+    Ok(())
+}
+
+async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
+    for e in &decision.events {
+        ctx.record_on(&ar.object_ref(&()), e.warning, e.reason, &e.message).await;
+    }
+}
+
+async fn clear_command(ctx: &Context, owner: &AppOwner) {
+    let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: null}}});
+    if let Err(e) = api.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        tracing::warn!(error = %e, "could not clear the command annotation");
+    }
+}
+
+/// The Ready condition, merged so its transition time moves only on a real change.
+fn ready(existing: &[Condition], generation: Option<i64>, status: bool, reason: &str, message: String) -> Vec<Condition> {
+    let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
+    let want = Want::new(conditions::READY, status, reason, message);
+    conditions::merge(existing, &[want], generation, &now)
+}
+
+/// (ready, reason, message) for a decision.
+fn readiness(decision: &Decision, weights_applied: bool) -> (bool, &'static str, String) {
+    let msg = decision.status.message.clone().unwrap_or_default();
+    match decision.status.phase {
+        machine::ABORTED => (false, "RolloutAborted", msg),
+        _ if !weights_applied => (
+            false,
+            "WeightsPending",
+            format!("not every proxy pod confirmed the weights yet; {msg}"),
+        ),
+        p if p.in_rollout() => (true, "RolloutInProgress", msg),
+        _ => (true, "Stable", msg),
+    }
+}
+
+async fn blocked_status(ar: &AppRollout, owner: &AppOwner, ctx: &Context, (reason, message): Blocked) -> Result<Action, AppError> {
+    let mut status = ar.status.clone().unwrap_or_default();
+    status.observed_generation = ar.metadata.generation;
+    let changed = status.conditions.first().is_none_or(|c| c.reason != reason || c.message != message);
+    if changed {
+        ctx.record_on(&ar.object_ref(&()), true, reason, &message).await;
+    }
+    status.conditions = ready(&status.conditions, ar.metadata.generation, false, reason, message);
+    write_status(ctx, owner, &status).await?;
+    Ok(Action::requeue(Duration::from_secs(30)))
+}
+
+async fn write_status(ctx: &Context, owner: &AppOwner, status: &AppRolloutStatus) -> Result<(), AppError> {
+    let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let patch = serde_json::json!({
+        "apiVersion": "proxyfleet.io/v1alpha1",
+        "kind": "AppRollout",
+        "status": status,
+    });
+    api.patch_status(&owner.name, &PatchParams::apply(crate::labels::FIELD_MANAGER).force(), &Patch::Apply(&patch))
+        .await
+        .map_err(|source| AppError::Status {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
+    ctx.metrics.api_write("AppRollout/status", "apply");
+    Ok(())
+}
+
+pub fn error_policy(ar: Arc<AppRollout>, error: &AppError, ctx: Arc<Context>) -> Action {
+    tracing::warn!(name = %ar.name_any(), namespace = ?ar.namespace(), %error, "AppRollout reconcile failed; retrying");
+    let key = format!("app:{}", ar.metadata.uid.clone().unwrap_or_else(|| ar.name_any()));
+    ctx.metrics
+        .reconcile_errors
+        .get_or_create(&crate::metrics::ReasonLabels {
+            reason: "approllout".into(),
+        })
+        .inc();
+    Action::requeue(ctx.backoff.failed(&key))
+}

@@ -1,0 +1,198 @@
+//! How a fleet's routes change for the AppRollouts that name them: the route splits between
+//! `<rollout>-canary` (first, so sticky users on it stay while its weight grows) and
+//! `<rollout>-stable`, two upstreams derived from the route's own upstream (its TLS, pool,
+//! outlier and health settings kept; its endpoints replaced by the two Services). The weights
+//! rendered here are the resting ones (all on stable); rollouts move them live, so a weight
+//! change never changes the fleet's configuration hash.
+
+use proxyfleet_config::{Backend, BackendOverride, Upstream};
+
+use super::spec::AppRollout;
+use crate::crd::{ProxyDeployment, ProxyDeploymentSpec};
+
+/// The stable or canary side of an app rollout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AppTrack {
+    Stable,
+    Canary,
+}
+
+impl AppTrack {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stable => "stable",
+            Self::Canary => "canary",
+        }
+    }
+}
+
+/// Name of a track's Deployment, Service and proxy upstream.
+pub fn track_name(rollout: &str, track: AppTrack) -> String {
+    format!("{rollout}-{}", track.as_str())
+}
+
+/// The fleet as its AppRollouts shape it (the same object when none names it). Conflicts are
+/// reported by the AppRollout controller on the rollouts; the fleet just leaves them out.
+pub fn shaped_fleet(
+    pxd: &std::sync::Arc<ProxyDeployment>,
+    apps: &kube::runtime::reflector::Store<AppRollout>,
+) -> std::sync::Arc<ProxyDeployment> {
+    let (Some(name), Some(namespace)) = (pxd.metadata.name.as_deref(), pxd.metadata.namespace.as_deref()) else {
+        return pxd.clone();
+    };
+    let all = apps.state();
+    let mine: Vec<&AppRollout> = all
+        .iter()
+        .map(|a| a.as_ref())
+        .filter(|a| a.metadata.namespace.as_deref() == Some(namespace) && a.spec.route.proxy_deployment == name)
+        .collect();
+    if mine.is_empty() {
+        return pxd.clone();
+    }
+    let (spec, _) = shape_spec(&pxd.spec, name, namespace, &mine);
+    let mut shaped = (**pxd).clone();
+    shaped.spec = spec;
+    std::sync::Arc::new(shaped)
+}
+
+/// Why an AppRollout cannot shape its route.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("AppRollout {rollout}: {reason}")]
+pub struct RouteConflict {
+    pub rollout: String,
+    pub reason: String,
+}
+
+/// The fleet spec with every AppRollout's route split. `rollouts` are those of the fleet's
+/// namespace naming this fleet; one that cannot apply is skipped and reported.
+pub fn shape_spec(
+    spec: &ProxyDeploymentSpec,
+    fleet: &str,
+    namespace: &str,
+    rollouts: &[&AppRollout],
+) -> (ProxyDeploymentSpec, Vec<RouteConflict>) {
+    let mut out = spec.clone();
+    let mut conflicts = Vec::new();
+    let mut sorted: Vec<&&AppRollout> = rollouts
+        .iter()
+        .filter(|r| r.spec.route.proxy_deployment == fleet)
+        .collect();
+    sorted.sort_by_key(|r| r.metadata.name.clone());
+    for ar in sorted {
+        let name = ar.metadata.name.clone().unwrap_or_default();
+        if let Err(reason) = split_route(&mut out, &name, namespace, ar) {
+            conflicts.push(RouteConflict { rollout: name, reason });
+        }
+    }
+    (out, conflicts)
+}
+
+fn split_route(spec: &mut ProxyDeploymentSpec, name: &str, namespace: &str, ar: &AppRollout) -> Result<(), String> {
+    let route_name = &ar.spec.route.name;
+    let Some(i) = spec.routes.iter().position(|r| &r.name == route_name) else {
+        return Err(format!("the ProxyDeployment has no route {route_name:?}"));
+    };
+    let route = &spec.routes[i];
+    if !route.backends.is_empty() {
+        return Err(format!("route {route_name:?} already splits between backends (another AppRollout, or its own)"));
+    }
+    let Some(base) = spec.upstreams.iter().find(|u| u.name == route.upstream).cloned() else {
+        return Err(format!("route {route_name:?} has no upstream to derive from"));
+    };
+    let [canary, stable] = [AppTrack::Canary, AppTrack::Stable].map(|t| track_name(name, t));
+    if spec.upstreams.iter().any(|u| u.name == canary || u.name == stable) {
+        return Err(format!("the ProxyDeployment already has an upstream named {canary:?} or {stable:?}"));
+    }
+    let derived = |upstream: &str| Upstream {
+        name: upstream.to_string(),
+        endpoints: vec![format!("{upstream}.{namespace}.svc:{}", ar.spec.port)],
+        dns: None,
+        ..base.clone()
+    };
+    spec.upstreams.push(derived(&canary));
+    spec.upstreams.push(derived(&stable));
+    let route = &mut spec.routes[i];
+    route.upstream.clear();
+    route.backends = vec![
+        Backend {
+            upstream: canary.clone(),
+            weight: 0,
+        },
+        Backend {
+            upstream: stable,
+            weight: 100,
+        },
+    ];
+    route.sticky = ar.spec.sticky.clone();
+    route.overrides = ar
+        .spec
+        .canary_match
+        .iter()
+        .map(|m| BackendOverride {
+            header: m.header.clone(),
+            cookie: m.cookie.clone(),
+            upstream: canary.clone(),
+        })
+        .collect();
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::fixtures::basic;
+
+    pub(crate) fn rollout(name: &str, fleet: &str, route: &str) -> AppRollout {
+        let mut ar = AppRollout::new(
+            name,
+            serde_json::from_value(serde_json::json!({
+                "workloadRef": {"name": "shop"},
+                "port": 8080,
+                "route": {"proxyDeployment": fleet, "name": route},
+                "sticky": {"header": "x-user"},
+                "canaryMatch": [{"header": {"name": "x-canary", "value": "always"}}],
+                "strategy": {"steps": [{"setWeight": 5}, {"setWeight": 30}]}
+            }))
+            .unwrap(),
+        );
+        ar.metadata.namespace = Some("team".into());
+        ar
+    }
+
+    #[test]
+    fn the_route_splits_between_two_derived_upstreams() {
+        let pxd = basic();
+        let route = pxd.spec.routes[0].name.clone();
+        let ar = rollout("shop", "demo", &route);
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&ar]);
+        assert!(conflicts.is_empty(), "{conflicts:?}");
+        let r = &spec.routes[0];
+        assert!(r.upstream.is_empty());
+        assert_eq!(
+            r.backends.iter().map(|b| (b.upstream.as_str(), b.weight)).collect::<Vec<_>>(),
+            vec![("shop-canary", 0), ("shop-stable", 100)]
+        );
+        assert_eq!(r.overrides[0].upstream, "shop-canary");
+        let stable = spec.upstreams.iter().find(|u| u.name == "shop-stable").unwrap();
+        assert_eq!(stable.endpoints, vec!["shop-stable.team.svc:8080"]);
+        let config = crate::resources::config_map::render_proxy_config(&spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+    }
+
+    #[test]
+    fn conflicts_are_reported_not_applied() {
+        let pxd = basic();
+        let route = pxd.spec.routes[0].name.clone();
+        let (a, b) = (rollout("a", "demo", &route), rollout("b", "demo", &route));
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&b, &a]);
+        assert_eq!(spec.routes[0].backends[0].upstream, "a-canary", "the first by name wins");
+        assert_eq!(conflicts.len(), 1);
+        assert_eq!(conflicts[0].rollout, "b");
+        let missing = rollout("c", "demo", "nope");
+        let (_, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&missing]);
+        assert!(conflicts[0].reason.contains("no route \"nope\""), "{conflicts:?}");
+        let other = rollout("d", "other-fleet", &route);
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&other]);
+        assert!(conflicts.is_empty() && spec == pxd.spec);
+    }
+}

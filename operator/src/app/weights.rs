@@ -1,0 +1,85 @@
+//! The live weights of an app rollout: what the canary gets in each phase, the document the
+//! proxies take, and where it is kept so a restarted proxy starts with it.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::core::v1::ConfigMap;
+use proxyfleet_config::LiveWeights;
+
+use super::objects::AppOwner;
+use super::render::{track_name, AppTrack};
+use crate::canary::spec::{CanaryPhase, CanaryStatus};
+use crate::labels;
+
+/// The ConfigMap every proxy of a fleet mounts (optional) as its live-weights directory.
+pub fn config_map_name(fleet: &str) -> String {
+    format!("{fleet}-weights")
+}
+
+/// The Secret whose `token` authorises weight pushes to a fleet's admin listeners.
+pub fn token_secret_name(fleet: &str) -> String {
+    format!("{fleet}-admin-token")
+}
+
+pub const TOKEN_KEY: &str = "token";
+
+/// The canary's share while the machine is in `status`: its weight during a rollout (kept
+/// while stable takes the new template at promotion), none otherwise. After promotion stable
+/// runs the new version, so every user lands there; after an abort, on the old one.
+pub fn canary_weight(status: Option<&CanaryStatus>) -> u8 {
+    let Some(s) = status else { return 0 };
+    match s.phase {
+        CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting => {
+            s.weight.clamp(0, 100) as u8
+        }
+        CanaryPhase::Idle | CanaryPhase::Completed | CanaryPhase::Aborted => 0,
+    }
+}
+
+pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8) -> LiveWeights {
+    LiveWeights {
+        route: route.to_string(),
+        generation,
+        weights: BTreeMap::from([
+            (track_name(&owner.name, AppTrack::Canary), canary),
+            (track_name(&owner.name, AppTrack::Stable), 100 - canary.min(100)),
+        ]),
+    }
+}
+
+/// This rollout's key of the fleet's weights ConfigMap (applied with a field manager of its
+/// own, so rollouts of other routes keep their keys).
+pub fn config_map(owner: &AppOwner, fleet: &str, doc: &LiveWeights) -> ConfigMap {
+    let mut meta = owner.meta(
+        config_map_name(fleet),
+        BTreeMap::from([(labels::MANAGED_BY.to_string(), labels::MANAGER.to_string())]),
+    );
+    // Several rollouts may share the map: none of them controls it.
+    if let Some(r) = meta.owner_references.as_mut().and_then(|v| v.first_mut()) {
+        r.controller = Some(false);
+    }
+    ConfigMap {
+        metadata: meta,
+        data: Some(BTreeMap::from([(format!("{}.json", owner.name), doc.to_json())])),
+        ..Default::default()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_canary_has_weight_only_inside_a_rollout() {
+        let status = |phase, weight| CanaryStatus {
+            phase,
+            weight,
+            ..Default::default()
+        };
+        assert_eq!(canary_weight(None), 0);
+        assert_eq!(canary_weight(Some(&status(CanaryPhase::Progressing, 30))), 30);
+        assert_eq!(canary_weight(Some(&status(CanaryPhase::Promoting, 100))), 100);
+        assert_eq!(canary_weight(Some(&status(CanaryPhase::Completed, 100))), 0);
+        assert_eq!(canary_weight(Some(&status(CanaryPhase::Aborted, 30))), 0);
+    }
+}
