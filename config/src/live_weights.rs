@@ -21,6 +21,14 @@ pub struct LiveWeights {
     pub generation: u64,
     /// Weight of each backend, by upstream name: exactly the route's backends, summing to 100.
     pub weights: BTreeMap<String, u8>,
+    /// Whether the route's `overrides` (forced routing) apply; an app rollout turns them off
+    /// while no canary runs, so testers' headers never reach a backend without pods.
+    #[serde(default = "default_true")]
+    pub overrides: bool,
+}
+
+fn default_true() -> bool {
+    true
 }
 
 impl LiveWeights {

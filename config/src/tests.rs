@@ -105,3 +105,31 @@ fn bad_values_are_named() {
         assert!(e.contains(field), "expected {field} in {e}");
     }
 }
+
+#[test]
+fn split_routes_are_checked_with_the_field_named() {
+    let split = |route: &str| {
+        MINIMAL.replace("    upstream: echo\n", route).replace(
+            "upstreams:\n",
+            "upstreams:\n  - {name: v2, endpoints: [\"127.0.0.1:8081\"]}\n",
+        )
+    };
+    let ok = split("    backends: [{upstream: v2, weight: 10}, {upstream: echo, weight: 90}]\n    sticky: {cookie: uid}\n    overrides: [{header: {name: x-canary, value: always}, upstream: v2}]\n    mirror: {upstream: v2, percent: 5}\n");
+    let c = ProxyConfig::from_yaml(&ok).unwrap();
+    assert_eq!(c.routes[0].backends.len(), 2);
+    let cases = [
+        (split("    backends: [{upstream: v2, weight: 10}, {upstream: echo, weight: 80}]\n"), "routes[0].backends: weights sum to 90"),
+        (split("    upstream: echo\n    backends: [{upstream: v2, weight: 100}]\n"), "routes[0].backends: give upstream or backends, not both"),
+        (split("    timeout: 1s\n"), "routes[0].upstream: give upstream or backends"),
+        (split("    backends: [{upstream: nope, weight: 100}]\n"), "routes[0].backends[0].upstream"),
+        (split("    backends: [{upstream: v2, weight: 50}, {upstream: v2, weight: 50}]\n"), "listed twice"),
+        (split("    backends: [{upstream: v2, weight: 100}]\n    sticky: {header: a, cookie: b}\n"), "routes[0].sticky: give exactly one"),
+        (split("    backends: [{upstream: v2, weight: 100}]\n    overrides: [{header: {name: x, value: y}, upstream: echo}]\n"), "routes[0].overrides[0].upstream"),
+        (split("    upstream: echo\n    mirror: {upstream: v2, percent: 101}\n"), "routes[0].mirror.percent"),
+        (split("    upstream: echo\n    sticky: {header: x-user}\n"), "routes[0].sticky: needs backends"),
+    ];
+    for (yaml, field) in cases {
+        let e = refused(&yaml);
+        assert!(e.contains(field), "expected {field} in {e}");
+    }
+}

@@ -30,7 +30,10 @@ pub(crate) fn check_route_backends(f: &str, r: &Route, upstreams: &HashSet<&str>
     }
     let sum: u32 = r.backends.iter().map(|b| u32::from(b.weight)).sum();
     if !r.backends.is_empty() && sum != 100 {
-        errors.push(err(format!("{f}.backends"), format!("weights sum to {sum}; they must sum to 100")));
+        errors.push(err(
+            format!("{f}.backends"),
+            format!("weights sum to {sum}; they must sum to 100"),
+        ));
     }
     if let Some(s) = &r.sticky {
         check_key(&format!("{f}.sticky"), s.header.as_deref(), s.cookie.as_deref(), errors);
@@ -47,7 +50,10 @@ pub(crate) fn check_route_backends(f: &str, r: &Route, upstreams: &HashSet<&str>
             errors,
         );
         if !seen.contains(o.upstream.as_str()) {
-            errors.push(err(format!("{g}.upstream"), "must be one of the route's backends[].upstream"));
+            errors.push(err(
+                format!("{g}.upstream"),
+                "must be one of the route's backends[].upstream",
+            ));
         }
     }
     if let Some(m) = &r.mirror {

@@ -43,6 +43,8 @@ pub struct Context {
     pub backoff: crate::backoff::Backoff,
     /// Every AppRollout (they reshape the routes of the fleets they name).
     pub apps: Store<crate::app::spec::AppRollout>,
+    /// The AppRollout status last written, newer than the cache for a moment after a write.
+    pub app_status: crate::latest_status::LatestStatus<crate::app::spec::AppRolloutStatus>,
 }
 
 impl Context {

@@ -96,7 +96,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let certs = certs::reconcile::ensure(&pxd, &ctx).await;
     crate::app::token::ensure(&ctx, &owner).await;
     // The routes as AppRollouts split them; everything else reads the fleet as written.
-    let shaped = crate::app::render::shaped_fleet(&pxd, &ctx.apps);
+    let shaped = crate::app::render::shaped_fleet(&pxd, &ctx.apps, &ctx.stores.services);
     let mut pass = Pass::new(&certs);
     match desired_revision_checked(&shaped, &owner, &ctx, &certs).await {
         Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
@@ -605,7 +605,18 @@ pub async fn run(
 ) {
     let (deployments, f1) = owned_store::<Deployment>(&client);
     let (config_maps, f2) = owned_store::<ConfigMap>(&client);
-    let (services, f3) = owned_store::<Service>(&client);
+    // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
+    let (app_tx, app_rx) = futures::channel::mpsc::unbounded::<ObjectRef<ProxyDeployment>>();
+    let (apps, f8) = crate::app::controller::store(&client, app_tx.clone());
+    // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
+    let (services, f3) = {
+        let (apps, tx) = (apps.clone(), app_tx.clone());
+        owned_store_with(&client, move |svc: &Service| {
+            if let Some(fleet) = crate::app::controller::fleet_of_service(&apps, svc) {
+                let _ = tx.unbounded_send(fleet);
+            }
+        })
+    };
     let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
     let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
     let (revisions, f7) = owned_store::<ControllerRevision>(&client);
@@ -648,11 +659,18 @@ pub async fn run(
         );
         cluster_secrets.push(reader);
     }
-    // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
-    let (app_tx, app_rx) = futures::channel::mpsc::unbounded::<ObjectRef<ProxyDeployment>>();
-    let (apps, f8) = crate::app::controller::store(&client, app_tx);
     let caches = tokio::spawn(async move {
-        tokio::join!(f1, f2, f3, f4, f5, f6, f7, f8, futures::future::join_all(cluster_watches));
+        tokio::join!(
+            f1,
+            f2,
+            f3,
+            f4,
+            f5,
+            f6,
+            f7,
+            f8,
+            futures::future::join_all(cluster_watches)
+        );
     });
     let stores = Stores {
         deployments,
@@ -695,6 +713,7 @@ pub async fn run(
         written_status: Default::default(),
         backoff: Default::default(),
         apps,
+        app_status: Default::default(),
         propagation: crate::propagation::state::Propagation {
             cluster_secrets,
             clients: Default::default(),

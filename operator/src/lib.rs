@@ -17,6 +17,7 @@ pub mod crd;
 pub mod desired;
 pub mod history;
 pub mod labels;
+pub mod latest_status;
 pub mod leader;
 pub mod metrics;
 pub mod pod_problem;

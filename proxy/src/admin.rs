@@ -81,11 +81,21 @@ async fn write(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
     }
     let token_file = shared.state.load().config.admin.token_file.clone();
     let Some(token_file) = token_file else {
-        return text(StatusCode::FORBIDDEN, "text/plain", "writes are disabled: no admin.tokenFile\n");
+        return text(
+            StatusCode::FORBIDDEN,
+            "text/plain",
+            "writes are disabled: no admin.tokenFile\n",
+        );
     };
     let expected = match std::fs::read_to_string(&token_file) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-        _ => return text(StatusCode::FORBIDDEN, "text/plain", "writes are disabled: the admin token is unreadable\n"),
+        _ => {
+            return text(
+                StatusCode::FORBIDDEN,
+                "text/plain",
+                "writes are disabled: the admin token is unreadable\n",
+            )
+        }
     };
     let given = req
         .headers()
@@ -94,22 +104,39 @@ async fn write(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
     if !constant_time_eq(given.trim().as_bytes(), expected.as_bytes()) {
-        return text(StatusCode::UNAUTHORIZED, "text/plain", "a valid bearer token is required\n");
+        return text(
+            StatusCode::UNAUTHORIZED,
+            "text/plain",
+            "a valid bearer token is required\n",
+        );
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_WRITE_BYTES).collect().await {
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_WRITE_BYTES)
+        .collect()
+        .await
+    {
         Ok(b) => b.to_bytes(),
         Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
     };
     let doc = match std::str::from_utf8(&body).map(proxyfleet_config::LiveWeights::from_json) {
         Ok(Ok(d)) => d,
-        Ok(Err(e)) => return text(StatusCode::BAD_REQUEST, "text/plain", format!("not a weights document: {e}\n")),
+        Ok(Err(e)) => {
+            return text(
+                StatusCode::BAD_REQUEST,
+                "text/plain",
+                format!("not a weights document: {e}\n"),
+            )
+        }
         Err(_) => return text(StatusCode::BAD_REQUEST, "text/plain", "not UTF-8\n"),
     };
     match crate::live_weights::apply(shared, doc) {
         Ok(crate::live_weights::Outcome::Applied) => text(StatusCode::OK, "text/plain", "applied\n"),
         Ok(crate::live_weights::Outcome::Unchanged) => text(StatusCode::OK, "text/plain", "unchanged\n"),
-        Err(e @ crate::live_weights::Refused::UnknownRoute(_)) => text(StatusCode::NOT_FOUND, "text/plain", format!("{e}\n")),
-        Err(e @ crate::live_weights::Refused::Stale { .. }) => text(StatusCode::CONFLICT, "text/plain", format!("{e}\n")),
+        Err(e @ crate::live_weights::Refused::UnknownRoute(_)) => {
+            text(StatusCode::NOT_FOUND, "text/plain", format!("{e}\n"))
+        }
+        Err(e @ crate::live_weights::Refused::Stale { .. }) => {
+            text(StatusCode::CONFLICT, "text/plain", format!("{e}\n"))
+        }
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, "text/plain", format!("{e}\n")),
     }
 }

@@ -17,8 +17,8 @@ pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
 use crate::router::{self, CompiledRoute};
-use crate::split::CompiledBackend;
 use crate::shared::Shared;
+use crate::split::CompiledBackend;
 use crate::upstream;
 
 fn is_idempotent(m: &Method) -> bool {
@@ -169,12 +169,7 @@ async fn routed(
             if a.percent > 0.0 && fastrand::f64() * 100.0 < a.percent {
                 backend.metrics.fault_abort.inc();
                 let status = StatusCode::from_u16(a.status).unwrap_or(StatusCode::SERVICE_UNAVAILABLE);
-                return finish(
-                    shared,
-                    metrics,
-                    status_response(status, "fault injected\n"),
-                    started,
-                );
+                return finish(shared, metrics, status_response(status, "fault injected\n"), started);
             }
         }
     }

@@ -117,7 +117,14 @@ type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 /// Registers a metric family (or counter) and returns the handle kept in `Metrics`.
 fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
 where
-    M: Default + Clone + prometheus_client::metrics::TypedMetric + prometheus_client::encoding::EncodeMetric + Send + Sync + std::fmt::Debug + 'static,
+    M: Default
+        + Clone
+        + prometheus_client::metrics::TypedMetric
+        + prometheus_client::encoding::EncodeMetric
+        + Send
+        + Sync
+        + std::fmt::Debug
+        + 'static,
 {
     let m = M::default();
     registry.register(name, help, m.clone());
@@ -172,21 +179,69 @@ impl Metrics {
         registry.register("build_info", "Proxy version (value 1)", build_info);
         Self {
             request_duration,
-            responses: register(&mut registry, proxyfleet_config::metric_names::RESPONSES, "Responses sent to clients by route, upstream and status class"),
-            upstream_connections: register(&mut registry, "upstream_connections", "Upstream connection attempts by result"),
-            upstream_handshakes: register(&mut registry, "upstream_tls_handshakes", "Upstream TLS handshakes by kind (full or resumed)"),
-            upstream_requests: register(&mut registry, "upstream_requests", "Upstream requests by whether they reused a pooled connection"),
-            client_handshakes: register(&mut registry, "client_tls_handshakes", "Client TLS handshakes by kind (full, resumed or failed)"),
+            responses: register(
+                &mut registry,
+                proxyfleet_config::metric_names::RESPONSES,
+                "Responses sent to clients by route, upstream and status class",
+            ),
+            upstream_connections: register(
+                &mut registry,
+                "upstream_connections",
+                "Upstream connection attempts by result",
+            ),
+            upstream_handshakes: register(
+                &mut registry,
+                "upstream_tls_handshakes",
+                "Upstream TLS handshakes by kind (full or resumed)",
+            ),
+            upstream_requests: register(
+                &mut registry,
+                "upstream_requests",
+                "Upstream requests by whether they reused a pooled connection",
+            ),
+            client_handshakes: register(
+                &mut registry,
+                "client_tls_handshakes",
+                "Client TLS handshakes by kind (full, resumed or failed)",
+            ),
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
-            reloads: register(&mut registry, "config_reloads", "Configuration and certificate reloads by result"),
-            certificate_not_after: register(&mut registry, "certificate_not_after_timestamp_seconds", "notAfter of each served certificate, Unix seconds"),
+            reloads: register(
+                &mut registry,
+                "config_reloads",
+                "Configuration and certificate reloads by result",
+            ),
+            certificate_not_after: register(
+                &mut registry,
+                "certificate_not_after_timestamp_seconds",
+                "notAfter of each served certificate, Unix seconds",
+            ),
             faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),
             retries: register(&mut registry, "upstream_retries", "Retried upstream requests by route"),
-            upgrades: register(&mut registry, "upgraded_connections", "Connections switched to another protocol (WebSocket) by route"),
-            rate_limited: register(&mut registry, "rate_limited_requests", "Requests refused with 429 by a route's rate limit"),
-            ejections: register(&mut registry, "outlier_ejections", "Endpoints ejected by outlier detection"),
-            trust_bundle: register(&mut registry, "trust_bundle_info", "SHA-256 of the loaded trust bundle (value 1)"),
-            malformed_requests: register(&mut registry, "malformed_requests", "Requests refused as malformed before routing"),
+            upgrades: register(
+                &mut registry,
+                "upgraded_connections",
+                "Connections switched to another protocol (WebSocket) by route",
+            ),
+            rate_limited: register(
+                &mut registry,
+                "rate_limited_requests",
+                "Requests refused with 429 by a route's rate limit",
+            ),
+            ejections: register(
+                &mut registry,
+                "outlier_ejections",
+                "Endpoints ejected by outlier detection",
+            ),
+            trust_bundle: register(
+                &mut registry,
+                "trust_bundle_info",
+                "SHA-256 of the loaded trust bundle (value 1)",
+            ),
+            malformed_requests: register(
+                &mut registry,
+                "malformed_requests",
+                "Requests refused as malformed before routing",
+            ),
             mirror_requests: register(
                 &mut registry,
                 "mirror_requests",

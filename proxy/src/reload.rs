@@ -102,10 +102,7 @@ pub fn reload(shared: &Shared) -> bool {
     match ProxyState::build(config, Some(&current), &shared.metrics, &shared.resumption) {
         Ok(next) => {
             next.publish_metrics(&shared.metrics);
-            crate::live_weights::carry_over(
-                &shared.live_weights.lock().unwrap_or_else(|p| p.into_inner()),
-                &next,
-            );
+            crate::live_weights::carry_over(&shared.live_weights.lock().unwrap_or_else(|p| p.into_inner()), &next);
             let serials: Vec<_> = next
                 .certificates
                 .iter()

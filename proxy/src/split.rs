@@ -63,6 +63,8 @@ pub struct Table {
     pub generation: u64,
     /// Weight of each backend, in the route's order.
     pub weights: Vec<u8>,
+    /// Whether forced routing applies.
+    pub overrides: bool,
     by_bucket: [u8; BUCKETS as usize],
 }
 
@@ -70,7 +72,7 @@ impl Table {
     /// Buckets handed out in backend order: the first backend owns [0, w0), the next the
     /// following w1 buckets, and so on. So a backend's users stay on it while its weight (and
     /// the weights before it) only grow.
-    pub fn new(generation: u64, weights: Vec<u8>) -> Self {
+    pub fn new(generation: u64, weights: Vec<u8>, overrides: bool) -> Self {
         let mut by_bucket = [0u8; BUCKETS as usize];
         let mut next = 0usize;
         for (i, w) in weights.iter().enumerate() {
@@ -89,6 +91,7 @@ impl Table {
         Self {
             generation,
             weights,
+            overrides,
             by_bucket,
         }
     }
@@ -135,7 +138,7 @@ impl Split {
             .and_then(|s: &StickyKey| KeySource::parse(s.header.as_deref(), s.cookie.as_deref()));
         let weights = route.backends.iter().map(|b: &Backend| b.weight).collect();
         Self {
-            table: ArcSwap::from_pointee(Table::new(0, weights)),
+            table: ArcSwap::from_pointee(Table::new(0, weights, true)),
             counter: AtomicU32::new(0),
             sticky,
             overrides,
@@ -145,12 +148,14 @@ impl Split {
 
     /// The backend index for a request.
     pub fn choose(&self, headers: &HeaderMap) -> usize {
-        for (source, value, index) in &self.overrides {
-            if source.value(headers) == Some(value.as_slice()) {
-                return *index;
+        let table = self.table.load();
+        if table.overrides {
+            for (source, value, index) in &self.overrides {
+                if source.value(headers) == Some(value.as_slice()) {
+                    return *index;
+                }
             }
         }
-        let table = self.table.load();
         if let Some(key) = self.sticky.as_ref().and_then(|s| s.value(headers)) {
             return table.backend_of_bucket(bucket_of(key));
         }
@@ -173,7 +178,8 @@ impl Split {
             .iter()
             .map(|n| w.weights.get(n).copied().unwrap_or(0))
             .collect();
-        self.table.store(Arc::new(Table::new(w.generation, weights)));
+        self.table
+            .store(Arc::new(Table::new(w.generation, weights, w.overrides)));
         true
     }
 
@@ -184,6 +190,7 @@ impl Split {
             route: route.to_string(),
             generation: t.generation,
             weights: self.names.iter().cloned().zip(t.weights.iter().copied()).collect(),
+            overrides: t.overrides,
         })
     }
 }
@@ -226,7 +233,10 @@ mod tests {
                 })
                 .collect();
             let on_canary = picks.iter().filter(|p| **p == 0).count() as f64 / 2000.0;
-            assert!((on_canary - f64::from(w) / 100.0).abs() < 0.05, "weight {w}: {on_canary}");
+            assert!(
+                (on_canary - f64::from(w) / 100.0).abs() < 0.05,
+                "weight {w}: {on_canary}"
+            );
             if let Some(prev) = &previous {
                 for (u, (a, b)) in prev.iter().zip(&picks).enumerate() {
                     assert!(*a != 0 || *b != 1, "user-{u} moved back to stable at weight {w}");
@@ -247,6 +257,16 @@ mod tests {
         let mut h = HeaderMap::new();
         h.insert("cookie", HeaderValue::from_static("a=1; v=old"));
         assert_eq!(s.choose(&h), 1);
+        // Forced routing switched off by live weights: the split rules again.
+        s.apply(&LiveWeights {
+            route: "r".into(),
+            generation: 1,
+            weights: [("canary".to_string(), 0), ("stable".to_string(), 100)].into(),
+            overrides: false,
+        });
+        let mut h = HeaderMap::new();
+        h.insert("x-canary", HeaderValue::from_static("always"));
+        assert_eq!(s.choose(&h), 1);
     }
 
     #[test]
@@ -256,6 +276,7 @@ mod tests {
             route: "r".into(),
             generation,
             weights: [("canary".to_string(), c), ("stable".to_string(), 100 - c)].into(),
+            overrides: true,
         };
         assert!(s.apply(&w(2, 30)));
         assert!(!s.apply(&w(1, 5)), "a stale generation must not undo a newer one");

@@ -82,7 +82,13 @@ fn compile_route(
         })
         .collect::<Result<Vec<_>, StateError>>()?;
     let mirror = match &r.mirror {
-        Some(m) => Some(CompiledMirror::new(&r.name, m, lookup(&m.upstream)?, r.timeout.get(), metrics)),
+        Some(m) => Some(CompiledMirror::new(
+            &r.name,
+            m,
+            lookup(&m.upstream)?,
+            r.timeout.get(),
+            metrics,
+        )),
         None => None,
     };
     Ok(CompiledRoute::new(r, backends, mirror))

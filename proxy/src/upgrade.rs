@@ -13,8 +13,8 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
 use crate::handler::Target;
-use crate::upstream::UpstreamCluster;
 use crate::upstream;
+use crate::upstream::UpstreamCluster;
 
 /// A tunnel with no byte in either direction for this long is closed.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);

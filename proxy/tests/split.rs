@@ -83,13 +83,19 @@ async fn put_weights(proxy: &Proxy, token: &str, body: &str) -> (u16, String) {
 }
 
 fn doc(generation: u64, canary: u8) -> String {
-    format!(r#"{{"route":"app","generation":{generation},"weights":{{"canary":{canary},"stable":{}}}}}"#, 100 - canary)
+    format!(
+        r#"{{"route":"app","generation":{generation},"weights":{{"canary":{canary},"stable":{}}}}}"#,
+        100 - canary
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn weights_are_exact_per_request_over_h1_and_one_h2_connection() {
     init();
-    let (stable, canary) = (upstream("stable", None, false).await, upstream("canary", None, false).await);
+    let (stable, canary) = (
+        upstream("stable", None, false).await,
+        upstream("canary", None, false).await,
+    );
     let dir = tempdir("split-exact");
     let proxy = start_proxy(&dir, &split_config(stable.addr, canary.addr, 30, &dir)).await;
     let a = proxy.addr("http");
@@ -100,7 +106,10 @@ async fn weights_are_exact_per_request_over_h1_and_one_h2_connection() {
         assert_eq!(status, 200);
         on_canary += usize::from(served_by_canary(&body));
     }
-    assert!((2900..=3100).contains(&on_canary), "h1: {on_canary} of 10000 on the canary at weight 30");
+    assert!(
+        (2900..=3100).contains(&on_canary),
+        "h1: {on_canary} of 10000 on the canary at weight 30"
+    );
 
     // One long-lived HTTP/2 connection follows the weights per request, not per connection.
     let tcp = tokio::net::TcpStream::connect(a).await.unwrap();
@@ -114,7 +123,9 @@ async fn weights_are_exact_per_request_over_h1_and_one_h2_connection() {
         let on_canary = on_canary.clone();
         tokio::spawn(async move {
             for _ in 0..1000 {
-                let req = http::Request::get(format!("http://app{}", "/x")).body(Empty::<Bytes>::new()).unwrap();
+                let req = http::Request::get(format!("http://app{}", "/x"))
+                    .body(Empty::<Bytes>::new())
+                    .unwrap();
                 let resp = send.send_request(req).await.unwrap();
                 assert_eq!(resp.status(), 200);
                 let body = resp.into_body().collect().await.unwrap().to_bytes();
@@ -128,17 +139,33 @@ async fn weights_are_exact_per_request_over_h1_and_one_h2_connection() {
         t.await.unwrap();
     }
     let n = on_canary.load(Ordering::Relaxed);
-    assert!((2900..=3100).contains(&n), "h2: {n} of 10000 on the canary at weight 30");
+    assert!(
+        (2900..=3100).contains(&n),
+        "h2: {n} of 10000 on the canary at weight 30"
+    );
     let m = metrics(&proxy).await;
-    let by = |u: &str| metric_sum(&m, "proxyfleet_responses_total", &["route=\"app\"", &format!("upstream=\"{u}\"")]);
-    assert_eq!(by("canary") + by("stable"), 20_000.0, "every response is counted under its backend");
+    let by = |u: &str| {
+        metric_sum(
+            &m,
+            "proxyfleet_responses_total",
+            &["route=\"app\"", &format!("upstream=\"{u}\"")],
+        )
+    };
+    assert_eq!(
+        by("canary") + by("stable"),
+        20_000.0,
+        "every response is counted under its backend"
+    );
     proxy.running.drain();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sticky_users_and_forced_routing() {
     init();
-    let (stable, canary) = (upstream("stable", None, false).await, upstream("canary", None, false).await);
+    let (stable, canary) = (
+        upstream("stable", None, false).await,
+        upstream("canary", None, false).await,
+    );
     let dir = tempdir("split-sticky");
     let proxy = start_proxy(&dir, &split_config(stable.addr, canary.addr, 10, &dir)).await;
     let mut c = h1_client(proxy.addr("http")).await;
@@ -147,7 +174,11 @@ async fn sticky_users_and_forced_routing() {
         let user = format!("user-{u}");
         let (_, first) = h1_req(&mut c, &[("x-user", &user)]).await;
         let (_, again) = h1_req(&mut c, &[("x-user", &user)]).await;
-        assert_eq!(served_by_canary(&first), served_by_canary(&again), "{user} switched backends");
+        assert_eq!(
+            served_by_canary(&first),
+            served_by_canary(&again),
+            "{user} switched backends"
+        );
         before.push(served_by_canary(&first));
     }
     let (status, _) = put_weights(&proxy, "s3cret", &doc(1, 40)).await;
@@ -158,10 +189,16 @@ async fn sticky_users_and_forced_routing() {
         after.push(served_by_canary(&body));
     }
     for (u, (b, a)) in before.iter().zip(&after).enumerate() {
-        assert!(!*b || *a, "user-{u} moved from the canary back to stable as the weight grew");
+        assert!(
+            !*b || *a,
+            "user-{u} moved from the canary back to stable as the weight grew"
+        );
     }
     let share = after.iter().filter(|x| **x).count();
-    assert!((80..=160).contains(&share), "{share} of 300 users on the canary at 40 %");
+    assert!(
+        (80..=160).contains(&share),
+        "{share} of 300 users on the canary at 40 %"
+    );
     // Forced routing beats weights and stickiness.
     put_weights(&proxy, "s3cret", &doc(2, 0)).await;
     for _ in 0..20 {
@@ -177,15 +214,28 @@ async fn sticky_users_and_forced_routing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_load() {
     init();
-    let (stable, canary) = (upstream("stable", None, false).await, upstream("canary", None, false).await);
+    let (stable, canary) = (
+        upstream("stable", None, false).await,
+        upstream("canary", None, false).await,
+    );
     let dir = tempdir("split-live");
     let proxy = start_proxy(&dir, &split_config(stable.addr, canary.addr, 0, &dir)).await;
     assert_eq!(put_weights(&proxy, "wrong", &doc(1, 50)).await.0, 401);
     assert_eq!(put_weights(&proxy, "s3cret", "{not json").await.0, 400);
-    let (status, why) = put_weights(&proxy, "s3cret", r#"{"route":"app","generation":1,"weights":{"canary":60,"stable":60}}"#).await;
+    let (status, why) = put_weights(
+        &proxy,
+        "s3cret",
+        r#"{"route":"app","generation":1,"weights":{"canary":60,"stable":60}}"#,
+    )
+    .await;
     assert_eq!(status, 422, "{why}");
     assert!(why.contains("sum to 120"), "{why}");
-    assert_eq!(put_weights(&proxy, "s3cret", &doc(1, 0).replace("\"app\"", "\"nope\"")).await.0, 404);
+    assert_eq!(
+        put_weights(&proxy, "s3cret", &doc(1, 0).replace("\"app\"", "\"nope\""))
+            .await
+            .0,
+        404
+    );
 
     // Load on four keep-alive connections while the weights move 5 → 30 → 100 → 0.
     let a = proxy.addr("http");
@@ -208,17 +258,31 @@ async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_
         .collect();
     for (generation, w) in [(1, 5), (2, 30), (3, 100), (4, 0)] {
         tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(put_weights(&proxy, "s3cret", &doc(generation, w)).await, (200, "applied\n".into()));
+        assert_eq!(
+            put_weights(&proxy, "s3cret", &doc(generation, w)).await,
+            (200, "applied\n".into())
+        );
     }
-    assert_eq!(put_weights(&proxy, "s3cret", &doc(4, 0)).await, (200, "unchanged\n".into()));
-    assert_eq!(put_weights(&proxy, "s3cret", &doc(2, 30)).await.0, 409, "a stale generation is refused");
+    assert_eq!(
+        put_weights(&proxy, "s3cret", &doc(4, 0)).await,
+        (200, "unchanged\n".into())
+    );
+    assert_eq!(
+        put_weights(&proxy, "s3cret", &doc(2, 30)).await.0,
+        409,
+        "a stale generation is refused"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     for t in load {
         t.await.unwrap();
     }
     assert!(done.load(Ordering::Relaxed) > 100);
-    assert_eq!(failed.load(Ordering::Relaxed), 0, "no request failed across four weight changes");
+    assert_eq!(
+        failed.load(Ordering::Relaxed),
+        0,
+        "no request failed across four weight changes"
+    );
     let mut c = h1_client(a).await;
     for _ in 0..50 {
         assert!(!served_by_canary(&h1_req(&mut c, &[]).await.1));
@@ -236,7 +300,10 @@ async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_
     }
     assert!(proxyfleet_proxy::reload::reload(&proxy.running.shared));
     for _ in 0..20 {
-        assert!(served_by_canary(&h1_req(&mut c, &[]).await.1), "a reload reset the live weights");
+        assert!(
+            served_by_canary(&h1_req(&mut c, &[]).await.1),
+            "a reload reset the live weights"
+        );
     }
     proxy.running.drain();
 }
@@ -244,7 +311,10 @@ async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_proxy_starts_with_the_weights_in_its_directory() {
     init();
-    let (stable, canary) = (upstream("stable", None, false).await, upstream("canary", None, false).await);
+    let (stable, canary) = (
+        upstream("stable", None, false).await,
+        upstream("canary", None, false).await,
+    );
     let dir = tempdir("split-restart");
     let yaml = split_config(stable.addr, canary.addr, 0, &dir);
     write(&dir.join("weights"), "app.json", &doc(9, 100));
@@ -322,13 +392,21 @@ upstreams:
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
     let deadline = Instant::now() + Duration::from_secs(10);
     while seen.load(Ordering::Relaxed) < 20 {
-        assert!(Instant::now() < deadline, "the mirror saw {}", seen.load(Ordering::Relaxed));
+        assert!(
+            Instant::now() < deadline,
+            "the mirror saw {}",
+            seen.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let m = metrics(&proxy).await;
-        let n = metric_sum(&m, "proxyfleet_mirror_requests_total", &["route=\"shadowed\"", "result=\"5xx\""]);
+        let n = metric_sum(
+            &m,
+            "proxyfleet_mirror_requests_total",
+            &["route=\"shadowed\"", "result=\"5xx\""],
+        );
         if n == 20.0 {
             break;
         }

@@ -42,7 +42,11 @@ pub fn store(
 }
 
 /// Runs the AppRollout controller until `stop` completes.
-pub async fn run(client: Client, ctx: Arc<Context>, stop: impl std::future::Future<Output = ()> + Send + Sync + 'static) {
+pub async fn run(
+    client: Client,
+    ctx: Arc<Context>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
     let owned = watcher::Config::default().labels(&labels::managed_selector());
     let apps = ctx.apps.clone();
     Controller::new(Api::<AppRollout>::all(client.clone()), watcher::Config::default())
@@ -61,6 +65,14 @@ pub async fn run(client: Client, ctx: Arc<Context>, stop: impl std::future::Futu
             futures::future::ready(())
         })
         .await;
+}
+
+/// The fleet whose route an app track's Service serves, if `svc` is one.
+pub fn fleet_of_service(apps: &Store<AppRollout>, svc: &Service) -> Option<ObjectRef<ProxyDeployment>> {
+    let rollout = svc.labels().get(super::objects::APP_ROLLOUT)?;
+    let namespace = svc.namespace()?;
+    let ar = apps.get(&ObjectRef::new(rollout).within(&namespace))?;
+    Some(ObjectRef::new(&ar.spec.route.proxy_deployment).within(&namespace))
 }
 
 /// The AppRollouts whose workload is `d`.

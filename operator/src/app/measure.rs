@@ -74,7 +74,8 @@ async fn direct_windows(
         match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
             Ok(text) => {
                 scraped += 1;
-                snap.canary.insert(pod.clone(), parse_proxy_metrics_of(&text, Some(&canary)));
+                snap.canary
+                    .insert(pod.clone(), parse_proxy_metrics_of(&text, Some(&canary)));
                 snap.stable.insert(pod, parse_proxy_metrics_of(&text, Some(&stable)));
             }
             Err(e) => tracing::debug!(%pod, error = %e, "scrape failed"),
@@ -114,4 +115,3 @@ pub async fn measure(ctx: &Context, owner: &AppOwner, fleet: &str, analysis: &An
 pub fn forget(ctx: &Context, owner: &AppOwner) {
     ctx.snapshots.forget(&snapshot_key(owner));
 }
-

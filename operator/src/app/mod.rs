@@ -8,6 +8,7 @@
 //! Reading order: `spec` (the API) → `render` (how a fleet's routes change) → `objects` (the
 //! Deployments and Services) → `weights` (the live weights) → `measure` → `reconcile`.
 
+pub mod cli;
 pub mod controller;
 pub mod measure;
 pub mod objects;

@@ -75,7 +75,13 @@ pub fn template_revision(template: &PodTemplateSpec) -> String {
 }
 
 /// A track's Deployment running `template` (the team's, or the one stable keeps).
-pub fn deployment(owner: &AppOwner, track: AppTrack, template: &PodTemplateSpec, revision: &str, replicas: i32) -> Deployment {
+pub fn deployment(
+    owner: &AppOwner,
+    track: AppTrack,
+    template: &PodTemplateSpec,
+    revision: &str,
+    replicas: i32,
+) -> Deployment {
     let mut template = template.clone();
     let meta = template.metadata.get_or_insert_with(Default::default);
     let pod_labels = meta.labels.get_or_insert_with(Default::default);
@@ -162,7 +168,17 @@ mod tests {
         let rev = template_revision(&template());
         let d = deployment(&owner(), AppTrack::Canary, &template(), &rev, 1);
         assert_eq!(d.metadata.name.as_deref(), Some("shop-canary"));
-        let labels = d.spec.as_ref().unwrap().template.metadata.as_ref().unwrap().labels.clone().unwrap();
+        let labels = d
+            .spec
+            .as_ref()
+            .unwrap()
+            .template
+            .metadata
+            .as_ref()
+            .unwrap()
+            .labels
+            .clone()
+            .unwrap();
         assert_eq!(labels["app"], "shop");
         assert_eq!(labels[APP_TRACK], "canary");
         assert_eq!(crate::status::revision_of(&d), Some(rev.clone()));

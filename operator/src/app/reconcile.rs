@@ -65,13 +65,32 @@ struct Inputs {
     canary: Option<Arc<Deployment>>,
 }
 
+/// The object with the newest status we know: our own last write when the cache lags behind it.
+fn with_latest_status(ar: Arc<AppRollout>, ctx: &Context) -> Arc<AppRollout> {
+    let uid = ar.metadata.uid.as_deref().unwrap_or_default();
+    match ctx.app_status.newer_than(uid, ar.metadata.resource_version.as_deref()) {
+        Some(status) => {
+            let mut newer = (*ar).clone();
+            newer.status = Some(status);
+            Arc::new(newer)
+        }
+        None => ar,
+    }
+}
+
 pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action, AppError> {
+    let ar = with_latest_status(ar, &ctx);
     let owner = AppOwner::of(&ar).ok_or(AppError::Metadata("name, namespace or uid"))?;
     let inputs = match read_inputs(&ar, &owner, &ctx).await? {
         Ok(i) => i,
         Err(blocked) => return blocked_status(&ar, &owner, &ctx, blocked).await,
     };
-    let template = inputs.target.spec.as_ref().map(|s| s.template.clone()).unwrap_or_default();
+    let template = inputs
+        .target
+        .spec
+        .as_ref()
+        .map(|s| s.template.clone())
+        .unwrap_or_default();
     let revision = objects::template_revision(&template);
     let command = ar.annotations().get(COMMAND_ANNOTATION).and_then(|c| Command::parse(c));
     let decision = decide(&ar, &owner, &ctx, &inputs, &revision, command).await;
@@ -86,7 +105,11 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     let all_applied = applied.0 == applied.1 && applied.1 > 0;
     let status = AppRolloutStatus {
         observed_generation: ar.metadata.generation,
-        stable_revision: decision.status.stable_revision.clone().or(previous.stable_revision.clone()),
+        stable_revision: decision
+            .status
+            .stable_revision
+            .clone()
+            .or(previous.stable_revision.clone()),
         weight,
         weights_generation: generation,
         weights_applied: Some(format!("{}/{}", applied.0, applied.1)),
@@ -96,12 +119,21 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
             ready(&previous.conditions, ar.metadata.generation, ok, reason, message)
         },
     };
-    write_status(&ctx, &owner, &status).await?;
-    if matches!(decision.status.phase, machine::COMPLETED | machine::ABORTED | machine::IDLE) {
+    if ar.status.as_ref() != Some(&status) {
+        write_status(&ctx, &owner, &status).await?;
+    }
+    if matches!(
+        decision.status.phase,
+        machine::COMPLETED | machine::ABORTED | machine::IDLE
+    ) {
         measure::forget(&ctx, &owner);
     }
     ctx.backoff.succeeded(&format!("app:{}", owner.reference.uid));
-    let requeue = if all_applied { decision.requeue_after.clamp(1, 60) } else { 2 };
+    let requeue = if all_applied {
+        decision.requeue_after.clamp(1, 60)
+    } else {
+        2
+    };
     Ok(Action::requeue(Duration::from_secs(requeue)))
 }
 
@@ -131,7 +163,10 @@ async fn read_inputs(ar: &AppRollout, owner: &AppOwner, ctx: &Context) -> Result
         .await
         .map_err(|e| read_err("the ProxyDeployment", e))?
     else {
-        return Ok(Err(("ProxyDeploymentNotFound", format!("ProxyDeployment {fleet_name:?} not found"))));
+        return Ok(Err((
+            "ProxyDeploymentNotFound",
+            format!("ProxyDeployment {fleet_name:?} not found"),
+        )));
     };
     let peers = ctx.apps.state();
     let peers: Vec<&AppRollout> = peers
@@ -139,7 +174,7 @@ async fn read_inputs(ar: &AppRollout, owner: &AppOwner, ctx: &Context) -> Result
         .map(|p| p.as_ref())
         .filter(|p| p.namespace() == ar.namespace())
         .collect();
-    let (_, conflicts) = shape_spec(&fleet.spec, fleet_name, &owner.namespace, &peers);
+    let (_, conflicts) = shape_spec(&fleet.spec, fleet_name, &owner.namespace, &peers, &|_: &str| None);
     if let Some(c) = conflicts.iter().find(|c| c.rollout == owner.name) {
         return Ok(Err(("RouteConflict", c.reason.clone())));
     }
@@ -163,6 +198,65 @@ fn ready_on_template(d: &Deployment) -> i32 {
     s.ready_replicas.unwrap_or(0).min(s.updated_replicas.unwrap_or(0))
 }
 
+/// Seconds a canary pod must have been Ready before it gets traffic: the Service's endpoints
+/// reach every node's kube-proxy a moment after the pod turns Ready, and a connection opened in
+/// between waits for a SYN retransmission (≈ 1 s), which a small window's P99 reads as a slow
+/// canary.
+const ENDPOINT_SETTLE_SECS: i64 = 5;
+
+/// Canary pods of `revision` Ready for at least `ENDPOINT_SETTLE_SECS`.
+async fn settled_canary_pods(ctx: &Context, owner: &AppOwner, revision: &str) -> i32 {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let selector = format!(
+        "{}={},{}=canary,{}={revision}",
+        objects::APP_ROLLOUT,
+        owner.name,
+        objects::APP_TRACK,
+        crate::labels::REVISION
+    );
+    let Ok(list) = pods.list(&kube::api::ListParams::default().labels(&selector)).await else {
+        return 0;
+    };
+    let settled_before =
+        k8s_openapi::jiff::Timestamp::now() - k8s_openapi::jiff::SignedDuration::from_secs(ENDPOINT_SETTLE_SECS);
+    list.items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .filter(|p| {
+            p.status
+                .as_ref()
+                .and_then(|s| s.conditions.as_ref())
+                .and_then(|c| c.iter().find(|c| c.type_ == "Ready" && c.status == "True"))
+                .and_then(|c| c.last_transition_time.as_ref())
+                .is_some_and(|t| t.0 <= settled_before)
+        })
+        .count() as i32
+}
+
+/// Whether every pod of `track` (terminating ones included) runs `revision`. A Deployment counts
+/// a rollout done while old pods still drain; until they are gone the proxies' pooled
+/// connections can still reach them, so traffic returns to stable only then.
+async fn only_revision_left(ctx: &Context, owner: &AppOwner, track: AppTrack, revision: &str) -> bool {
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let selector = format!(
+        "{}={},{}={}",
+        objects::APP_ROLLOUT,
+        owner.name,
+        objects::APP_TRACK,
+        track.as_str()
+    );
+    let Ok(list) = pods.list(&kube::api::ListParams::default().labels(&selector)).await else {
+        return false;
+    };
+    list.items.iter().all(|p| {
+        p.metadata
+            .labels
+            .as_ref()
+            .and_then(|l| l.get(crate::labels::REVISION))
+            .is_some_and(|r| r == revision)
+    })
+}
+
 async fn decide(
     ar: &AppRollout,
     owner: &AppOwner,
@@ -174,15 +268,22 @@ async fn decide(
     let total = ar.spec.replicas;
     let previous = ar.status.as_ref().and_then(|s| s.canary.clone());
     let stable_revision = inputs.stable.as_deref().and_then(crate::status::revision_of);
-    let stable_rolled_out = inputs.stable.as_deref().is_some_and(|d| {
-        stable_revision.as_deref() == Some(revision) && crate::status::rolled_out(d, total)
-    });
-    let canary_ready = inputs
+    let stable_rolled_out = inputs
+        .stable
+        .as_deref()
+        .is_some_and(|d| stable_revision.as_deref() == Some(revision) && crate::status::rolled_out(d, total))
+        && only_revision_left(ctx, owner, AppTrack::Stable, revision).await;
+    let deployment_ready = inputs
         .canary
         .as_deref()
         .filter(|d| crate::status::revision_of(d).as_deref() == Some(revision))
         .map(ready_on_template)
         .unwrap_or(0);
+    let canary_ready = if deployment_ready > 0 {
+        deployment_ready.min(settled_canary_pods(ctx, owner, revision).await)
+    } else {
+        0
+    };
     let mut obs = Observations {
         desired_revision: revision.to_string(),
         stable_revision,
@@ -196,11 +297,13 @@ async fn decide(
         now: now(),
         ..Default::default()
     };
-    if let Some(prev) = previous.as_ref().filter(|p| p.canary_revision.as_deref() == Some(revision)) {
+    if let Some(prev) = previous
+        .as_ref()
+        .filter(|p| p.canary_revision.as_deref() == Some(revision))
+    {
         if machine::measurement_due(&ar.spec.strategy, prev, obs.now) {
             if let Some((analysis, _)) = machine::active_analysis(&ar.spec.strategy, prev) {
-                obs.measurement =
-                    Some(measure::measure(ctx, owner, &ar.spec.route.proxy_deployment, analysis).await);
+                obs.measurement = Some(measure::measure(ctx, owner, &ar.spec.route.proxy_deployment, analysis).await);
             }
         }
     }
@@ -228,14 +331,19 @@ async fn move_weights(
     decision: &Decision,
 ) -> (u64, (usize, usize)) {
     let weight = weights::canary_weight(Some(&decision.status));
-    let changed = weight != previous.weight || previous.weights_generation == 0;
+    let forced = weights::canary_running(Some(&decision.status));
+    let was_forced = weights::canary_running(previous.canary.as_ref());
+    let changed = weight != previous.weight || forced != was_forced || previous.weights_generation == 0;
     let generation = previous.weights_generation + u64::from(changed);
     let fleet = &ar.spec.route.proxy_deployment;
-    let doc = weights::document(owner, &ar.spec.route.name, generation, weight);
+    let doc = weights::document(owner, &ar.spec.route.name, generation, weight, forced);
     let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let cm = weights::config_map(owner, fleet, &doc);
     let params = PatchParams::apply(&field_manager(owner)).force();
-    match cms.patch(&weights::config_map_name(fleet), &params, &Patch::Apply(&cm)).await {
+    match cms
+        .patch(&weights::config_map_name(fleet), &params, &Patch::Apply(&cm))
+        .await
+    {
         Ok(_) => ctx.metrics.api_write("ConfigMap", "apply"),
         Err(e) => tracing::warn!(error = %e, "writing the live weights ConfigMap failed"),
     }
@@ -255,11 +363,18 @@ async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_con
     let admin = crate::resources::config_map::ADMIN_PORT;
     let mut confirmed = 0;
     for (pod, ip) in &pods {
-        let report = ctx.http.get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH)).await;
+        let report = ctx
+            .http
+            .get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH))
+            .await;
         let has = report
             .ok()
             .and_then(|t| proxyfleet_config::AdminReport::from_json(&t).ok())
-            .is_some_and(|r| r.live_weights.iter().any(|w| w.route == doc.route && w.generation >= doc.generation));
+            .is_some_and(|r| {
+                r.live_weights
+                    .iter()
+                    .any(|w| w.route == doc.route && w.generation >= doc.generation)
+            });
         if has {
             confirmed += 1;
             continue;
@@ -293,9 +408,12 @@ async fn apply_tracks(
         .stable
         .as_deref()
         .and_then(|d| Some((objects::template_of(d)?, crate::status::revision_of(d)?)));
+    // Stable keeps its full size through a rollout (Argo Rollouts' default with a traffic
+    // router): the weights, not the pod counts, move the traffic.
+    let replicas = ar.spec.replicas;
     let stable = match (decision.stable_template, kept) {
-        (StableTemplate::Current, Some((t, r))) => objects::deployment(owner, AppTrack::Stable, &t, &r, decision.stable_replicas),
-        _ => objects::deployment(owner, AppTrack::Stable, template, revision, decision.stable_replicas),
+        (StableTemplate::Current, Some((t, r))) => objects::deployment(owner, AppTrack::Stable, &t, &r, replicas),
+        _ => objects::deployment(owner, AppTrack::Stable, template, revision, replicas),
     };
     ctx.applier.apply(stable, &ctx.stores.deployments).await?;
     // No canary wanted: keep the object, scaled to zero (its weight is already gone).
@@ -314,20 +432,30 @@ async fn apply_tracks(
 
 async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
     for e in &decision.events {
-        ctx.record_on(&ar.object_ref(&()), e.warning, e.reason, &e.message).await;
+        ctx.record_on(&ar.object_ref(&()), e.warning, e.reason, &e.message)
+            .await;
     }
 }
 
 async fn clear_command(ctx: &Context, owner: &AppOwner) {
     let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: null}}});
-    if let Err(e) = api.patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+    if let Err(e) = api
+        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
         tracing::warn!(error = %e, "could not clear the command annotation");
     }
 }
 
 /// The Ready condition, merged so its transition time moves only on a real change.
-fn ready(existing: &[Condition], generation: Option<i64>, status: bool, reason: &str, message: String) -> Vec<Condition> {
+fn ready(
+    existing: &[Condition],
+    generation: Option<i64>,
+    status: bool,
+    reason: &str,
+    message: String,
+) -> Vec<Condition> {
     let now = k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(k8s_openapi::jiff::Timestamp::now());
     let want = Want::new(conditions::READY, status, reason, message);
     conditions::merge(existing, &[want], generation, &now)
@@ -348,10 +476,18 @@ fn readiness(decision: &Decision, weights_applied: bool) -> (bool, &'static str,
     }
 }
 
-async fn blocked_status(ar: &AppRollout, owner: &AppOwner, ctx: &Context, (reason, message): Blocked) -> Result<Action, AppError> {
+async fn blocked_status(
+    ar: &AppRollout,
+    owner: &AppOwner,
+    ctx: &Context,
+    (reason, message): Blocked,
+) -> Result<Action, AppError> {
     let mut status = ar.status.clone().unwrap_or_default();
     status.observed_generation = ar.metadata.generation;
-    let changed = status.conditions.first().is_none_or(|c| c.reason != reason || c.message != message);
+    let changed = status
+        .conditions
+        .first()
+        .is_none_or(|c| c.reason != reason || c.message != message);
     if changed {
         ctx.record_on(&ar.object_ref(&()), true, reason, &message).await;
     }
@@ -367,13 +503,23 @@ async fn write_status(ctx: &Context, owner: &AppOwner, status: &AppRolloutStatus
         "kind": "AppRollout",
         "status": status,
     });
-    api.patch_status(&owner.name, &PatchParams::apply(crate::labels::FIELD_MANAGER).force(), &Patch::Apply(&patch))
+    let written = api
+        .patch_status(
+            &owner.name,
+            &PatchParams::apply(crate::labels::FIELD_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
         .await
         .map_err(|source| AppError::Status {
             namespace: owner.namespace.clone(),
             name: owner.name.clone(),
             source,
         })?;
+    ctx.app_status.record(
+        &owner.reference.uid,
+        written.metadata.resource_version.as_deref(),
+        status.clone(),
+    );
     ctx.metrics.api_write("AppRollout/status", "apply");
     Ok(())
 }

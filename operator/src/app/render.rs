@@ -36,6 +36,7 @@ pub fn track_name(rollout: &str, track: AppTrack) -> String {
 pub fn shaped_fleet(
     pxd: &std::sync::Arc<ProxyDeployment>,
     apps: &kube::runtime::reflector::Store<AppRollout>,
+    services: &kube::runtime::reflector::Store<k8s_openapi::api::core::v1::Service>,
 ) -> std::sync::Arc<ProxyDeployment> {
     let (Some(name), Some(namespace)) = (pxd.metadata.name.as_deref(), pxd.metadata.namespace.as_deref()) else {
         return pxd.clone();
@@ -49,7 +50,15 @@ pub fn shaped_fleet(
     if mine.is_empty() {
         return pxd.clone();
     }
-    let (spec, _) = shape_spec(&pxd.spec, name, namespace, &mine);
+    let cluster_ip = |service: &str| {
+        let svc = services.get(&kube::runtime::reflector::ObjectRef::new(service).within(namespace))?;
+        svc.spec
+            .as_ref()?
+            .cluster_ip
+            .clone()
+            .filter(|ip| !ip.is_empty() && ip != "None")
+    };
+    let (spec, _) = shape_spec(&pxd.spec, name, namespace, &mine, &cluster_ip);
     let mut shaped = (**pxd).clone();
     shaped.spec = spec;
     std::sync::Arc::new(shaped)
@@ -63,13 +72,19 @@ pub struct RouteConflict {
     pub reason: String,
 }
 
+/// The ClusterIP of a Service, when known.
+pub type ClusterIps<'a> = &'a dyn Fn(&str) -> Option<String>;
+
 /// The fleet spec with every AppRollout's route split. `rollouts` are those of the fleet's
-/// namespace naming this fleet; one that cannot apply is skipped and reported.
+/// namespace naming this fleet; one that cannot apply is skipped and reported. A track's
+/// endpoint is its Service's ClusterIP when known (no DNS lookup on a proxy's connect path),
+/// else the Service's DNS name.
 pub fn shape_spec(
     spec: &ProxyDeploymentSpec,
     fleet: &str,
     namespace: &str,
     rollouts: &[&AppRollout],
+    cluster_ips: ClusterIps<'_>,
 ) -> (ProxyDeploymentSpec, Vec<RouteConflict>) {
     let mut out = spec.clone();
     let mut conflicts = Vec::new();
@@ -80,32 +95,48 @@ pub fn shape_spec(
     sorted.sort_by_key(|r| r.metadata.name.clone());
     for ar in sorted {
         let name = ar.metadata.name.clone().unwrap_or_default();
-        if let Err(reason) = split_route(&mut out, &name, namespace, ar) {
+        if let Err(reason) = split_route(&mut out, &name, namespace, ar, cluster_ips) {
             conflicts.push(RouteConflict { rollout: name, reason });
         }
     }
     (out, conflicts)
 }
 
-fn split_route(spec: &mut ProxyDeploymentSpec, name: &str, namespace: &str, ar: &AppRollout) -> Result<(), String> {
+fn split_route(
+    spec: &mut ProxyDeploymentSpec,
+    name: &str,
+    namespace: &str,
+    ar: &AppRollout,
+    cluster_ips: ClusterIps<'_>,
+) -> Result<(), String> {
     let route_name = &ar.spec.route.name;
     let Some(i) = spec.routes.iter().position(|r| &r.name == route_name) else {
         return Err(format!("the ProxyDeployment has no route {route_name:?}"));
     };
     let route = &spec.routes[i];
     if !route.backends.is_empty() {
-        return Err(format!("route {route_name:?} already splits between backends (another AppRollout, or its own)"));
+        return Err(format!(
+            "route {route_name:?} already splits between backends (another AppRollout, or its own)"
+        ));
     }
     let Some(base) = spec.upstreams.iter().find(|u| u.name == route.upstream).cloned() else {
         return Err(format!("route {route_name:?} has no upstream to derive from"));
     };
     let [canary, stable] = [AppTrack::Canary, AppTrack::Stable].map(|t| track_name(name, t));
     if spec.upstreams.iter().any(|u| u.name == canary || u.name == stable) {
-        return Err(format!("the ProxyDeployment already has an upstream named {canary:?} or {stable:?}"));
+        return Err(format!(
+            "the ProxyDeployment already has an upstream named {canary:?} or {stable:?}"
+        ));
     }
+    let port = ar.spec.port;
+    let endpoint = |service: &str| match cluster_ips(service) {
+        Some(ip) if ip.contains(':') => format!("[{ip}]:{port}"),
+        Some(ip) => format!("{ip}:{port}"),
+        None => format!("{service}.{namespace}.svc:{port}"),
+    };
     let derived = |upstream: &str| Upstream {
         name: upstream.to_string(),
-        endpoints: vec![format!("{upstream}.{namespace}.svc:{}", ar.spec.port)],
+        endpoints: vec![endpoint(upstream)],
         dns: None,
         ..base.clone()
     };
@@ -164,17 +195,28 @@ mod tests {
         let pxd = basic();
         let route = pxd.spec.routes[0].name.clone();
         let ar = rollout("shop", "demo", &route);
-        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&ar]);
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&ar], &|s: &str| {
+            (s == "shop-canary").then(|| "10.96.0.7".to_string())
+        });
         assert!(conflicts.is_empty(), "{conflicts:?}");
         let r = &spec.routes[0];
         assert!(r.upstream.is_empty());
         assert_eq!(
-            r.backends.iter().map(|b| (b.upstream.as_str(), b.weight)).collect::<Vec<_>>(),
+            r.backends
+                .iter()
+                .map(|b| (b.upstream.as_str(), b.weight))
+                .collect::<Vec<_>>(),
             vec![("shop-canary", 0), ("shop-stable", 100)]
         );
         assert_eq!(r.overrides[0].upstream, "shop-canary");
         let stable = spec.upstreams.iter().find(|u| u.name == "shop-stable").unwrap();
-        assert_eq!(stable.endpoints, vec!["shop-stable.team.svc:8080"]);
+        assert_eq!(
+            stable.endpoints,
+            vec!["shop-stable.team.svc:8080"],
+            "no ClusterIP yet: the DNS name"
+        );
+        let canary = spec.upstreams.iter().find(|u| u.name == "shop-canary").unwrap();
+        assert_eq!(canary.endpoints, vec!["10.96.0.7:8080"]);
         let config = crate::resources::config_map::render_proxy_config(&spec, true);
         proxyfleet_config::validate(&config).unwrap();
     }
@@ -184,15 +226,18 @@ mod tests {
         let pxd = basic();
         let route = pxd.spec.routes[0].name.clone();
         let (a, b) = (rollout("a", "demo", &route), rollout("b", "demo", &route));
-        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&b, &a]);
-        assert_eq!(spec.routes[0].backends[0].upstream, "a-canary", "the first by name wins");
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&b, &a], &|_: &str| None);
+        assert_eq!(
+            spec.routes[0].backends[0].upstream, "a-canary",
+            "the first by name wins"
+        );
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].rollout, "b");
         let missing = rollout("c", "demo", "nope");
-        let (_, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&missing]);
+        let (_, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&missing], &|_: &str| None);
         assert!(conflicts[0].reason.contains("no route \"nope\""), "{conflicts:?}");
         let other = rollout("d", "other-fleet", &route);
-        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&other]);
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&other], &|_: &str| None);
         assert!(conflicts.is_empty() && spec == pxd.spec);
     }
 }

@@ -23,7 +23,12 @@ fn random_token() -> Option<String> {
 /// Creates the fleet's token Secret when it does not exist yet.
 pub async fn ensure(ctx: &Context, owner: &Owner) {
     let name = token_secret_name(&owner.name);
-    if ctx.stores.secrets.get(&ObjectRef::new(&name).within(&owner.namespace)).is_some() {
+    if ctx
+        .stores
+        .secrets
+        .get(&ObjectRef::new(&name).within(&owner.namespace))
+        .is_some()
+    {
         return;
     }
     let Some(token) = random_token() else {
@@ -32,7 +37,10 @@ pub async fn ensure(ctx: &Context, owner: &Owner) {
     };
     let secret = Secret {
         metadata: owner.meta(name.clone()),
-        data: Some(BTreeMap::from([(TOKEN_KEY.to_string(), ByteString(token.into_bytes()))])),
+        data: Some(BTreeMap::from([(
+            TOKEN_KEY.to_string(),
+            ByteString(token.into_bytes()),
+        )])),
         type_: Some("Opaque".into()),
         ..Default::default()
     };

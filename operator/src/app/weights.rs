@@ -23,6 +23,16 @@ pub fn token_secret_name(fleet: &str) -> String {
 
 pub const TOKEN_KEY: &str = "token";
 
+/// Whether a canary runs (so forced routing to it may apply).
+pub fn canary_running(status: Option<&CanaryStatus>) -> bool {
+    status.is_some_and(|s| {
+        matches!(
+            s.phase,
+            CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting
+        )
+    })
+}
+
 /// The canary's share while the machine is in `status`: its weight during a rollout (kept
 /// while stable takes the new template at promotion), none otherwise. After promotion stable
 /// runs the new version, so every user lands there; after an abort, on the old one.
@@ -36,7 +46,8 @@ pub fn canary_weight(status: Option<&CanaryStatus>) -> u8 {
     }
 }
 
-pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8) -> LiveWeights {
+/// `forced`: whether `canaryMatch` applies (only while a canary runs).
+pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8, forced: bool) -> LiveWeights {
     LiveWeights {
         route: route.to_string(),
         generation,
@@ -44,6 +55,7 @@ pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8) -> L
             (track_name(&owner.name, AppTrack::Canary), canary),
             (track_name(&owner.name, AppTrack::Stable), 100 - canary.min(100)),
         ]),
+        overrides: forced,
     }
 }
 

@@ -4,6 +4,8 @@
 //!   kubectl proxyfleet promote NAME [--full] | abort NAME | retry NAME | pause NAME | resume NAME
 //!   kubectl proxyfleet history NAME | undo NAME [--to-revision N]
 //!   kubectl proxyfleet status NAME [--timeout 600]   (exit 0 healthy, 1 degraded/aborted, 2 timeout)
+//!   App gray releases: NAME = approllout/NAME (or apr/NAME) for get, promote, abort, retry,
+//!   pause, resume and status; `get apr NAME` too.
 
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
@@ -199,59 +201,8 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
         ));
     }
     if let Some(canary) = &st.canary {
-        out.push_str(&format!(
-            "├─ canary {}  weight={}%  stable={}  canary={}\n",
-            canary.phase,
-            canary.weight,
-            canary.stable_revision.as_deref().unwrap_or("-"),
-            canary.canary_revision.as_deref().unwrap_or("-")
-        ));
-        if let Some(steps) = pxd
-            .spec
-            .strategy
-            .as_ref()
-            .and_then(|s| s.canary.as_ref())
-            .map(|c| &c.steps)
-        {
-            for (i, s) in steps.iter().enumerate() {
-                let mark = match (i as i32).cmp(&canary.current_step_index) {
-                    std::cmp::Ordering::Less => "✔",
-                    std::cmp::Ordering::Equal if canary.phase != CanaryPhase::Completed => "▶",
-                    _ => {
-                        if canary.phase == CanaryPhase::Completed {
-                            "✔"
-                        } else {
-                            " "
-                        }
-                    }
-                };
-                let what = if let Some(w) = s.set_weight {
-                    format!("setWeight {w}")
-                } else if let Some(p) = &s.pause {
-                    p.duration
-                        .map(|d| format!("pause {d}"))
-                        .unwrap_or_else(|| "pause (until promoted)".into())
-                } else {
-                    "analysis".into()
-                };
-                out.push_str(&format!("│  {mark} step {i}: {what}\n"));
-            }
-        }
-        for m in &canary.metrics {
-            out.push_str(&format!(
-                "│  metric {} ({:?}): last={} ok={} failed={} inconclusive={} errors={}\n",
-                m.name,
-                m.analysis,
-                m.last_value.as_deref().unwrap_or("-"),
-                m.successes,
-                m.failures,
-                m.inconclusive,
-                m.errors
-            ));
-        }
-        if let Some(msg) = &canary.message {
-            out.push_str(&format!("│  {msg}\n"));
-        }
+        let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.as_ref());
+        out.push_str(&proxyfleet_operator::canary::tree::render(strategy, canary));
     }
     for c in &st.certificates {
         out.push_str(&format!(
@@ -352,6 +303,47 @@ async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCod
     }
 }
 
+/// The verbs aimed at an AppRollout (`approllout/NAME`, or `get apr NAME`); None otherwise.
+async fn app_command(cli: &Cli) -> Option<ExitCode> {
+    use proxyfleet_operator::app::cli as app;
+    let (name, verb) = match &cli.command {
+        Cmd::Get { kind, name, .. } if matches!(kind.as_str(), "apr" | "approllout" | "approllouts") => {
+            (name.as_str(), "get")
+        }
+        Cmd::Get { name, .. } => (app::app_name(name)?, "get"),
+        Cmd::Promote { name, full } => (app::app_name(name)?, if *full { "promote-full" } else { "promote" }),
+        Cmd::Abort { name } => (app::app_name(name)?, "abort"),
+        Cmd::Retry { name } => (app::app_name(name)?, "retry"),
+        Cmd::Pause { name } => (app::app_name(name)?, "pause"),
+        Cmd::Resume { name } => (app::app_name(name)?, "resume"),
+        Cmd::Status { name, .. } => (app::app_name(name)?, "status"),
+        _ => return None,
+    };
+    let client = match Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("cannot reach the cluster: {e}");
+            return Some(ExitCode::FAILURE);
+        }
+    };
+    let api: Api<proxyfleet_operator::app::spec::AppRollout> = match &cli.namespace {
+        Some(n) => Api::namespaced(client, n),
+        None => Api::default_namespaced(client),
+    };
+    let result = match (&cli.command, verb) {
+        (Cmd::Status { timeout, .. }, _) => return Some(app::status(&api, name, *timeout).await),
+        (Cmd::Get { watch, .. }, _) => app::get(&api, name, *watch).await,
+        (_, cmd) => app::command(&api, name, cmd).await,
+    };
+    Some(match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("{e}");
+            ExitCode::FAILURE
+        }
+    })
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -362,6 +354,9 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if let Some(code) = app_command(&cli).await {
+        return code;
+    }
     let result = match &cli.command {
         Cmd::Get { kind, name, watch } => {
             if !matches!(kind.as_str(), "pxd" | "proxydeployment" | "proxydeployments") {

@@ -8,6 +8,7 @@ pub mod machine;
 pub mod rollout;
 pub mod source;
 pub mod spec;
+pub mod tree;
 
 #[cfg(test)]
 mod machine_props;

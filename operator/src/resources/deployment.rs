@@ -8,8 +8,9 @@ use k8s_openapi::api::core::v1::{
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
-use super::config_map::{ADMIN_TOKEN_DIR, LIVE_WEIGHTS_DIR, 
-    upstream_secret_dir, ADMIN_PORT, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE, TLS_DIR,
+use super::config_map::{
+    upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
+    LIVE_WEIGHTS_DIR, TLS_DIR,
 };
 use super::service_account::service_account_name;
 use super::{OperatorSettings, Owner};

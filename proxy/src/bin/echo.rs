@@ -20,9 +20,22 @@ struct Faults {
     delay: Duration,
 }
 
-async fn answer(req: Request<Incoming>, who: &'static str, faults: Faults) -> Result<Response<Full<Bytes>>, Infallible> {
+async fn answer(
+    req: Request<Incoming>,
+    who: &'static str,
+    faults: Faults,
+) -> Result<Response<Full<Bytes>>, Infallible> {
     let path = req.uri().path().to_string();
     let mut status = StatusCode::OK;
+    // Readiness stays honest: only traffic gets the faults.
+    let faults = if path == "/ready" {
+        Faults {
+            error_percent: 0.0,
+            delay: Duration::ZERO,
+        }
+    } else {
+        faults
+    };
     if !faults.delay.is_zero() {
         tokio::time::sleep(faults.delay).await;
     }
