@@ -128,6 +128,12 @@ sed -e 's/18441/18445/; s/19441/19445/; s/19901/19902/' -e 's/caFile: \([^}]*\)}
 # "proxyfleetB": the same configuration on ports of its own, run with $PROXY_B (bench/paired.sh's
 # A/B of two builds).
 sed -e 's/18441/18446/; s/19901/19903/' "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetB.yaml"
+# "proxyfleetSplit": the route split 50/50 between two upstreams to the same server (issue 17's
+# weighted backends), to price the split against one upstream (PAIRS=proxyfleetSplit:proxyfleet).
+sed -e 's/18441/18447/; s/19901/19904/' \
+    -e 's/routes: \[{name: all, upstream: up}\]/routes: [{name: all, backends: [{upstream: up, weight: 50}, {upstream: up2, weight: 50}]}]/' \
+    "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetSplit.yaml"
+sed -n '/^  - name: up$/,/^    pool:/p' "$work/certs/proxyfleet.yaml" | sed 's/name: up$/name: up2/' >> "$work/certs/proxyfleetSplit.yaml"
 
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
@@ -161,7 +167,7 @@ remove_quota_cgroup() {   # every quota cgroup, once the fronts in them have exi
 start_front() {
   local cmd
   case $1 in
-    proxyfleet|proxyfleet12) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
+    proxyfleet|proxyfleet12|proxyfleetSplit) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
     proxyfleetB) cmd=("${PROXY_B:?PROXY_B names the second proxy build}" --config "$work/certs/$1.yaml" --log-format text) ;;
     nginx|nginx12) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
@@ -172,7 +178,7 @@ start_front() {
     taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   fi
 }
-port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; esac; }
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
 # CPU time (user + kernel, clock ticks) of a front's processes, from /proc.
