@@ -21,6 +21,7 @@ lint:
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(K8S_BIN)/helm lint charts/proxyfleet
 	lua5.1 e2e/gitops/argocd-health-test.lua charts/proxyfleet/files/argocd-health.lua
+	lua5.1 e2e/gitops/argocd-health-approllout-test.lua charts/proxyfleet/files/argocd-health-approllout.lua
 	bash scripts/check-readme.sh
 
 unit:
