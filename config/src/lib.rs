@@ -2,6 +2,7 @@
 
 mod admin_report;
 mod duration;
+mod field;
 mod live_weights;
 pub mod metric_names;
 mod proxy_config;
@@ -14,7 +15,8 @@ pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
-pub use validate::{is_valid_server_name, validate, FieldError};
+pub use field::FieldError;
+pub use validate::{is_valid_server_name, validate};
 pub use validate_split::check_live_weights;
 
 /// Why a configuration document was refused.

@@ -4,22 +4,9 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
+use crate::field::{err, http_header_name_invalid, http_token, FieldError};
 use crate::ProxyConfig;
 
-/// One problem with a configuration, naming the field.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{field}: {message}")]
-pub struct FieldError {
-    pub field: String,
-    pub message: String,
-}
-
-pub(crate) fn err(field: impl Into<String>, message: impl Into<String>) -> FieldError {
-    FieldError {
-        field: field.into(),
-        message: message.into(),
-    }
-}
 
 /// Whether a DNS name or a `*.`-wildcard name is well formed.
 pub fn is_valid_server_name(name: &str) -> bool {
@@ -49,7 +36,20 @@ fn is_host_port(s: &str) -> bool {
 /// Checks everything serde cannot: references, uniqueness, value ranges, addresses.
 pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     let mut errors = Vec::new();
+    check_listeners(config, &mut errors);
+    let upstream_names = check_upstreams(config, &mut errors);
+    check_routes(config, &upstream_names, &mut errors);
+    check_the_rest(config, &mut errors);
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(errors)
+    }
+}
 
+
+/// Listeners: unique names and addresses, TLS files and names; the admin address.
+fn check_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     let mut listener_names = HashSet::new();
     let mut addresses = HashSet::new();
     for (i, l) in config.listeners.iter().enumerate() {
@@ -118,6 +118,10 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         }
     }
 
+}
+
+/// Upstreams: unique names, endpoints, TLS, pool and health check values. Returns the names.
+fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) -> HashSet<&'a str> {
     let mut upstream_names = HashSet::new();
     for (i, u) in config.upstreams.iter().enumerate() {
         let f = format!("upstreams[{i}]");
@@ -189,13 +193,18 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         }
     }
 
+    upstream_names
+}
+
+/// Routes: unique names, their targets, matches, timeouts, faults, retries, rate limits.
+fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &mut Vec<FieldError>) {
     let mut route_names = HashSet::new();
     for (i, r) in config.routes.iter().enumerate() {
         let f = format!("routes[{i}]");
         if !route_names.insert(&r.name) {
             errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
         }
-        crate::validate_split::check_route_backends(&f, r, &upstream_names, &mut errors);
+        crate::validate_split::check_route_backends(&f, r, upstream_names, errors);
         if !r.matches.path_prefix.starts_with('/') {
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }
@@ -258,6 +267,10 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
             }
         }
     }
+}
+
+/// Everything else: a listener needs a route, CONNECT, limits, workers.
+fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     if !config.listeners.is_empty() && config.routes.is_empty() {
         errors.push(err(
             "routes",
@@ -284,24 +297,4 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         errors.push(err("workerThreads", "must be at least 1"));
     }
 
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(errors)
-    }
-}
-
-pub(crate) fn http_token(s: &str) -> Option<&str> {
-    (!s.is_empty()
-        && s.bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)))
-    .then_some(s)
-}
-
-/// RFC 9110 token characters only.
-pub(crate) fn http_header_name_invalid(name: &str) -> bool {
-    name.is_empty()
-        || !name
-            .bytes()
-            .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }

@@ -3,8 +3,8 @@
 
 use std::collections::HashSet;
 
-use crate::validate::{err, http_header_name_invalid, http_token};
-use crate::{FieldError, LiveWeights, Route};
+use crate::field::{err, http_header_name_invalid, http_token, FieldError};
+use crate::{LiveWeights, Route};
 
 pub(crate) fn check_route_backends(f: &str, r: &Route, upstreams: &HashSet<&str>, errors: &mut Vec<FieldError>) {
     let unknown = |u: &str| format!("unknown upstream {u:?}; define it in upstreams");

@@ -18,6 +18,7 @@ use serde::de::DeserializeOwned;
 use tracing::{field, info_span, Instrument};
 
 use crate::apply::{Applier, ApplyError, Outcome};
+use crate::caches::Caches;
 use crate::canary;
 use crate::certs;
 pub use crate::context::{Context, Stores};
@@ -453,11 +454,24 @@ async fn apply_owned_set(
             ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
         );
     }
-    // Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after
-    // scaling to one, the headless Service when turned off, a finished canary.
+    let deleted = delete_orphans(ctx, owner, desired, keep_config_maps).await?;
+    if !deleted.is_empty() {
+        changes.push(format!("deleted {}", deleted.join(", ")));
+    }
+    Ok((changes, written_stable))
+}
+
+/// Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after scaling to
+/// one, the headless Service when turned off, a finished canary. Returns what was deleted.
+async fn delete_orphans(
+    ctx: &Context,
+    owner: &Owner,
+    desired: &crate::desired::DesiredObjects,
+    keep_config_maps: &[String],
+) -> Result<Vec<String>, ApplyError> {
     let uid = owner.reference.uid.as_str();
     let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
-    let deleted = [
+    Ok([
         ctx.applier
             .delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, keep_config_maps)
             .await?,
@@ -486,11 +500,7 @@ async fn apply_owned_set(
             )
             .await?,
     ]
-    .concat();
-    if !deleted.is_empty() {
-        changes.push(format!("deleted {}", deleted.join(", ")));
-    }
-    Ok((changes, written_stable))
+    .concat())
 }
 
 /// The Deployment controller gave up on the stable pods: say which pod and why.
@@ -556,46 +566,7 @@ pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>)
     Action::requeue(ctx.backoff.failed(&key))
 }
 
-/// A cache of one owned kind, limited to objects we manage, kept by a background task.
-fn owned_store<K>(client: &Client) -> (Store<K>, impl std::future::Future<Output = ()>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    owned_store_with(client, |_: &K| {})
-}
-
-/// [`owned_store`], calling `on_touched` for every object after the cache holds it — so a
-/// reconcile it triggers reads the new version, never the one before.
-fn owned_store_with<K>(
-    client: &Client,
-    mut on_touched: impl FnMut(&K) + Send + 'static,
-) -> (Store<K>, impl std::future::Future<Output = ()>)
-where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let api: Api<K> = Api::all(client.clone());
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(
-            api,
-            watcher::Config::default()
-                .labels(&labels::managed_selector())
-                .any_semantic(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(move |object| {
-        if let Ok(object) = object {
-            on_touched(&object);
-        }
-        futures::future::ready(())
-    });
-    (reader, stream)
-}
-
-/// Runs the controller until `stop` completes. Returns after the controller has shut down.
+/// Runs the controllers until `stop` completes. Returns after they have shut down.
 pub async fn run(
     client: Client,
     metrics: Arc<Metrics>,
@@ -603,96 +574,72 @@ pub async fn run(
     identity: String,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let (deployments, f1) = owned_store::<Deployment>(&client);
-    let (config_maps, f2) = owned_store::<ConfigMap>(&client);
-    // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
-    let (app_tx, app_rx) = futures::channel::mpsc::unbounded::<ObjectRef<ProxyDeployment>>();
-    let (apps, f8) = crate::app::controller::store(&client, app_tx.clone());
-    // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
-    let (services, f3) = {
-        let (apps, tx) = (apps.clone(), app_tx.clone());
-        owned_store_with(&client, move |svc: &Service| {
-            if let Some(fleet) = crate::app::controller::fleet_of_service(&apps, svc) {
-                let _ = tx.unbounded_send(fleet);
-            }
-        })
-    };
-    let (service_accounts, f4) = owned_store::<ServiceAccount>(&client);
-    let (pdbs, f5) = owned_store::<PodDisruptionBudget>(&client);
-    let (revisions, f7) = owned_store::<ControllerRevision>(&client);
-    // A namespace's CA Secret is shared by its fleets (no owner reference): any change to it
-    // (a rotation step, a rotation request) wakes every fleet of that namespace. The wake-up
-    // comes from the same watch that fills the cache the reconcile reads, so the reconcile
-    // always sees the change that woke it.
-    let (ca_tx, ca_rx) = futures::channel::mpsc::unbounded::<String>();
-    let (secrets, f6) = owned_store_with(&client, move |secret: &Secret| {
-        if crate::certs::ca::is_ca_secret(secret) {
-            let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
-        }
-    });
-    // Member cluster Secrets: every change re-reconciles all fleets (placements may select it).
-    let (cluster_tx, cluster_rx) = futures::channel::mpsc::unbounded::<()>();
-    let mut cluster_sources = vec![(
-        settings.clusters_namespace.clone(),
-        crate::propagation::clusters::CLUSTER_LABEL.to_string(),
-    )];
-    if let Some(ns) = &settings.argocd_namespace {
-        cluster_sources.push((
-            ns.clone(),
-            format!("{}=cluster", crate::propagation::clusters::ARGOCD_SECRET_TYPE),
-        ));
-    }
-    let mut cluster_secrets = Vec::new();
-    let mut cluster_watches = Vec::new();
-    for (ns, selector) in cluster_sources {
-        let (reader, writer) = reflector::store();
-        let tx = cluster_tx.clone();
-        let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
-        cluster_watches.push(
-            reflector::reflector(writer, watcher(api, watcher::Config::default().labels(&selector)))
-                .default_backoff()
-                .touched_objects()
-                .for_each(move |_| {
-                    let _ = tx.unbounded_send(());
-                    futures::future::ready(())
-                }),
-        );
-        cluster_secrets.push(reader);
-    }
-    let caches = tokio::spawn(async move {
-        tokio::join!(
-            f1,
-            f2,
-            f3,
-            f4,
-            f5,
-            f6,
-            f7,
-            f8,
-            futures::future::join_all(cluster_watches)
-        );
-    });
-    let stores = Stores {
-        deployments,
-        config_maps,
-        services,
-        service_accounts,
-        pdbs,
-        secrets,
-        revisions,
-    };
+    let caches = Caches::start(&client, &settings);
     // Decisions need complete caches: wait for every initial list.
-    let _ = tokio::join!(
-        stores.deployments.wait_until_ready(),
-        stores.config_maps.wait_until_ready(),
-        stores.services.wait_until_ready(),
-        stores.service_accounts.wait_until_ready(),
-        stores.pdbs.wait_until_ready(),
-        stores.secrets.wait_until_ready(),
-        stores.revisions.wait_until_ready(),
-        apps.wait_until_ready(),
-    );
-    tracing::info!("caches synced; starting the controller");
+    caches.wait_until_ready().await;
+    tracing::info!("caches synced; starting the controllers");
+    let Caches {
+        stores,
+        apps,
+        cluster_secrets,
+        wake,
+        task,
+    } = caches;
+    let ctx = Arc::new(context(&client, &metrics, settings, identity, stores, apps, cluster_secrets));
+    let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
+    let controller = Controller::new(Api::<ProxyDeployment>::all(client.clone()), watcher::Config::default().any_semantic());
+    let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
+    let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
+    let app_controller = tokio::spawn(crate::app::controller::run(client.clone(), ctx.clone(), async move {
+        let _ = app_stop_rx.await;
+    }));
+    controller
+        .reconcile_on(ca_changes)
+        .reconcile_on(wake.fleets)
+        .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
+        .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
+        .owns(Api::<Secret>::all(client.clone()), owned_cfg)
+        .reconcile_all_on(wake.all_fleets)
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "controller event");
+            }
+            futures::future::ready(())
+        })
+        .await;
+    let _ = app_stop_tx.send(());
+    let _ = app_controller.await;
+    metrics.managed_objects.set(0);
+    task.abort();
+}
+
+/// Every fleet of a namespace whose CA Secret changed.
+fn fleets_of_namespace(
+    fleets: Store<ProxyDeployment>,
+    namespaces: futures::channel::mpsc::UnboundedReceiver<String>,
+) -> impl futures::Stream<Item = ObjectRef<ProxyDeployment>> {
+    namespaces.flat_map(move |namespace| {
+        let refs: Vec<_> = fleets
+            .state()
+            .into_iter()
+            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
+            .map(|p| ObjectRef::from_obj(&*p))
+            .collect();
+        futures::stream::iter(refs)
+    })
+}
+
+fn context(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    settings: OperatorSettings,
+    identity: String,
+    stores: Stores,
+    apps: Store<crate::app::spec::AppRollout>,
+    cluster_secrets: Vec<Store<Secret>>,
+) -> Context {
     let recorder = Recorder::new(
         client.clone(),
         Reporter {
@@ -700,8 +647,8 @@ pub async fn run(
             instance: Some(identity),
         },
     );
-    let settings_propagation = (settings.propagation_resync, settings.propagation_cleanup_timeout);
-    let ctx = Arc::new(Context {
+    let (resync, cleanup_timeout) = (settings.propagation_resync, settings.propagation_cleanup_timeout);
+    Context {
         client: client.clone(),
         stores,
         applier: Applier::new(client.clone(), metrics.clone()),
@@ -717,46 +664,8 @@ pub async fn run(
         propagation: crate::propagation::state::Propagation {
             cluster_secrets,
             clients: Default::default(),
-            resync: settings_propagation.0,
-            cleanup_timeout: settings_propagation.1,
+            resync,
+            cleanup_timeout,
         },
-    });
-    let pxds: Api<ProxyDeployment> = Api::all(client.clone());
-    let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
-    let managed = metrics.managed_objects.clone();
-    let controller = Controller::new(pxds, watcher::Config::default().any_semantic());
-    let fleets = controller.store();
-    let ca_changes = ca_rx.flat_map(move |namespace| {
-        let refs: Vec<_> = fleets
-            .state()
-            .into_iter()
-            .filter(|p| p.metadata.namespace.as_deref() == Some(namespace.as_str()))
-            .map(|p| ObjectRef::from_obj(&*p))
-            .collect();
-        futures::stream::iter(refs)
-    });
-    let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
-    let app_controller = tokio::spawn(crate::app::controller::run(client.clone(), ctx.clone(), async move {
-        let _ = app_stop_rx.await;
-    }));
-    controller
-        .reconcile_on(ca_changes)
-        .reconcile_on(app_rx)
-        .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
-        .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
-        .owns(Api::<Secret>::all(client.clone()), owned_cfg.clone())
-        .reconcile_all_on(cluster_rx)
-        .graceful_shutdown_on(stop)
-        .run(reconcile, error_policy, ctx.clone())
-        .for_each(|res| {
-            if let Err(e) = res {
-                tracing::debug!(error = %e, "controller event");
-            }
-            futures::future::ready(())
-        })
-        .await;
-    let _ = app_stop_tx.send(());
-    let _ = app_controller.await;
-    managed.set(0);
-    caches.abort();
+    }
 }

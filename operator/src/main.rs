@@ -52,11 +52,9 @@ struct Args {
     log_format: String,
 }
 
-#[tokio::main]
-async fn main() -> std::process::ExitCode {
-    let args = Args::parse();
+fn init_tracing(log_format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info,kube=warn".into());
-    if args.log_format == "json" {
+    if log_format == "json" {
         tracing_subscriber::fmt()
             .json()
             .with_env_filter(filter)
@@ -65,6 +63,62 @@ async fn main() -> std::process::ExitCode {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+}
+
+fn settings_of(args: &Args) -> OperatorSettings {
+    let mut settings = OperatorSettings {
+        ca_duration: args.ca_duration.get(),
+        clusters_namespace: args
+            .clusters_namespace
+            .clone()
+            .unwrap_or_else(|| args.lease_namespace.clone()),
+        argocd_namespace: args.argocd_namespace.clone().filter(|n| !n.is_empty()),
+        propagation_resync: args.propagation_resync.get(),
+        propagation_cleanup_timeout: args.propagation_cleanup_timeout.get(),
+        ..Default::default()
+    };
+    if let Some(img) = &args.default_proxy_image {
+        settings.default_proxy_image = img.clone();
+    }
+    settings
+}
+
+/// True while this replica leads (always, without leader election).
+fn leadership(client: &Client, args: &Args, identity: &str) -> watch::Receiver<bool> {
+    let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
+    if args.leader_elect {
+        let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
+        tokio::spawn(election.run(leader_tx));
+    }
+    leader_rx
+}
+
+/// Notified once on SIGTERM or Ctrl-C.
+fn on_sigterm() -> Arc<tokio::sync::Notify> {
+    let shutdown = Arc::new(tokio::sync::Notify::new());
+    tokio::spawn({
+        let shutdown = shutdown.clone();
+        async move {
+            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(t) => t,
+                Err(_) => return,
+            };
+            tokio::select! {
+                _ = term.recv() => {},
+                _ = tokio::signal::ctrl_c() => {},
+            }
+            tracing::info!("shutting down");
+            shutdown.notify_waiters();
+        }
+    });
+
+    shutdown
+}
+
+#[tokio::main]
+async fn main() -> std::process::ExitCode {
+    let args = Args::parse();
+    init_tracing(&args.log_format);
     let client = match Client::try_default().await {
         Ok(c) => c,
         Err(e) => {
@@ -84,55 +138,18 @@ async fn main() -> std::process::ExitCode {
         .identity
         .clone()
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
-    let mut settings = OperatorSettings {
-        ca_duration: args.ca_duration.get(),
-        clusters_namespace: args
-            .clusters_namespace
-            .clone()
-            .unwrap_or_else(|| args.lease_namespace.clone()),
-        argocd_namespace: args.argocd_namespace.clone().filter(|n| !n.is_empty()),
-        propagation_resync: args.propagation_resync.get(),
-        propagation_cleanup_timeout: args.propagation_cleanup_timeout.get(),
-        ..Default::default()
-    };
-    if let Some(img) = &args.default_proxy_image {
-        settings.default_proxy_image = img.clone();
-    }
+    let settings = settings_of(&args);
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(true));
-    tokio::spawn({
-        let metrics = metrics.clone();
-        let ready = ready.clone();
-        let addr = args.metrics_addr;
-        async move {
-            if let Err(e) = admin::serve(addr, metrics, ready).await {
-                tracing::error!(error = %e, %addr, "metrics server failed");
-            }
+    let (addr, m, r) = (args.metrics_addr, metrics.clone(), ready.clone());
+    tokio::spawn(async move {
+        if let Err(e) = admin::serve(addr, m, r).await {
+            tracing::error!(error = %e, %addr, "metrics server failed");
         }
     });
 
-    let (leader_tx, mut leader_rx) = watch::channel(!args.leader_elect);
-    if args.leader_elect {
-        let election =
-            leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", &identity);
-        tokio::spawn(election.run(leader_tx));
-    }
-    let shutdown = Arc::new(tokio::sync::Notify::new());
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => return,
-            };
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = tokio::signal::ctrl_c() => {},
-            }
-            tracing::info!("shutting down");
-            shutdown.notify_waiters();
-        }
-    });
+    let mut leader_rx = leadership(&client, &args, &identity);
+    let shutdown = on_sigterm();
 
     tracing::info!(%identity, leader_elect = args.leader_elect, version = env!("CARGO_PKG_VERSION"), "proxyfleet-operator starting");
     loop {

@@ -55,58 +55,14 @@ pub fn compute(pxd: &ProxyDeployment, observed: &Observed<'_>, now: &Time) -> Pr
         .is_some_and(|d| d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(0) > 0);
     let complete = stable_done && !canary_running && ready >= spec_replicas;
 
-    let mut wanted = Vec::new();
-    let phase = if let Some(p) = &observed.problem {
-        wanted.push(Want::new(DEGRADED, true, p.reason.clone(), p.message.clone()));
-        wanted.push(Want::new(PROGRESSING, false, p.reason.clone(), p.message.clone()));
-        wanted.push(Want::new(
-            READY,
-            complete,
-            if complete { "Ready" } else { p.reason.as_str() },
-            format!("{ready}/{spec_replicas} ready"),
-        ));
-        Phase::Degraded
-    } else if observed.stable.is_none() {
-        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(
-            PROGRESSING,
-            true,
-            "Creating",
-            "creating the proxy Deployment",
-        ));
-        wanted.push(Want::new(READY, false, "Creating", format!("0/{spec_replicas} ready")));
-        Phase::Pending
-    } else if complete {
-        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(
-            PROGRESSING,
-            false,
-            "RolloutComplete",
-            "all pods run the current revision",
-        ));
-        wanted.push(Want::new(
-            READY,
-            true,
-            "Ready",
-            format!("{ready}/{spec_replicas} ready"),
-        ));
-        Phase::Ready
-    } else {
-        let why = if canary_running {
-            "CanaryInProgress"
-        } else {
-            "RollingUpdate"
-        };
-        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
-        wanted.push(Want::new(
-            PROGRESSING,
-            true,
-            why,
-            format!("{updated}/{spec_replicas} updated, {ready} ready"),
-        ));
-        wanted.push(Want::new(READY, false, why, format!("{ready}/{spec_replicas} ready")));
-        Phase::Progressing
+    let counts = Counts {
+        spec: spec_replicas,
+        ready,
+        updated,
+        complete,
+        canary_running,
     };
+    let (phase, mut wanted) = phase_and_conditions(observed, &counts);
     wanted.extend(observed.extra_conditions.iter().cloned());
 
     ProxyDeploymentStatus {
@@ -125,6 +81,73 @@ pub fn compute(pxd: &ProxyDeployment, observed: &Observed<'_>, now: &Time) -> Pr
         conditions: conditions::merge(&old.conditions, &wanted, pxd.metadata.generation, now),
         ..old
     }
+}
+
+/// Replica counts over the fleet's Deployments.
+struct Counts {
+    spec: i32,
+    ready: i32,
+    updated: i32,
+    /// Stable rolled out, no canary running, enough ready.
+    complete: bool,
+    canary_running: bool,
+}
+
+/// The phase and the Ready/Progressing/Degraded conditions for what was observed.
+fn phase_and_conditions(observed: &Observed<'_>, c: &Counts) -> (Phase, Vec<Want>) {
+    let mut wanted = Vec::new();
+    let phase = if let Some(p) = &observed.problem {
+        wanted.push(Want::new(DEGRADED, true, p.reason.clone(), p.message.clone()));
+        wanted.push(Want::new(PROGRESSING, false, p.reason.clone(), p.message.clone()));
+        wanted.push(Want::new(
+            READY,
+            c.complete,
+            if c.complete { "Ready" } else { p.reason.as_str() },
+            format!("{}/{} ready", c.ready, c.spec),
+        ));
+        Phase::Degraded
+    } else if observed.stable.is_none() {
+        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
+        wanted.push(Want::new(
+            PROGRESSING,
+            true,
+            "Creating",
+            "creating the proxy Deployment",
+        ));
+        wanted.push(Want::new(READY, false, "Creating", format!("0/{} ready", c.spec)));
+        Phase::Pending
+    } else if c.complete {
+        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
+        wanted.push(Want::new(
+            PROGRESSING,
+            false,
+            "RolloutComplete",
+            "all pods run the current revision",
+        ));
+        wanted.push(Want::new(
+            READY,
+            true,
+            "Ready",
+            format!("{}/{} ready", c.ready, c.spec),
+        ));
+        Phase::Ready
+    } else {
+        let why = if c.canary_running {
+            "CanaryInProgress"
+        } else {
+            "RollingUpdate"
+        };
+        wanted.push(Want::new(DEGRADED, false, "AsExpected", ""));
+        wanted.push(Want::new(
+            PROGRESSING,
+            true,
+            why,
+            format!("{}/{} updated, {} ready", c.updated, c.spec, c.ready),
+        ));
+        wanted.push(Want::new(READY, false, why, format!("{}/{} ready", c.ready, c.spec)));
+        Phase::Progressing
+    };
+    (phase, wanted)
 }
 
 /// The revision label on a Deployment's pod template.

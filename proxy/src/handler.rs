@@ -16,9 +16,8 @@ use crate::body::{self, ClientBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
-use crate::router::{self, CompiledRoute};
+use crate::router::{self, CompiledRoute, Target};
 use crate::shared::Shared;
-use crate::split::CompiledBackend;
 use crate::upstream;
 
 fn is_idempotent(m: &Method) -> bool {
@@ -203,13 +202,6 @@ fn finish(
     resp
 }
 
-/// Where a routed request goes: the route's settings and the backend chosen for it.
-#[derive(Clone, Copy)]
-pub struct Target<'a> {
-    pub route: &'a CompiledRoute,
-    pub backend: &'a CompiledBackend,
-}
-
 enum Attempt {
     Done(Response<Incoming>),
     /// Failed in a way that may be retried (connect failure or 502/503/504).
@@ -336,6 +328,17 @@ async fn attempt_once(
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
     let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+    outcome(cluster, &endpoint, started, result)
+}
+
+/// What an upstream attempt's result means for the client, for retries and for the endpoint's
+/// health (outlier ejection, latency).
+fn outcome(
+    cluster: &upstream::UpstreamCluster,
+    endpoint: &upstream::Endpoint,
+    started: Instant,
+    result: Result<Result<(Response<Incoming>, bool), upstream::SendError>, tokio::time::error::Elapsed>,
+) -> Attempt {
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
         if e.record_failure(od.consecutive_failures, od.ejection_time.get()) {
@@ -346,7 +349,7 @@ async fn attempt_once(
     match result {
         Err(_) => {
             endpoint.observe_latency(started.elapsed());
-            eject(&endpoint);
+            eject(endpoint);
             Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
         }
         Ok(Err(e)) => {
@@ -359,7 +362,7 @@ async fn attempt_once(
             if body::chain_contains::<body::ClientBodyError>(&*e.error) {
                 return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "malformed request body\n"));
             }
-            eject(&endpoint);
+            eject(endpoint);
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&*e.error), "upstream request failed");
             if e.connect {
                 Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
@@ -376,7 +379,7 @@ async fn attempt_once(
             }
             let status = resp.status();
             if status.is_server_error() {
-                eject(&endpoint);
+                eject(endpoint);
             } else {
                 endpoint.record_success();
             }

@@ -114,6 +114,24 @@ fn duration_histogram() -> Histogram {
 
 type HistogramFamily = Family<RouteLabels, Histogram, fn() -> Histogram>;
 
+/// The request duration histogram (returned) and the build info gauge (set once).
+fn register_static(registry: &mut Registry) -> HistogramFamily {
+    let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
+    registry.register(
+        proxyfleet_config::metric_names::REQUEST_DURATION,
+        "Time from request received to upstream response headers sent to the client",
+        request_duration.clone(),
+    );
+    let build_info: Family<BuildLabels, Gauge> = Family::default();
+    build_info
+        .get_or_create(&BuildLabels {
+            version: env!("CARGO_PKG_VERSION"),
+        })
+        .set(1);
+    registry.register("build_info", "Proxy version (value 1)", build_info);
+    request_duration
+}
+
 /// Registers a metric family (or counter) and returns the handle kept in `Metrics`.
 fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
 where
@@ -164,19 +182,7 @@ pub struct Metrics {
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(proxyfleet_config::metric_names::PREFIX);
-        let request_duration = HistogramFamily::new_with_constructor(duration_histogram as fn() -> Histogram);
-        registry.register(
-            proxyfleet_config::metric_names::REQUEST_DURATION,
-            "Time from request received to upstream response headers sent to the client",
-            request_duration.clone(),
-        );
-        let build_info: Family<BuildLabels, Gauge> = Family::default();
-        build_info
-            .get_or_create(&BuildLabels {
-                version: env!("CARGO_PKG_VERSION"),
-            })
-            .set(1);
-        registry.register("build_info", "Proxy version (value 1)", build_info);
+        let request_duration = register_static(&mut registry);
         Self {
             request_duration,
             responses: register(

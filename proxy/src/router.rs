@@ -142,6 +142,13 @@ impl CompiledRoute {
     }
 }
 
+/// Where a routed request goes: the route's settings and the backend chosen for it.
+#[derive(Clone, Copy)]
+pub struct Target<'a> {
+    pub route: &'a CompiledRoute,
+    pub backend: &'a CompiledBackend,
+}
+
 /// The first route that matches, in configuration order.
 pub fn select<'a>(
     routes: &'a [CompiledRoute],

@@ -55,7 +55,12 @@ impl RunningProxy {
     }
 }
 
-pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
+/// The state built from `config`, and the DNS upstreams readiness waits for: a pod that cannot
+/// reach any upstream yet must not receive traffic.
+fn build_shared(
+    config: &ProxyConfig,
+    config_path: Option<PathBuf>,
+) -> Result<(Arc<Shared>, Vec<Arc<crate::upstream::UpstreamCluster>>), ServerError> {
     let metrics = Metrics::new();
     let resumption: HashMap<_, _> = config
         .listeners
@@ -70,8 +75,6 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         );
     }
     let no_route_metrics = metrics.route_handles("", "");
-    // A pod that cannot reach any upstream yet must not receive traffic: with DNS upstreams,
-    // readiness waits for their first resolution (at most 30 s).
     let dns_upstreams: Vec<_> = state
         .upstreams
         .values()
@@ -88,23 +91,34 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         live_weights: Default::default(),
     });
 
+    Ok((shared, dns_upstreams))
+}
+
+async fn bind_admin(address: &str) -> Result<(TcpListener, SocketAddr), ServerError> {
+    let admin = TcpListener::bind(address)
+        .await
+        .map_err(|source| ServerError::Bind {
+            what: "admin".into(),
+            address: address.to_string(),
+            source,
+        })?;
+    let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind {
+        what: "admin".into(),
+        address: address.to_string(),
+        source,
+    })?;
+    Ok((admin, admin_addr))
+}
+
+pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
+    let (shared, dns_upstreams) = build_shared(&config, config_path)?;
+
     // Weights from the mounted directory are in force before the first request is accepted.
     if let Some(dir) = &config.admin.live_weights_dir {
         crate::live_weights::spawn_watch(shared.clone(), dir.into());
     }
 
-    let admin = TcpListener::bind(&config.admin.address)
-        .await
-        .map_err(|source| ServerError::Bind {
-            what: "admin".into(),
-            address: config.admin.address.clone(),
-            source,
-        })?;
-    let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind {
-        what: "admin".into(),
-        address: config.admin.address.clone(),
-        source,
-    })?;
+    let (admin, admin_addr) = bind_admin(&config.admin.address).await?;
     tokio::spawn(crate::admin::serve(admin, shared.clone()));
 
     let (shutdown_tx, shutdown_rx) = watch::channel(false);
@@ -153,35 +167,7 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     }
     crate::reload::spawn_watch(shared.clone());
 
-    let drain_shared = shared.clone();
-    let mut rx = shutdown_rx.clone();
-    let done = tokio::spawn(async move {
-        while !*rx.borrow() {
-            if rx.changed().await.is_err() {
-                break;
-            }
-        }
-        let drain = drain_shared.state.load().config.drain.clone();
-        drain_shared.ready.store(false, Ordering::Relaxed);
-        tracing::info!(grace = %drain.grace_period, "draining: readiness off, still accepting during the grace period");
-        tokio::time::sleep(drain.grace_period.get()).await;
-        let _ = stop_accepting_tx.send(true);
-        for t in accept_tasks {
-            let _ = t.await;
-        }
-        let Ok(graceful) = Arc::try_unwrap(graceful) else {
-            tracing::warn!("connections still referenced; exiting without waiting");
-            return;
-        };
-        tracing::info!(deadline = %drain.deadline, "stopped accepting; waiting for in-flight requests");
-        if tokio::time::timeout(drain.deadline.get(), graceful.shutdown())
-            .await
-            .is_err()
-        {
-            tracing::warn!("drain deadline reached with requests still in flight");
-        }
-        tracing::info!("drained");
-    });
+    let done = tokio::spawn(drain_on_shutdown(shared.clone(), shutdown_rx.clone(), stop_accepting_tx, accept_tasks, graceful));
 
     Ok(RunningProxy {
         listener_addrs,
@@ -207,6 +193,124 @@ fn bind(address: &str) -> std::io::Result<TcpListener> {
     socket.listen(4096)
 }
 
+/// On shutdown: readiness off, the grace period (still accepting), stop accepting, then wait
+/// for in-flight requests up to the drain deadline.
+async fn drain_on_shutdown(
+    shared: Arc<Shared>,
+    mut rx: watch::Receiver<bool>,
+    stop_accepting_tx: watch::Sender<bool>,
+    accept_tasks: Vec<tokio::task::JoinHandle<()>>,
+    graceful: Arc<GracefulShutdown>,
+) {
+    while !*rx.borrow() {
+        if rx.changed().await.is_err() {
+            break;
+        }
+    }
+    let drain = shared.state.load().config.drain.clone();
+    shared.ready.store(false, Ordering::Relaxed);
+    tracing::info!(grace = %drain.grace_period, "draining: readiness off, still accepting during the grace period");
+    tokio::time::sleep(drain.grace_period.get()).await;
+    let _ = stop_accepting_tx.send(true);
+    for t in accept_tasks {
+        let _ = t.await;
+    }
+    let Ok(graceful) = Arc::try_unwrap(graceful) else {
+        tracing::warn!("connections still referenced; exiting without waiting");
+        return;
+    };
+    tracing::info!(deadline = %drain.deadline, "stopped accepting; waiting for in-flight requests");
+    if tokio::time::timeout(drain.deadline.get(), graceful.shutdown())
+        .await
+        .is_err()
+    {
+        tracing::warn!("drain deadline reached with requests still in flight");
+    }
+    tracing::info!("drained");
+}
+
+/// What every connection of one listener shares.
+struct ListenerContext {
+    shared: Arc<Shared>,
+    builder: ConnectionBuilders,
+    name: String,
+    is_tls: bool,
+    handshake_timeout: Duration,
+    active: prometheus_client::metrics::gauge::Gauge,
+    /// Client handshakes: full, resumed, failed.
+    handshakes: [prometheus_client::metrics::counter::Counter; 3],
+}
+
+impl ListenerContext {
+    fn new(listener: &Listener, shared: Arc<Shared>) -> Self {
+        let active = shared
+            .metrics
+            .active_connections
+            .get_or_create(&ListenerLabels {
+                listener: listener.name.clone(),
+            })
+            .clone();
+        let hs = |kind| {
+            shared
+                .metrics
+                .client_handshakes
+                .get_or_create(&ClientHandshakeLabels {
+                    listener: listener.name.clone(),
+                    kind,
+                })
+                .clone()
+        };
+        let handshakes = [hs("full"), hs("resumed"), hs("failed")];
+        let limits = shared.state.load().config.limits.clone();
+        Self {
+            builder: ConnectionBuilders::new(&limits),
+            name: listener.name.clone(),
+            is_tls: listener.tls.is_some(),
+            handshake_timeout: limits.header_read_timeout.get(),
+            active,
+            handshakes,
+            shared,
+        }
+    }
+
+    /// One client connection: the TLS handshake when the listener has TLS, then HTTP.
+    async fn connection(
+        self: Arc<Self>,
+        stream: tokio::net::TcpStream,
+        remote: SocketAddr,
+        watcher: hyper_util::server::graceful::Watcher,
+        permit: tokio::sync::OwnedSemaphorePermit,
+    ) {
+        self.active.inc();
+        let client = ClientInfo::new(remote, self.is_tls);
+        let svc = {
+            let shared = self.shared.clone();
+            hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client.clone()))
+        };
+        if !self.is_tls {
+            serve(&self.builder, false, watcher, stream, svc, self.handshake_timeout).await;
+        } else if let Some(tls_config) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
+            match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
+                Ok(Ok(tls)) => {
+                    match tls.get_ref().1.handshake_kind() {
+                        Some(rustls::HandshakeKind::Resumed) => self.handshakes[1].inc(),
+                        _ => self.handshakes[0].inc(),
+                    };
+                    // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
+                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    serve(&self.builder, h2, watcher, tls, svc, self.handshake_timeout).await;
+                }
+                _ => {
+                    self.handshakes[2].inc();
+                }
+            }
+        }
+        self.active.dec();
+        drop(permit);
+    }
+}
+
 async fn accept_loop(
     listener: Listener,
     tcp: TcpListener,
@@ -215,27 +319,7 @@ async fn accept_loop(
     conn_limit: Arc<Semaphore>,
     mut stop_accepting: watch::Receiver<bool>,
 ) {
-    let active = shared
-        .metrics
-        .active_connections
-        .get_or_create(&ListenerLabels {
-            listener: listener.name.clone(),
-        })
-        .clone();
-    let hs = |kind| {
-        shared
-            .metrics
-            .client_handshakes
-            .get_or_create(&ClientHandshakeLabels {
-                listener: listener.name.clone(),
-                kind,
-            })
-            .clone()
-    };
-    let (hs_full, hs_resumed, hs_failed) = (hs("full"), hs("resumed"), hs("failed"));
-    let limits = shared.state.load().config.limits.clone();
-    let builder = Arc::new(ConnectionBuilders::new(&limits));
-    let is_tls = listener.tls.is_some();
+    let ctx = Arc::new(ListenerContext::new(&listener, shared));
     loop {
         let Ok(permit) = conn_limit.clone().acquire_owned().await else {
             return;
@@ -253,46 +337,7 @@ async fn accept_loop(
             }
         };
         let _ = stream.set_nodelay(true);
-        let shared = shared.clone();
-        let builder = builder.clone();
-        let watcher = graceful.watcher();
-        let active = active.clone();
-        let (hs_full, hs_resumed, hs_failed) = (hs_full.clone(), hs_resumed.clone(), hs_failed.clone());
-        let name = listener.name.clone();
-        let handshake_timeout = limits.header_read_timeout.get();
-        tokio::spawn(async move {
-            active.inc();
-            let client = ClientInfo::new(remote, is_tls);
-            let svc = {
-                let shared = shared.clone();
-                hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client.clone()))
-            };
-            if is_tls {
-                let Some(tls_config) = shared.state.load().listener_tls.get(&name).cloned() else {
-                    active.dec();
-                    return;
-                };
-                let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
-                match tokio::time::timeout(handshake_timeout, acceptor.accept(stream)).await {
-                    Ok(Ok(tls)) => {
-                        match tls.get_ref().1.handshake_kind() {
-                            Some(rustls::HandshakeKind::Resumed) => hs_resumed.inc(),
-                            _ => hs_full.inc(),
-                        };
-                        // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
-                        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
-                        serve(&builder, h2, watcher, tls, svc, handshake_timeout).await;
-                    }
-                    _ => {
-                        hs_failed.inc();
-                    }
-                }
-            } else {
-                serve(&builder, false, watcher, stream, svc, handshake_timeout).await;
-            }
-            active.dec();
-            drop(permit);
-        });
+        tokio::spawn(ctx.clone().connection(stream, remote, graceful.watcher(), permit));
     }
 }
 

@@ -12,7 +12,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
-use crate::handler::Target;
+use crate::router::Target;
 use crate::upstream;
 use crate::upstream::UpstreamCluster;
 

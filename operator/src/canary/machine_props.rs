@@ -191,6 +191,45 @@ struct Oracle {
     completed_steps: Vec<i32>,
 }
 
+impl Oracle {
+    /// Folds a measurement in, as counted by nobody but the oracle.
+    fn fold(&mut self, prev: &CanaryStatus, active: Option<(&Analysis, AnalysisKind)>, m: Option<&Measurement>) {
+        let (Some((a, kind)), Some(m)) = (active, m) else { return };
+        let fails = m.verdicts.iter().map(|(_, v)| matches!(v, Verdict::Failure(_)));
+        for (i, f) in fails.enumerate() {
+            match kind {
+                AnalysisKind::Background => self.background_failures[i] += f as i32,
+                AnalysisKind::Step => self.step_failures[i] += f as i32,
+            }
+        }
+        if kind == AnalysisKind::Background && m.window_start >= self.weight_since && prev.weight > 0 {
+            let passed = m.verdicts.iter().all(|(_, v)| matches!(v, Verdict::Success(_)))
+                && m.verdicts.len() == a.metrics.len();
+            self.latest_at_weight = Some(passed);
+        }
+    }
+
+    /// Each step completes once across the whole run (restarts included).
+    fn each_step_once(&mut self, d: &Decision) -> Result<(), TestCaseError> {
+        let done = d
+            .events
+            .iter()
+            .filter(|e| e.reason == "StepCompleted" || e.reason == "AnalysisPassed");
+        for e in done {
+            let idx: i32 = e
+                .message
+                .trim_start_matches("step ")
+                .split(':')
+                .next()
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(-1);
+            prop_assert!(!self.completed_steps.contains(&idx), "step {} completed twice", idx);
+            self.completed_steps.push(idx);
+        }
+        Ok(())
+    }
+}
+
 struct Sim<'a> {
     strategy: &'a CanaryStrategy,
     persisted: Option<CanaryStatus>,
@@ -253,21 +292,7 @@ impl Sim<'_> {
     ) -> Result<(), TestCaseError> {
         let next = &d.status;
         let o = &mut self.oracle;
-        // Fold the measurement into the oracle, as counted by nobody but the oracle.
-        if let (Some((a, kind)), Some(m)) = (active, m) {
-            let fails = m.verdicts.iter().map(|(_, v)| matches!(v, Verdict::Failure(_)));
-            for (i, f) in fails.enumerate() {
-                match kind {
-                    AnalysisKind::Background => o.background_failures[i] += f as i32,
-                    AnalysisKind::Step => o.step_failures[i] += f as i32,
-                }
-            }
-            if kind == AnalysisKind::Background && m.window_start >= o.weight_since && prev.weight > 0 {
-                let passed = m.verdicts.iter().all(|(_, v)| matches!(v, Verdict::Success(_)))
-                    && m.verdicts.len() == a.metrics.len();
-                o.latest_at_weight = Some(passed);
-            }
-        }
+        o.fold(prev, active, m);
         let left_step =
             next.current_step_index > prev.current_step_index || (next.phase == PROMOTING && prev.phase != PROMOTING);
         let gating = self.strategy.analysis.is_some() && self.strategy.gate_on_background_analysis;
@@ -312,21 +337,7 @@ impl Sim<'_> {
                 "a step was repeated"
             );
         }
-        for e in d
-            .events
-            .iter()
-            .filter(|e| e.reason == "StepCompleted" || e.reason == "AnalysisPassed")
-        {
-            let idx: i32 = e
-                .message
-                .trim_start_matches("step ")
-                .split(':')
-                .next()
-                .and_then(|n| n.parse().ok())
-                .unwrap_or(-1);
-            prop_assert!(!o.completed_steps.contains(&idx), "step {} completed twice", idx);
-            o.completed_steps.push(idx);
-        }
+        o.each_step_once(d)?;
         if next.current_step_index != prev.current_step_index {
             o.step_failures = [0, 0];
         }

@@ -110,47 +110,7 @@ pub async fn plan(
         };
     };
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
-    let stable_revision = stable.as_deref().and_then(status::revision_of);
-    // Rolled out means: the spec's revision, all `total` pods updated and ready. Judged against
-    // what we want, not the cached spec, which may predate our last write.
-    let stable_rolled_out = stable.as_deref().is_some_and(|d| {
-        status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()) && status::rolled_out(d, total)
-    });
-    let canary_ready = canary
-        .as_deref()
-        .filter(|d| status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()))
-        .map(ready_on_current_template)
-        .unwrap_or(0);
-    let mut obs = Observations {
-        desired_revision: revision.pod.revision.clone(),
-        stable_revision,
-        stable_rolled_out,
-        canary_ready,
-        progress_deadline: crate::pod_problem::progress_deadline_secs(pxd),
-        now: now(),
-        ..Default::default()
-    };
-    // Past the deadline the machine aborts; say why the canary pods are not ready.
-    if let Some(prev) = previous.as_ref().filter(|p| p.phase == machine::PROGRESSING) {
-        let waited = obs.now - machine::started_at(prev).unwrap_or(obs.now);
-        if waited >= obs.progress_deadline {
-            obs.canary_problem = crate::pod_problem::describe(ctx, owner, Track::Canary).await;
-        }
-    }
-    // Measure first when an analysis is due, from the status as it stands.
-    if let Some(prev) = &previous {
-        if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str())
-            && machine::measurement_due(&strategy, prev, obs.now)
-        {
-            if let Some((analysis, _)) = machine::active_analysis(&strategy, prev) {
-                let revisions = Revisions {
-                    canary: &obs.desired_revision,
-                    stable: obs.stable_revision.as_deref(),
-                };
-                obs.measurement = Some(measure(owner, ctx, analysis, &revisions).await);
-            }
-        }
-    }
+    let obs = observe(pxd, owner, ctx, &strategy, &revision, (stable.as_deref(), canary.as_deref())).await;
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
     let mut out = RolloutPlan {
         plans: Vec::new(),
@@ -201,6 +161,61 @@ pub async fn plan(
     }
     out.decision = Some(decision);
     out
+}
+
+/// What the canary machine needs to know this time: revisions, readiness, and a measurement
+/// when one is due (taken from the status as it stands).
+async fn observe(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    strategy: &super::spec::CanaryStrategy,
+    revision: &RevisionObjects,
+    (stable, canary): (Option<&Deployment>, Option<&Deployment>),
+) -> Observations {
+    let total = pxd.spec.replicas;
+    let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
+    let stable_revision = stable.and_then(status::revision_of);
+    // Rolled out means: the spec's revision, all `total` pods updated and ready. Judged against
+    // what we want, not the cached spec, which may predate our last write.
+    let stable_rolled_out = stable.is_some_and(|d| {
+        status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()) && status::rolled_out(d, total)
+    });
+    let canary_ready = canary
+        .filter(|d| status::revision_of(d).as_deref() == Some(revision.pod.revision.as_str()))
+        .map(ready_on_current_template)
+        .unwrap_or(0);
+    let mut obs = Observations {
+        desired_revision: revision.pod.revision.clone(),
+        stable_revision,
+        stable_rolled_out,
+        canary_ready,
+        progress_deadline: crate::pod_problem::progress_deadline_secs(pxd),
+        now: now(),
+        ..Default::default()
+    };
+    // Past the deadline the machine aborts; say why the canary pods are not ready.
+    if let Some(prev) = previous.as_ref().filter(|p| p.phase == machine::PROGRESSING) {
+        let waited = obs.now - machine::started_at(prev).unwrap_or(obs.now);
+        if waited >= obs.progress_deadline {
+            obs.canary_problem = crate::pod_problem::describe(ctx, owner, Track::Canary).await;
+        }
+    }
+    // Measure first when an analysis is due, from the status as it stands.
+    if let Some(prev) = &previous {
+        if prev.canary_revision.as_deref() == Some(obs.desired_revision.as_str())
+            && machine::measurement_due(strategy, prev, obs.now)
+        {
+            if let Some((analysis, _)) = machine::active_analysis(strategy, prev) {
+                let revisions = Revisions {
+                    canary: &obs.desired_revision,
+                    stable: obs.stable_revision.as_deref(),
+                };
+                obs.measurement = Some(measure(owner, ctx, analysis, &revisions).await);
+            }
+        }
+    }
+    obs
 }
 
 /// Takes one measurement of every metric of `analysis`.

@@ -352,7 +352,6 @@ async fn rotate(
     let Some(write) = step.write.clone() else {
         return Ok(Some((secret.clone(), Some(step))));
     };
-    let mut data = serde_json::Map::new();
     let mut annotations = serde_json::Map::from_iter([
         (
             ca_rotation::PHASE_ANNOTATION.to_string(),
@@ -363,13 +362,46 @@ async fn rotate(
             step.state.since.to_string().into(),
         ),
     ]);
+    let data = rotation_data(&write, namespace, secret, &cert_pem, o.now, ctx.settings.ca_duration, &mut annotations)?;
+    let patch = serde_json::json!({
+        "metadata": {"resourceVersion": secret.metadata.resource_version, "annotations": annotations},
+        "data": data,
+    });
+    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    match api
+        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(written) => {
+            ctx.metrics.api_write("Secret", "patch");
+            tracing::info!(%namespace, phase = %step.state.phase, message = %step.message, "CA rotation");
+            Ok(Some((written, Some(step))))
+        }
+        // Another reconcile moved it first: take the next step from its result next time.
+        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
+        Err(e) => Err(format!("writing CA Secret: {e}")),
+    }
+}
+
+/// The CA Secret's data changes a rotation step writes (a new CA, the swap, dropping the old
+/// one); a started rotation also clears the request annotation.
+fn rotation_data(
+    write: &Write,
+    namespace: &str,
+    secret: &Secret,
+    cert_pem: &str,
+    now: i64,
+    ca_duration: std::time::Duration,
+    annotations: &mut serde_json::Map<String, serde_json::Value>,
+) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    let mut data = serde_json::Map::new();
     match write {
         Write::StartRotation => {
-            let stamp = issue::rfc3339(o.now);
+            let stamp = issue::rfc3339(now);
             let next = issue::new_ca(
                 &format!("proxyfleet CA {namespace} {stamp}"),
-                o.now,
-                ctx.settings.ca_duration,
+                now,
+                ca_duration,
             )
             .map_err(|e| e.to_string())?;
             data.insert("next.crt".into(), b64(&next.cert_pem).into());
@@ -395,24 +427,7 @@ async fn rotate(
         }
         Write::Phase => {}
     }
-    let patch = serde_json::json!({
-        "metadata": {"resourceVersion": secret.metadata.resource_version, "annotations": annotations},
-        "data": data,
-    });
-    let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    match api
-        .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(written) => {
-            ctx.metrics.api_write("Secret", "patch");
-            tracing::info!(%namespace, phase = %step.state.phase, message = %step.message, "CA rotation");
-            Ok(Some((written, Some(step))))
-        }
-        // Another reconcile moved it first: take the next step from its result next time.
-        Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-        Err(e) => Err(format!("writing CA Secret: {e}")),
-    }
+    Ok(data)
 }
 
 fn ensure_newline(pem: &str) -> String {

@@ -120,115 +120,132 @@ fn stay(state: &RotationState, message: String, requeue: Duration) -> Step {
 }
 
 pub fn decide(state: &RotationState, o: &Observations) -> Step {
-    let waiting = Duration::from_secs(5);
     match state.phase {
-        PUBLISHING_BUNDLE => {
-            if o.leaves_with_bundle >= o.leaves_total {
-                moved(
-                    state,
-                    WAITING_FOR_BUNDLE,
-                    o.now,
-                    Write::Phase,
-                    format!(
-                        "bundle in all {} leaf Secret(s); waiting for proxies to load it",
-                        o.leaves_total
-                    ),
-                )
-            } else {
-                stay(
-                    state,
-                    format!("bundle in {}/{} leaf Secret(s)", o.leaves_with_bundle, o.leaves_total),
-                    waiting,
-                )
-            }
-        }
-        WAITING_FOR_BUNDLE => {
-            if o.pods_with_bundle >= o.pods_total && o.leaves_with_bundle >= o.leaves_total {
-                moved(
-                    state,
-                    REISSUING,
-                    o.now,
-                    Write::SwapToNext,
-                    format!(
-                        "all {} proxy pod(s) trust old + new CA; reissuing leaves from the new CA",
-                        o.pods_total
-                    ),
-                )
-            } else {
-                stay(
-                    state,
-                    format!(
-                        "{}/{} proxy pod(s) loaded the new bundle",
-                        o.pods_with_bundle, o.pods_total
-                    ),
-                    waiting,
-                )
-            }
-        }
-        REISSUING => {
-            if o.leaves_on_current_ca >= o.leaves_total && o.pods_on_current_ca >= o.pods_total {
-                moved(
-                    state,
-                    OVERLAP,
-                    o.now,
-                    Write::Phase,
-                    format!(
-                        "all leaves issued by the new CA; old CA trusted for {:?} more",
-                        o.overlap
-                    ),
-                )
-            } else {
-                stay(
-                    state,
-                    format!(
-                        "{}/{} leaf Secret(s) reissued, {}/{} proxy pod(s) serving them",
-                        o.leaves_on_current_ca, o.leaves_total, o.pods_on_current_ca, o.pods_total
-                    ),
-                    waiting,
-                )
-            }
-        }
-        OVERLAP => {
-            let ends = state.since + o.overlap.as_secs() as i64;
-            if o.now >= ends {
-                moved(
-                    state,
-                    STABLE,
-                    o.now,
-                    Write::DropPrevious,
-                    "rotation complete; old CA dropped".into(),
-                )
-            } else {
-                stay(
-                    state,
-                    format!("old CA trusted for {}s more", ends - o.now),
-                    Duration::from_secs((ends - o.now).clamp(1, 300) as u64),
-                )
-            }
-        }
+        PUBLISHING_BUNDLE => publishing_bundle(state, o),
+        WAITING_FOR_BUNDLE => waiting_for_bundle(state, o),
+        REISSUING => reissuing(state, o),
+        OVERLAP => overlap(state, o),
         // An unknown annotation value parses as Stable: a hand-edited phase never wedges us.
-        RotationPhase::Stable => {
-            if o.rotation_requested || o.now >= o.ca_renewal_time {
-                let why = if o.rotation_requested {
-                    "requested"
-                } else {
-                    "CA renewal time reached"
-                };
-                moved(
-                    state,
-                    PUBLISHING_BUNDLE,
-                    o.now,
-                    Write::StartRotation,
-                    format!("rotation started ({why}); publishing old + new CA"),
-                )
-            } else {
-                stay(
-                    state,
-                    "stable".into(),
-                    Duration::from_secs((o.ca_renewal_time - o.now).clamp(1, 3600) as u64),
-                )
-            }
-        }
+        RotationPhase::Stable => stable(state, o),
+    }
+}
+
+/// How long a phase waits before looking again.
+const WAITING: Duration = Duration::from_secs(5);
+
+/// The bundle (old + new CA) reaches every leaf Secret.
+fn publishing_bundle(state: &RotationState, o: &Observations) -> Step {
+    if o.leaves_with_bundle >= o.leaves_total {
+        moved(
+            state,
+            WAITING_FOR_BUNDLE,
+            o.now,
+            Write::Phase,
+            format!(
+                "bundle in all {} leaf Secret(s); waiting for proxies to load it",
+                o.leaves_total
+            ),
+        )
+    } else {
+        stay(
+            state,
+            format!("bundle in {}/{} leaf Secret(s)", o.leaves_with_bundle, o.leaves_total),
+            WAITING,
+        )
+    }
+}
+
+/// Every proxy pod loads the bundle before any leaf changes issuer.
+fn waiting_for_bundle(state: &RotationState, o: &Observations) -> Step {
+    if o.pods_with_bundle >= o.pods_total && o.leaves_with_bundle >= o.leaves_total {
+        moved(
+            state,
+            REISSUING,
+            o.now,
+            Write::SwapToNext,
+            format!(
+                "all {} proxy pod(s) trust old + new CA; reissuing leaves from the new CA",
+                o.pods_total
+            ),
+        )
+    } else {
+        stay(
+            state,
+            format!(
+                "{}/{} proxy pod(s) loaded the new bundle",
+                o.pods_with_bundle, o.pods_total
+            ),
+            WAITING,
+        )
+    }
+}
+
+/// Leaves reissued by the new CA, and served.
+fn reissuing(state: &RotationState, o: &Observations) -> Step {
+    if o.leaves_on_current_ca >= o.leaves_total && o.pods_on_current_ca >= o.pods_total {
+        moved(
+            state,
+            OVERLAP,
+            o.now,
+            Write::Phase,
+            format!(
+                "all leaves issued by the new CA; old CA trusted for {:?} more",
+                o.overlap
+            ),
+        )
+    } else {
+        stay(
+            state,
+            format!(
+                "{}/{} leaf Secret(s) reissued, {}/{} proxy pod(s) serving them",
+                o.leaves_on_current_ca, o.leaves_total, o.pods_on_current_ca, o.pods_total
+            ),
+            WAITING,
+        )
+    }
+}
+
+/// The old CA stays trusted for the overlap.
+fn overlap(state: &RotationState, o: &Observations) -> Step {
+    let ends = state.since + o.overlap.as_secs() as i64;
+    if o.now >= ends {
+        moved(
+            state,
+            STABLE,
+            o.now,
+            Write::DropPrevious,
+            "rotation complete; old CA dropped".into(),
+        )
+    } else {
+        stay(
+            state,
+            format!("old CA trusted for {}s more", ends - o.now),
+            Duration::from_secs((ends - o.now).clamp(1, 300) as u64),
+        )
+    }
+}
+
+/// Stable until a rotation is requested or the CA's renewal time.
+fn stable(state: &RotationState, o: &Observations) -> Step {
+    if o.rotation_requested || o.now >= o.ca_renewal_time {
+        let why = if o.rotation_requested {
+            "requested"
+        } else {
+            "CA renewal time reached"
+        };
+        moved(
+            state,
+            PUBLISHING_BUNDLE,
+            o.now,
+            Write::StartRotation,
+            format!("rotation started ({why}); publishing old + new CA"),
+        )
+    } else {
+        stay(
+            state,
+            "stable".into(),
+            Duration::from_secs((o.ca_renewal_time - o.now).clamp(1, 3600) as u64),
+        )
     }
 }
 

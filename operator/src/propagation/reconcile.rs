@@ -211,11 +211,7 @@ async fn release_from(
 pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Outcome {
     let p = &ctx.propagation;
     let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
-    let keep_previous = |condition: Want| Outcome {
-        condition: Some(condition),
-        clusters: previous.clone(),
-        requeue: Some(Duration::from_secs(10)),
-    };
+    let keep_previous = |condition: Want| keep(&previous, condition);
     let registered = match registered(p) {
         Ok(r) => r,
         Err(m) => {
@@ -230,39 +226,12 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     p.clients.retain(&registered);
 
     let Some(placement) = &pxd.spec.placement else {
-        if !has_finalizer(pxd) {
-            return Outcome::none();
-        }
-        // Placement removed: release the fleet everywhere, then drop the finalizer.
-        let all: Vec<&MemberCluster> = registered.iter().collect();
-        let failed = release_from(p, &all, owner, ctx).await;
-        if failed.is_empty() {
-            let rest: Vec<String> = pxd.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
-            if let Err(e) = set_finalizers(pxd, ctx, rest).await {
-                tracing::warn!(error = %e, "could not remove the propagation finalizer");
-            }
-            return Outcome::none();
-        }
-        let message = failed
-            .iter()
-            .map(|(n, e)| format!("{n}: {e}"))
-            .collect::<Vec<_>>()
-            .join("; ");
-        return keep_previous(Want::new(
-            crate::conditions::PROPAGATED,
-            false,
-            "CleanupPending",
-            format!("placement removed; clean-up pending in {message}"),
-        ));
+        return release_everywhere(pxd, owner, ctx, &registered, &previous).await;
     };
 
-    if !has_finalizer(pxd) {
-        let mut f = pxd.finalizers().to_vec();
-        f.push(FINALIZER.into());
-        if let Err(e) = set_finalizers(pxd, ctx, f).await {
-            // Without the finalizer a deletion could leave members behind: do not propagate yet.
-            return keep_previous(Want::new(crate::conditions::PROPAGATED, false, "FinalizerNotSet", e));
-        }
+    if let Err(e) = ensure_finalizer(pxd, ctx).await {
+        // Without the finalizer a deletion could leave members behind: do not propagate yet.
+        return keep_previous(Want::new(crate::conditions::PROPAGATED, false, "FinalizerNotSet", e));
     }
 
     let selection = match placement::select(placement, &registered) {
@@ -288,26 +257,8 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     };
     let mut entries: Vec<ClusterStatus> = match (&objects, &ca) {
         (Err(message), _) | (_, Err(message)) => {
-            let entries: Vec<ClusterStatus> = selection
-                .targets
-                .iter()
-                .map(|c| {
-                    status::cluster_status(&c.name, &Observation::NotApplied(message.clone()), prev(&c.name), &now)
-                })
-                .collect();
             let invalid = objects.as_ref().err().cloned();
-            let condition = match invalid {
-                Some(m) => {
-                    ctx.warn(owner, "InvalidOverride", &m).await;
-                    status::condition(&entries, Some(&m))
-                }
-                None => Want::new(crate::conditions::PROPAGATED, false, "CAUnavailable", message.clone()),
-            };
-            return Outcome {
-                condition: Some(condition),
-                clusters: entries,
-                requeue: Some(p.resync),
-            };
+            return not_applied(ctx, owner, &selection.targets, &previous, message, invalid, &now).await;
         }
         (Ok(objects), Ok(ca)) => {
             let observations = join_all(
@@ -318,25 +269,110 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
                     .map(|(c, o)| sync_one(&p.clients, c, owner, o, ca.as_ref())),
             )
             .await;
-            selection
-                .targets
-                .iter()
-                .zip(&observations)
-                .map(|(c, o)| status::cluster_status(&c.name, o, prev(&c.name), &now))
-                .collect()
+            let named = selection.targets.iter().map(|c| c.name.as_str()).zip(observations);
+            let unknown = selection.unknown.iter().map(|n| (n.as_str(), Observation::NotRegistered));
+            named.chain(unknown).map(|(n, o)| status::cluster_status(n, &o, prev(n), &now)).collect()
         }
     };
-    for name in &selection.unknown {
-        entries.push(status::cluster_status(
-            name,
-            &Observation::NotRegistered,
-            prev(name),
-            &now,
-        ));
-    }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
-    for e in &entries {
-        let was = prev(&e.name);
+    announce(ctx, owner, &entries, &previous).await;
+
+    release_leaving(ctx, owner, &registered, &selection.targets).await;
+
+    Outcome {
+        condition: Some(status::condition(&entries, None)),
+        clusters: entries,
+        requeue: Some(p.resync),
+    }
+}
+
+async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), String> {
+    if has_finalizer(pxd) {
+        return Ok(());
+    }
+    let mut f = pxd.finalizers().to_vec();
+    f.push(FINALIZER.into());
+    set_finalizers(pxd, ctx, f).await
+}
+
+/// The previous cluster entries with a new condition; checked again in 10 s.
+fn keep(previous: &[ClusterStatus], condition: Want) -> Outcome {
+    Outcome {
+        condition: Some(condition),
+        clusters: previous.to_vec(),
+        requeue: Some(Duration::from_secs(10)),
+    }
+}
+
+/// Placement removed: release the fleet everywhere, then drop the finalizer.
+async fn release_everywhere(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    registered: &[MemberCluster],
+    previous: &[ClusterStatus],
+) -> Outcome {
+    if !has_finalizer(pxd) {
+        return Outcome::none();
+    }
+    let all: Vec<&MemberCluster> = registered.iter().collect();
+    let failed = release_from(&ctx.propagation, &all, owner, ctx).await;
+    if failed.is_empty() {
+        let rest: Vec<String> = pxd.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
+        if let Err(e) = set_finalizers(pxd, ctx, rest).await {
+            tracing::warn!(error = %e, "could not remove the propagation finalizer");
+        }
+        return Outcome::none();
+    }
+    let message = failed
+        .iter()
+        .map(|(n, e)| format!("{n}: {e}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    keep(
+        previous,
+        Want::new(
+            crate::conditions::PROPAGATED,
+            false,
+            "CleanupPending",
+            format!("placement removed; clean-up pending in {message}"),
+        ),
+    )
+}
+
+/// Nothing written anywhere: an override is invalid (`invalid`) or the shared CA is unavailable.
+async fn not_applied(
+    ctx: &Context,
+    owner: &Owner,
+    targets: &[&MemberCluster],
+    previous: &[ClusterStatus],
+    message: &str,
+    invalid: Option<String>,
+    now: &str,
+) -> Outcome {
+    let prev = |name: &str| previous.iter().find(|c| c.name == name);
+    let entries: Vec<ClusterStatus> = targets
+        .iter()
+        .map(|c| status::cluster_status(&c.name, &Observation::NotApplied(message.to_string()), prev(&c.name), now))
+        .collect();
+    let condition = match invalid {
+        Some(m) => {
+            ctx.warn(owner, "InvalidOverride", &m).await;
+            status::condition(&entries, Some(&m))
+        }
+        None => Want::new(crate::conditions::PROPAGATED, false, "CAUnavailable", message.to_string()),
+    };
+    Outcome {
+        condition: Some(condition),
+        clusters: entries,
+        requeue: Some(ctx.propagation.resync),
+    }
+}
+
+/// One event per cluster that became applied or unreachable.
+async fn announce(ctx: &Context, owner: &Owner, entries: &[ClusterStatus], previous: &[ClusterStatus]) {
+    for e in entries {
+        let was = previous.iter().find(|c| c.name == e.name);
         if e.applied && was.is_none_or(|w| !w.applied) {
             ctx.record(owner, "Propagated", &format!("applied to cluster {}", e.name))
                 .await;
@@ -349,22 +385,17 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             .await;
         }
     }
+}
 
-    // Clusters that left the placement (label change, name removed): release there.
+/// Clusters that left the placement (label change, name removed): release there. One not
+/// reachable keeps what it has; tried again next resync.
+async fn release_leaving(ctx: &Context, owner: &Owner, registered: &[MemberCluster], targets: &[&MemberCluster]) {
     let leaving: Vec<&MemberCluster> = registered
         .iter()
-        .filter(|c| !selection.targets.iter().any(|t| t.name == c.name))
+        .filter(|c| !targets.iter().any(|t| t.name == c.name))
         .collect();
-    let failed = release_from(p, &leaving, owner, ctx).await;
-    for (name, e) in failed {
-        // Not selected and not reachable: nothing is deleted; tried again next resync.
+    for (name, e) in release_from(&ctx.propagation, &leaving, owner, ctx).await {
         tracing::debug!(cluster = %name, error = %e, "could not check a cluster outside the placement");
-    }
-
-    Outcome {
-        condition: Some(status::condition(&entries, None)),
-        clusters: entries,
-        requeue: Some(p.resync),
     }
 }
 

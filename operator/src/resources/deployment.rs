@@ -89,25 +89,14 @@ fn live_weight_volumes(fleet: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<
     }
 }
 
-pub fn desired_deployment(
-    owner: &Owner,
+/// The pod's volumes and the proxy's mounts: its ConfigMap, certificate and CA Secrets, the
+/// upstreams' Secrets, the admin token and the live weights.
+fn pod_volumes(
+    fleet: &str,
     spec: &ProxyDeploymentSpec,
-    track: Track,
-    replicas: i32,
     pod: &PodRevision,
     secrets: &MountedSecrets,
-    pull_policy: &str,
-) -> Deployment {
-    let selector = labels::track_selector(&owner.name, track);
-    let overrides = spec.pod.clone().unwrap_or_default();
-    let mut pod_labels = overrides.labels.clone();
-    pod_labels.extend(selector.clone());
-    pod_labels.insert(labels::REVISION.to_string(), pod.revision.clone());
-    let mut annotations = overrides.annotations.clone();
-    annotations.insert(labels::CONFIG_HASH.to_string(), pod.config_hash.clone());
-    annotations.insert("prometheus.io/scrape".to_string(), "true".to_string());
-    annotations.insert("prometheus.io/port".to_string(), ADMIN_PORT.to_string());
-
+) -> (Vec<Volume>, Vec<VolumeMount>) {
     let mut volumes = vec![Volume {
         name: "config".into(),
         config_map: Some(ConfigMapVolumeSource {
@@ -167,8 +156,12 @@ pub fn desired_deployment(
             );
         }
     }
-    live_weight_volumes(&owner.name, &mut volumes, &mut mounts);
+    live_weight_volumes(fleet, &mut volumes, &mut mounts);
+    (volumes, mounts)
+}
 
+/// The proxy container: its ports, probes, mounts and a locked-down security context.
+fn proxy_container(spec: &ProxyDeploymentSpec, pod: &PodRevision, pull_policy: &str, mounts: Vec<VolumeMount>) -> Container {
     let mut ports: Vec<ContainerPort> = spec
         .listeners
         .iter()
@@ -198,7 +191,7 @@ pub fn desired_deployment(
         ..Default::default()
     };
 
-    let container = Container {
+    Container {
         name: "proxy".into(),
         image: Some(pod.image.clone()),
         image_pull_policy: Some(pull_policy.to_string()),
@@ -229,8 +222,11 @@ pub fn desired_deployment(
             ..Default::default()
         }),
         ..Default::default()
-    };
+    }
+}
 
+/// Non-root, seccomp RuntimeDefault, the spec's sysctls.
+fn pod_security(spec: &ProxyDeploymentSpec) -> PodSecurityContext {
     let sysctls: Vec<Sysctl> = spec
         .tuning
         .as_ref()
@@ -245,6 +241,41 @@ pub fn desired_deployment(
         })
         .unwrap_or_default();
 
+    PodSecurityContext {
+        run_as_non_root: Some(true),
+        run_as_user: Some(65532),
+        run_as_group: Some(65532),
+        fs_group: Some(65532),
+        seccomp_profile: Some(SeccompProfile {
+            type_: "RuntimeDefault".into(),
+            localhost_profile: None,
+        }),
+        sysctls: (!sysctls.is_empty()).then_some(sysctls),
+        ..Default::default()
+    }
+}
+
+pub fn desired_deployment(
+    owner: &Owner,
+    spec: &ProxyDeploymentSpec,
+    track: Track,
+    replicas: i32,
+    pod: &PodRevision,
+    secrets: &MountedSecrets,
+    pull_policy: &str,
+) -> Deployment {
+    let selector = labels::track_selector(&owner.name, track);
+    let overrides = spec.pod.clone().unwrap_or_default();
+    let mut pod_labels = overrides.labels.clone();
+    pod_labels.extend(selector.clone());
+    pod_labels.insert(labels::REVISION.to_string(), pod.revision.clone());
+    let mut annotations = overrides.annotations.clone();
+    annotations.insert(labels::CONFIG_HASH.to_string(), pod.config_hash.clone());
+    annotations.insert("prometheus.io/scrape".to_string(), "true".to_string());
+    annotations.insert("prometheus.io/port".to_string(), ADMIN_PORT.to_string());
+
+    let (volumes, mounts) = pod_volumes(&owner.name, spec, pod, secrets);
+    let container = proxy_container(spec, pod, pull_policy, mounts);
     let mut meta = owner.meta(deployment_name(&owner.name, track));
     if let Some(l) = meta.labels.as_mut() {
         l.insert(labels::TRACK.to_string(), track.as_str().to_string());
@@ -279,18 +310,7 @@ pub fn desired_deployment(
                     containers: vec![container],
                     volumes: Some(volumes),
                     termination_grace_period_seconds: Some(termination_grace_seconds(spec)),
-                    security_context: Some(PodSecurityContext {
-                        run_as_non_root: Some(true),
-                        run_as_user: Some(65532),
-                        run_as_group: Some(65532),
-                        fs_group: Some(65532),
-                        seccomp_profile: Some(SeccompProfile {
-                            type_: "RuntimeDefault".into(),
-                            localhost_profile: None,
-                        }),
-                        sysctls: (!sysctls.is_empty()).then_some(sysctls),
-                        ..Default::default()
-                    }),
+                    security_context: Some(pod_security(spec)),
                     node_selector: (!overrides.node_selector.is_empty()).then(|| overrides.node_selector.clone()),
                     tolerations: (!overrides.tolerations.is_empty()).then(|| overrides.tolerations.clone()),
                     affinity: overrides.affinity.clone(),

@@ -85,21 +85,134 @@ async fn connect(args: &Args, tls: &Option<tokio_rustls::TlsConnector>) -> Resul
     Ok(sender)
 }
 
+/// A TLS connector trusting the CA bundle at `path`.
+fn tls_connector(path: &str) -> tokio_rustls::TlsConnector {
+    let mut roots = rustls::RootCertStore::empty();
+    let pem = std::fs::read(path).expect("reading --ca");
+    for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
+        let _ = roots.add(c);
+    }
+    let cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(Arc::new(cfg))
+}
+
+impl Counts {
+    /// Counts one request's outcome; false when the connection failed.
+    fn record(&self, result: &Result<u16, String>) -> bool {
+        let counter = match result {
+            Ok(200..=399) => &self.ok,
+            Ok(400..=499) => &self.status_4xx,
+            Ok(_) => &self.status_5xx,
+            Err(e) => {
+                eprintln!("request: {e}");
+                &self.errors
+            }
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        result.is_ok()
+    }
+
+    /// The JSON summary printed (and written to --summary) at the end.
+    fn summary(&self) -> String {
+        let counts = self;
+        format!(
+            "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}, \"connect_retries\": {}, \"request_retries\": {}, \"tcp_connect_failures\": {}}}",
+            counts.ok.load(Ordering::Relaxed),
+            counts.status_4xx.load(Ordering::Relaxed),
+            counts.status_5xx.load(Ordering::Relaxed),
+            counts.errors.load(Ordering::Relaxed),
+            counts.connections.load(Ordering::Relaxed),
+            counts.connect_retries.load(Ordering::Relaxed),
+            counts.request_retries.load(Ordering::Relaxed),
+            counts.tcp_connect_failures.load(Ordering::Relaxed)
+        )
+    }
+}
+
+/// One worker: its share of the rate on a keep-alive connection, renewed every
+/// `--new-conn-every` requests, until the deadline or SIGTERM.
+async fn worker(
+    args: Args,
+    tls: Option<tokio_rustls::TlsConnector>,
+    counts: Arc<Counts>,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    deadline: Instant,
+    per_worker: Duration,
+) {
+    let mut sender: Option<Sender> = None;
+    let mut on_conn = 0;
+    let mut tick = tokio::time::interval(per_worker);
+    while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
+        tick.tick().await;
+        if sender.is_none() || on_conn >= args.new_conn_every {
+            let mut attempt = connect(&args, &tls).await;
+            if attempt.is_err() {
+                counts.connect_retries.fetch_add(1, Ordering::Relaxed);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                attempt = connect(&args, &tls).await;
+            }
+            match attempt {
+                Ok(s) => {
+                    counts.connections.fetch_add(1, Ordering::Relaxed);
+                    sender = Some(s);
+                    on_conn = 0;
+                }
+                Err(e) => {
+                    if e.starts_with("tcp: ") {
+                        counts.tcp_connect_failures.fetch_add(1, Ordering::Relaxed);
+                    } else {
+                        counts.errors.fetch_add(1, Ordering::Relaxed);
+                    }
+                    eprintln!("connect: {e}");
+                    continue;
+                }
+            }
+        }
+        let Some(s) = sender.as_mut() else { continue };
+        on_conn += 1;
+        let make = || {
+            http::Request::builder()
+                .uri(args.url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
+                .header("host", args.url.host().unwrap_or("localhost"))
+                .body(Empty::<Bytes>::new())
+                .expect("request")
+        };
+        let mut sent = tokio::time::timeout(Duration::from_secs(10), s.send_request(make())).await;
+        if matches!(&sent, Ok(Err(e)) if e.is_canceled()) {
+            // The server closed this keep-alive connection before reading the request.
+            counts.request_retries.fetch_add(1, Ordering::Relaxed);
+            match connect(&args, &tls).await {
+                Ok(mut fresh) => {
+                    counts.connections.fetch_add(1, Ordering::Relaxed);
+                    sent = tokio::time::timeout(Duration::from_secs(10), fresh.send_request(make())).await;
+                    sender = Some(fresh);
+                    on_conn = 1;
+                }
+                Err(e) => eprintln!("reconnect: {e}"),
+            }
+        }
+        let result = match sent {
+            Ok(Ok(resp)) => {
+                let status = resp.status().as_u16();
+                let _ = resp.into_body().collect().await;
+                Ok(status)
+            }
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err("timeout".to_string()),
+        };
+        if !counts.record(&result) {
+            sender = None;
+        }
+    }
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let args = Args::parse();
     let _ = rustls::crypto::ring::default_provider().install_default();
-    let tls = args.ca.as_ref().map(|path| {
-        let mut roots = rustls::RootCertStore::empty();
-        let pem = std::fs::read(path).expect("reading --ca");
-        for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
-            let _ = roots.add(c);
-        }
-        let cfg = rustls::ClientConfig::builder()
-            .with_root_certificates(roots)
-            .with_no_client_auth();
-        tokio_rustls::TlsConnector::from(Arc::new(cfg))
-    });
+    let tls = args.ca.as_deref().map(tls_connector);
     let counts = Arc::new(Counts::default());
     // SIGTERM ends the run early; the summary is still written.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -117,95 +230,12 @@ async fn main() {
     let mut tasks = Vec::new();
     for _ in 0..args.workers {
         let (args, tls, counts, stop) = (args.clone(), tls.clone(), counts.clone(), stop.clone());
-        tasks.push(tokio::spawn(async move {
-            let mut sender: Option<Sender> = None;
-            let mut on_conn = 0;
-            let mut tick = tokio::time::interval(per_worker);
-            while Instant::now() < deadline && !stop.load(Ordering::Relaxed) {
-                tick.tick().await;
-                if sender.is_none() || on_conn >= args.new_conn_every {
-                    let mut attempt = connect(&args, &tls).await;
-                    if attempt.is_err() {
-                        counts.connect_retries.fetch_add(1, Ordering::Relaxed);
-                        tokio::time::sleep(Duration::from_millis(100)).await;
-                        attempt = connect(&args, &tls).await;
-                    }
-                    match attempt {
-                        Ok(s) => {
-                            counts.connections.fetch_add(1, Ordering::Relaxed);
-                            sender = Some(s);
-                            on_conn = 0;
-                        }
-                        Err(e) => {
-                            if e.starts_with("tcp: ") {
-                                counts.tcp_connect_failures.fetch_add(1, Ordering::Relaxed);
-                            } else {
-                                counts.errors.fetch_add(1, Ordering::Relaxed);
-                            }
-                            eprintln!("connect: {e}");
-                            continue;
-                        }
-                    }
-                }
-                let Some(s) = sender.as_mut() else { continue };
-                on_conn += 1;
-                let make = || {
-                    http::Request::builder()
-                        .uri(args.url.path_and_query().map(|p| p.as_str()).unwrap_or("/"))
-                        .header("host", args.url.host().unwrap_or("localhost"))
-                        .body(Empty::<Bytes>::new())
-                        .expect("request")
-                };
-                let mut sent = tokio::time::timeout(Duration::from_secs(10), s.send_request(make())).await;
-                if matches!(&sent, Ok(Err(e)) if e.is_canceled()) {
-                    // The server closed this keep-alive connection before reading the request.
-                    counts.request_retries.fetch_add(1, Ordering::Relaxed);
-                    match connect(&args, &tls).await {
-                        Ok(mut fresh) => {
-                            counts.connections.fetch_add(1, Ordering::Relaxed);
-                            sent = tokio::time::timeout(Duration::from_secs(10), fresh.send_request(make())).await;
-                            sender = Some(fresh);
-                            on_conn = 1;
-                        }
-                        Err(e) => eprintln!("reconnect: {e}"),
-                    }
-                }
-                let result = match sent {
-                    Ok(Ok(resp)) => {
-                        let status = resp.status().as_u16();
-                        let _ = resp.into_body().collect().await;
-                        Ok(status)
-                    }
-                    Ok(Err(e)) => Err(e.to_string()),
-                    Err(_) => Err("timeout".to_string()),
-                };
-                match result {
-                    Ok(200..=399) => counts.ok.fetch_add(1, Ordering::Relaxed),
-                    Ok(400..=499) => counts.status_4xx.fetch_add(1, Ordering::Relaxed),
-                    Ok(_) => counts.status_5xx.fetch_add(1, Ordering::Relaxed),
-                    Err(e) => {
-                        eprintln!("request: {e}");
-                        sender = None;
-                        counts.errors.fetch_add(1, Ordering::Relaxed)
-                    }
-                };
-            }
-        }));
+        tasks.push(tokio::spawn(worker(args, tls, counts, stop, deadline, per_worker)));
     }
     for t in tasks {
         let _ = t.await;
     }
-    let summary = format!(
-        "{{\"ok\": {}, \"status_4xx\": {}, \"status_5xx\": {}, \"errors\": {}, \"connections\": {}, \"connect_retries\": {}, \"request_retries\": {}, \"tcp_connect_failures\": {}}}",
-        counts.ok.load(Ordering::Relaxed),
-        counts.status_4xx.load(Ordering::Relaxed),
-        counts.status_5xx.load(Ordering::Relaxed),
-        counts.errors.load(Ordering::Relaxed),
-        counts.connections.load(Ordering::Relaxed),
-        counts.connect_retries.load(Ordering::Relaxed),
-        counts.request_retries.load(Ordering::Relaxed),
-        counts.tcp_connect_failures.load(Ordering::Relaxed)
-    );
+    let summary = counts.summary();
     println!("{summary}");
     if let Some(p) = args.summary {
         let _ = std::fs::write(p, summary);

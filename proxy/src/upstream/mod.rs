@@ -71,26 +71,7 @@ impl UpstreamCluster {
             UpstreamProtocol::Http1 => &[b"http/1.1"],
             UpstreamProtocol::H2 => &[b"h2"],
         };
-        let tls = match &config.tls {
-            None => None,
-            Some(t) => {
-                // Enough TLS 1.3 tickets for every connection the pool may hold to reconnect
-                // at once (at least 8, rustls's own default).
-                let tickets = (config.pool.max_idle_per_endpoint as usize).clamp(8, 1024);
-                let cfg = client_config(&name, t, alpn, tickets).map_err(|source| UpstreamError::Tls {
-                    upstream: name.clone(),
-                    source,
-                })?;
-                let sn = match &t.server_name {
-                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| UpstreamError::ServerName {
-                        upstream: name.clone(),
-                        name: n.clone(),
-                    })?),
-                    None => None,
-                };
-                Some((cfg, sn))
-            }
-        };
+        let tls = tls_of(config, alpn)?;
         let scheme = if tls.is_some() {
             http::uri::Scheme::HTTPS
         } else {
@@ -122,18 +103,7 @@ impl UpstreamCluster {
             ))
         });
         let client = builder.build(connector);
-        let endpoints = config
-            .endpoints
-            .iter()
-            .map(|e| {
-                e.parse::<http::uri::Authority>()
-                    .map(|a| Arc::new(Endpoint::new(a, config.pool.max_connections_per_endpoint)))
-                    .map_err(|_| UpstreamError::Endpoint {
-                        upstream: name.clone(),
-                        endpoint: e.clone(),
-                    })
-            })
-            .collect::<Result<Vec<_>, _>>()?;
+        let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
             name,
             config: config.clone(),
@@ -302,3 +272,45 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
         tokio::time::sleep(hc.interval.get()).await;
     }
 }
+
+/// The upstream's TLS client config and server name, when it has TLS.
+fn tls_of(config: &Upstream, alpn: &[&[u8]]) -> Result<Option<(Arc<rustls::ClientConfig>, Option<ServerName<'static>>)>, UpstreamError> {
+    let name = &config.name;
+    Ok(match &config.tls {
+            None => None,
+            Some(t) => {
+                // Enough TLS 1.3 tickets for every connection the pool may hold to reconnect
+                // at once (at least 8, rustls's own default).
+                let tickets = (config.pool.max_idle_per_endpoint as usize).clamp(8, 1024);
+                let cfg = client_config(&name, t, alpn, tickets).map_err(|source| UpstreamError::Tls {
+                    upstream: name.clone(),
+                    source,
+                })?;
+                let sn = match &t.server_name {
+                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| UpstreamError::ServerName {
+                        upstream: name.clone(),
+                        name: n.clone(),
+                    })?),
+                    None => None,
+                };
+                Some((cfg, sn))
+            }
+        })
+}
+
+/// The configured `host:port` endpoints.
+fn static_endpoints(config: &Upstream) -> Result<Vec<Arc<Endpoint>>, UpstreamError> {
+    config
+        .endpoints
+        .iter()
+        .map(|e| {
+            e.parse::<http::uri::Authority>()
+                .map(|a| Arc::new(Endpoint::new(a, config.pool.max_connections_per_endpoint)))
+                .map_err(|_| UpstreamError::Endpoint {
+                    upstream: config.name.clone(),
+                    endpoint: e.clone(),
+                })
+        })
+        .collect()
+}
+
