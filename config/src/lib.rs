@@ -12,10 +12,10 @@ mod validate_split;
 
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
+pub use field::FieldError;
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
-pub use field::FieldError;
 pub use validate::{is_valid_server_name, validate};
 pub use validate_split::check_live_weights;
 

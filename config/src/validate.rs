@@ -7,7 +7,6 @@ use std::net::SocketAddr;
 use crate::field::{err, http_header_name_invalid, http_token, FieldError};
 use crate::ProxyConfig;
 
-
 /// Whether a DNS name or a `*.`-wildcard name is well formed.
 pub fn is_valid_server_name(name: &str) -> bool {
     let bare = name.strip_prefix("*.").unwrap_or(name);
@@ -46,7 +45,6 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
         Err(errors)
     }
 }
-
 
 /// Listeners: unique names and addresses, TLS files and names; the admin address.
 fn check_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
@@ -117,7 +115,6 @@ fn check_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
             errors.push(err("admin.address", format!("port {} is used by a listener", a.port())));
         }
     }
-
 }
 
 /// Upstreams: unique names, endpoints, TLS, pool and health check values. Returns the names.
@@ -296,5 +293,4 @@ fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     if config.worker_threads == Some(0) {
         errors.push(err("workerThreads", "must be at least 1"));
     }
-
 }

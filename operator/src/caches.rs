@@ -66,7 +66,17 @@ impl Caches {
         let (all_tx, all_fleets) = unbounded::<()>();
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
         let task = tokio::spawn(async move {
-            tokio::join!(f1, f2, f3, f4, f5, f6, f7, f8, futures::future::join_all(cluster_watches));
+            tokio::join!(
+                f1,
+                f2,
+                f3,
+                f4,
+                f5,
+                f6,
+                f7,
+                f8,
+                futures::future::join_all(cluster_watches)
+            );
         });
         Self {
             stores: Stores {
@@ -180,4 +190,3 @@ where
     });
     (reader, stream)
 }
-

@@ -4,17 +4,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::StreamExt;
-use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
-use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::{Secret, Service};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::{Recorder, Reporter};
-use kube::runtime::reflector::{self, ObjectRef, Store};
-use kube::runtime::{watcher, WatchStreamExt};
+use kube::runtime::reflector::{ObjectRef, Store};
+use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
-use serde::de::DeserializeOwned;
 use tracing::{field, info_span, Instrument};
 
 use crate::apply::{Applier, ApplyError, Outcome};
@@ -585,9 +583,20 @@ pub async fn run(
         wake,
         task,
     } = caches;
-    let ctx = Arc::new(context(&client, &metrics, settings, identity, stores, apps, cluster_secrets));
+    let ctx = Arc::new(context(
+        &client,
+        &metrics,
+        settings,
+        identity,
+        stores,
+        apps,
+        cluster_secrets,
+    ));
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
-    let controller = Controller::new(Api::<ProxyDeployment>::all(client.clone()), watcher::Config::default().any_semantic());
+    let controller = Controller::new(
+        Api::<ProxyDeployment>::all(client.clone()),
+        watcher::Config::default().any_semantic(),
+    );
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
     let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
     let app_controller = tokio::spawn(crate::app::controller::run(client.clone(), ctx.clone(), async move {

@@ -87,7 +87,8 @@ fn settings_of(args: &Args) -> OperatorSettings {
 fn leadership(client: &Client, args: &Args, identity: &str) -> watch::Receiver<bool> {
     let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
     if args.leader_elect {
-        let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
+        let election =
+            leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
         tokio::spawn(election.run(leader_tx));
     }
     leader_rx

@@ -124,12 +124,7 @@ fn phase_and_conditions(observed: &Observed<'_>, c: &Counts) -> (Phase, Vec<Want
             "RolloutComplete",
             "all pods run the current revision",
         ));
-        wanted.push(Want::new(
-            READY,
-            true,
-            "Ready",
-            format!("{}/{} ready", c.ready, c.spec),
-        ));
+        wanted.push(Want::new(READY, true, "Ready", format!("{}/{} ready", c.ready, c.spec)));
         Phase::Ready
     } else {
         let why = if c.canary_running {

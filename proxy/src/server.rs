@@ -95,13 +95,11 @@ fn build_shared(
 }
 
 async fn bind_admin(address: &str) -> Result<(TcpListener, SocketAddr), ServerError> {
-    let admin = TcpListener::bind(address)
-        .await
-        .map_err(|source| ServerError::Bind {
-            what: "admin".into(),
-            address: address.to_string(),
-            source,
-        })?;
+    let admin = TcpListener::bind(address).await.map_err(|source| ServerError::Bind {
+        what: "admin".into(),
+        address: address.to_string(),
+        source,
+    })?;
     let admin_addr = admin.local_addr().map_err(|source| ServerError::Bind {
         what: "admin".into(),
         address: address.to_string(),
@@ -167,7 +165,13 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     }
     crate::reload::spawn_watch(shared.clone());
 
-    let done = tokio::spawn(drain_on_shutdown(shared.clone(), shutdown_rx.clone(), stop_accepting_tx, accept_tasks, graceful));
+    let done = tokio::spawn(drain_on_shutdown(
+        shared.clone(),
+        shutdown_rx.clone(),
+        stop_accepting_tx,
+        accept_tasks,
+        graceful,
+    ));
 
     Ok(RunningProxy {
         listener_addrs,

@@ -194,7 +194,9 @@ struct Oracle {
 impl Oracle {
     /// Folds a measurement in, as counted by nobody but the oracle.
     fn fold(&mut self, prev: &CanaryStatus, active: Option<(&Analysis, AnalysisKind)>, m: Option<&Measurement>) {
-        let (Some((a, kind)), Some(m)) = (active, m) else { return };
+        let (Some((a, kind)), Some(m)) = (active, m) else {
+            return;
+        };
         let fails = m.verdicts.iter().map(|(_, v)| matches!(v, Verdict::Failure(_)));
         for (i, f) in fails.enumerate() {
             match kind {
@@ -203,8 +205,8 @@ impl Oracle {
             }
         }
         if kind == AnalysisKind::Background && m.window_start >= self.weight_since && prev.weight > 0 {
-            let passed = m.verdicts.iter().all(|(_, v)| matches!(v, Verdict::Success(_)))
-                && m.verdicts.len() == a.metrics.len();
+            let passed =
+                m.verdicts.iter().all(|(_, v)| matches!(v, Verdict::Success(_))) && m.verdicts.len() == a.metrics.len();
             self.latest_at_weight = Some(passed);
         }
     }

@@ -110,7 +110,15 @@ pub async fn plan(
         };
     };
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
-    let obs = observe(pxd, owner, ctx, &strategy, &revision, (stable.as_deref(), canary.as_deref())).await;
+    let obs = observe(
+        pxd,
+        owner,
+        ctx,
+        &strategy,
+        &revision,
+        (stable.as_deref(), canary.as_deref()),
+    )
+    .await;
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
     let mut out = RolloutPlan {
         plans: Vec::new(),

@@ -362,7 +362,15 @@ async fn rotate(
             step.state.since.to_string().into(),
         ),
     ]);
-    let data = rotation_data(&write, namespace, secret, &cert_pem, o.now, ctx.settings.ca_duration, &mut annotations)?;
+    let data = rotation_data(
+        &write,
+        namespace,
+        secret,
+        &cert_pem,
+        o.now,
+        ctx.settings.ca_duration,
+        &mut annotations,
+    )?;
     let patch = serde_json::json!({
         "metadata": {"resourceVersion": secret.metadata.resource_version, "annotations": annotations},
         "data": data,
@@ -398,17 +406,13 @@ fn rotation_data(
     match write {
         Write::StartRotation => {
             let stamp = issue::rfc3339(now);
-            let next = issue::new_ca(
-                &format!("proxyfleet CA {namespace} {stamp}"),
-                now,
-                ca_duration,
-            )
-            .map_err(|e| e.to_string())?;
+            let next = issue::new_ca(&format!("proxyfleet CA {namespace} {stamp}"), now, ca_duration)
+                .map_err(|e| e.to_string())?;
             data.insert("next.crt".into(), b64(&next.cert_pem).into());
             data.insert("next.key".into(), b64(&next.key_pem).into());
             data.insert(
                 "bundle.crt".into(),
-                b64(&format!("{}{}", ensure_newline(&cert_pem), next.cert_pem)).into(),
+                b64(&format!("{}{}", ensure_newline(cert_pem), next.cert_pem)).into(),
             );
             annotations.insert(ca_rotation::ROTATE_ANNOTATION.into(), serde_json::Value::Null);
         }
@@ -417,12 +421,12 @@ fn rotation_data(
             let next_key = text(secret, "next.key").ok_or("no next.key to swap to")?;
             data.insert("ca.crt".into(), b64(&next_crt).into());
             data.insert("ca.key".into(), b64(&next_key).into());
-            data.insert("previous.crt".into(), b64(&cert_pem).into());
+            data.insert("previous.crt".into(), b64(cert_pem).into());
             data.insert("next.crt".into(), serde_json::Value::Null);
             data.insert("next.key".into(), serde_json::Value::Null);
         }
         Write::DropPrevious => {
-            data.insert("bundle.crt".into(), b64(&cert_pem).into());
+            data.insert("bundle.crt".into(), b64(cert_pem).into());
             data.insert("previous.crt".into(), serde_json::Value::Null);
         }
         Write::Phase => {}

@@ -270,8 +270,14 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             )
             .await;
             let named = selection.targets.iter().map(|c| c.name.as_str()).zip(observations);
-            let unknown = selection.unknown.iter().map(|n| (n.as_str(), Observation::NotRegistered));
-            named.chain(unknown).map(|(n, o)| status::cluster_status(n, &o, prev(n), &now)).collect()
+            let unknown = selection
+                .unknown
+                .iter()
+                .map(|n| (n.as_str(), Observation::NotRegistered));
+            named
+                .chain(unknown)
+                .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
+                .collect()
         }
     };
     entries.sort_by(|a, b| a.name.cmp(&b.name));
@@ -353,14 +359,26 @@ async fn not_applied(
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
     let entries: Vec<ClusterStatus> = targets
         .iter()
-        .map(|c| status::cluster_status(&c.name, &Observation::NotApplied(message.to_string()), prev(&c.name), now))
+        .map(|c| {
+            status::cluster_status(
+                &c.name,
+                &Observation::NotApplied(message.to_string()),
+                prev(&c.name),
+                now,
+            )
+        })
         .collect();
     let condition = match invalid {
         Some(m) => {
             ctx.warn(owner, "InvalidOverride", &m).await;
             status::condition(&entries, Some(&m))
         }
-        None => Want::new(crate::conditions::PROPAGATED, false, "CAUnavailable", message.to_string()),
+        None => Want::new(
+            crate::conditions::PROPAGATED,
+            false,
+            "CAUnavailable",
+            message.to_string(),
+        ),
     };
     Outcome {
         condition: Some(condition),

@@ -161,7 +161,12 @@ fn pod_volumes(
 }
 
 /// The proxy container: its ports, probes, mounts and a locked-down security context.
-fn proxy_container(spec: &ProxyDeploymentSpec, pod: &PodRevision, pull_policy: &str, mounts: Vec<VolumeMount>) -> Container {
+fn proxy_container(
+    spec: &ProxyDeploymentSpec,
+    pod: &PodRevision,
+    pull_policy: &str,
+    mounts: Vec<VolumeMount>,
+) -> Container {
     let mut ports: Vec<ContainerPort> = spec
         .listeners
         .iter()

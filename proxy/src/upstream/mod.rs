@@ -273,29 +273,32 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
     }
 }
 
+/// A TLS client config and the name to present, for an upstream with TLS.
+type UpstreamTlsClient = (Arc<rustls::ClientConfig>, Option<ServerName<'static>>);
+
 /// The upstream's TLS client config and server name, when it has TLS.
-fn tls_of(config: &Upstream, alpn: &[&[u8]]) -> Result<Option<(Arc<rustls::ClientConfig>, Option<ServerName<'static>>)>, UpstreamError> {
+fn tls_of(config: &Upstream, alpn: &[&[u8]]) -> Result<Option<UpstreamTlsClient>, UpstreamError> {
     let name = &config.name;
     Ok(match &config.tls {
-            None => None,
-            Some(t) => {
-                // Enough TLS 1.3 tickets for every connection the pool may hold to reconnect
-                // at once (at least 8, rustls's own default).
-                let tickets = (config.pool.max_idle_per_endpoint as usize).clamp(8, 1024);
-                let cfg = client_config(&name, t, alpn, tickets).map_err(|source| UpstreamError::Tls {
+        None => None,
+        Some(t) => {
+            // Enough TLS 1.3 tickets for every connection the pool may hold to reconnect
+            // at once (at least 8, rustls's own default).
+            let tickets = (config.pool.max_idle_per_endpoint as usize).clamp(8, 1024);
+            let cfg = client_config(name, t, alpn, tickets).map_err(|source| UpstreamError::Tls {
+                upstream: name.clone(),
+                source,
+            })?;
+            let sn = match &t.server_name {
+                Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| UpstreamError::ServerName {
                     upstream: name.clone(),
-                    source,
-                })?;
-                let sn = match &t.server_name {
-                    Some(n) => Some(ServerName::try_from(n.clone()).map_err(|_| UpstreamError::ServerName {
-                        upstream: name.clone(),
-                        name: n.clone(),
-                    })?),
-                    None => None,
-                };
-                Some((cfg, sn))
-            }
-        })
+                    name: n.clone(),
+                })?),
+                None => None,
+            };
+            Some((cfg, sn))
+        }
+    })
 }
 
 /// The configured `host:port` endpoints.
@@ -313,4 +316,3 @@ fn static_endpoints(config: &Upstream) -> Result<Vec<Arc<Endpoint>>, UpstreamErr
         })
         .collect()
 }
-
