@@ -152,6 +152,9 @@ ok=$(jq '.ok' /tmp/app-load.json)
 [ "$ok" -gt 1000 ] || fail "only $ok requests under load"
 [ "$failed" = 0 ] || fail "$failed failed requests during the healthy rollout"
 say "healthy rollout: $ok requests, 0 failed"
+# The plugin's verbs take approllout/NAME.
+"$PLUGIN" -n "$ns" get apr shop | grep -q "approllout/shop .*weight=0%" || fail "kubectl proxyfleet get apr"
+"$PLUGIN" -n "$ns" status approllout/shop --timeout 30 >/dev/null || fail "kubectl proxyfleet status approllout/shop"
 
 say "3. v3 answering 30 % 500 → rolled back"
 "$LOADGEN" --url https://shop.example.com/e2e-app --connect "$ip:443" --ca "$ca" --rate 40 --workers 2 \
