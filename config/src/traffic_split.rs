@@ -62,8 +62,9 @@ pub struct BackendOverride {
     pub upstream: String,
 }
 
-/// Shadow traffic: a copy of a share of the route's requests (those without a body) goes to
-/// another upstream; its responses are discarded and only counted.
+/// Shadow traffic: a copy of a share of the route's requests goes to another upstream (bodies up
+/// to 64 KiB with a Content-Length are copied; larger or chunked ones are not mirrored); its
+/// responses are discarded and only counted.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Mirror {

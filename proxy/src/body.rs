@@ -27,6 +27,8 @@ pin_project_lite::pin_project! {
     pub enum UpstreamBody {
         Empty,
         Streaming { #[pin] inner: Incoming, remaining: u64, limit: u64 },
+        /// A small body read whole first (a mirrored request's: both copies send it).
+        Buffered { data: Option<Bytes> },
     }
 }
 
@@ -47,6 +49,7 @@ impl Body for UpstreamBody {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {
             UpstreamBodyProj::Empty => Poll::Ready(None),
+            UpstreamBodyProj::Buffered { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
             UpstreamBodyProj::Streaming {
                 inner,
                 remaining,
@@ -73,6 +76,7 @@ impl Body for UpstreamBody {
         match self {
             Self::Empty => true,
             Self::Streaming { inner, .. } => inner.is_end_stream(),
+            Self::Buffered { data } => data.is_none(),
         }
     }
 
@@ -80,6 +84,7 @@ impl Body for UpstreamBody {
         match self {
             Self::Empty => SizeHint::with_exact(0),
             Self::Streaming { inner, .. } => inner.size_hint(),
+            Self::Buffered { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
 }

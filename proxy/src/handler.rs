@@ -202,6 +202,41 @@ fn finish(
     resp
 }
 
+/// Copies a sampled request to the mirror and returns the body the real request sends: a small
+/// sized body is read whole first so both copies can send it; any other body streams as usual
+/// and is not mirrored.
+async fn mirrored(
+    mirror: &crate::mirror::CompiledMirror,
+    parts: &http::request::Parts,
+    incoming: Incoming,
+    body_limit: u64,
+) -> Result<UpstreamBody, Response<ClientBody>> {
+    use http_body_util::BodyExt;
+    if incoming.is_end_stream() {
+        mirror.copy(parts, bytes::Bytes::new());
+        return Ok(UpstreamBody::Empty);
+    }
+    let small = incoming
+        .size_hint()
+        .exact()
+        .is_some_and(|n| n <= crate::mirror::MAX_BODY.min(body_limit));
+    if !small {
+        mirror.skip();
+        return Ok(UpstreamBody::streaming(incoming, body_limit));
+    }
+    match http_body_util::Limited::new(incoming, crate::mirror::MAX_BODY as usize)
+        .collect()
+        .await
+    {
+        Ok(collected) => {
+            let data = collected.to_bytes();
+            mirror.copy(parts, data.clone());
+            Ok(UpstreamBody::Buffered { data: Some(data) })
+        }
+        Err(_) => Err(status_response(StatusCode::BAD_REQUEST, "malformed request body\n")),
+    }
+}
+
 enum Attempt {
     Done(Response<Incoming>),
     /// Failed in a way that may be retried (connect failure or 502/503/504).
@@ -218,15 +253,15 @@ async fn forward(
 ) -> Response<ClientBody> {
     let route = target.route;
     let (mut parts, incoming) = req.into_parts();
-    if let Some(mirror) = &route.mirror {
-        mirror.maybe_copy(&parts, !incoming.is_end_stream());
-    }
     route.retry_budget.on_request();
     let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
-    let mut body = Some(if incoming.is_end_stream() {
-        UpstreamBody::Empty
-    } else {
-        UpstreamBody::streaming(incoming, body_limit)
+    let mut body = Some(match &route.mirror {
+        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_limit).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        },
+        _ if incoming.is_end_stream() => UpstreamBody::Empty,
+        _ => UpstreamBody::streaming(incoming, body_limit),
     });
 
     if parts.headers.get(header::HOST).is_none() {

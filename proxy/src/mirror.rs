@@ -1,10 +1,14 @@
-//! Shadow traffic: a copy of a share of a route's bodyless requests goes to another upstream
-//! from a task of its own. The client's request never waits for it and never sees its result;
-//! only `proxyfleet_mirror_requests_total` does. A mirror endpoint at its connection limit is
-//! skipped rather than queued for, so a slow mirror cannot pile up tasks.
+//! Shadow traffic: a copy of a share of a route's requests goes to another upstream from a task
+//! of its own. The client's request never waits for it and never sees its result; only
+//! `proxyfleet_mirror_requests_total` does. A body is copied when its Content-Length is at most
+//! `MAX_BODY` (it is read whole first, then both copies send it); a larger or chunked body is
+//! not mirrored (`result="skipped"`). A mirror endpoint at its connection limit is skipped rather
+//! than queued for, so a slow mirror cannot pile up tasks.
 
 use std::sync::Arc;
 use std::time::Duration;
+
+use bytes::Bytes;
 
 use http::{HeaderMap, Request, Version};
 use http_body_util::BodyExt;
@@ -15,6 +19,9 @@ use proxyfleet_config::Mirror;
 use crate::body::UpstreamBody;
 use crate::metrics::{Metrics, MirrorLabels, CODE_CLASSES};
 use crate::upstream::{self, UpstreamCluster};
+
+/// Largest request body copied to a mirror.
+pub const MAX_BODY: u64 = 64 * 1024;
 
 pub struct CompiledMirror {
     upstream: Arc<UpstreamCluster>,
@@ -53,15 +60,18 @@ impl CompiledMirror {
         }
     }
 
-    /// Sends a copy of this request when it falls in the mirrored share.
-    pub fn maybe_copy(&self, parts: &http::request::Parts, has_body: bool) {
-        if self.percent <= 0.0 || fastrand::f64() * 100.0 >= self.percent {
-            return;
-        }
-        if has_body {
-            self.results[6].inc();
-            return;
-        }
+    /// Whether this request falls in the mirrored share.
+    pub fn sampled(&self) -> bool {
+        self.percent > 0.0 && fastrand::f64() * 100.0 < self.percent
+    }
+
+    /// Counts a sampled request that is not copied (its body is too large or unsized).
+    pub fn skip(&self) {
+        self.results[6].inc();
+    }
+
+    /// Sends a copy of this request (with `body`, possibly empty).
+    pub fn copy(&self, parts: &http::request::Parts, body: Bytes) {
         let endpoints = self.upstream.endpoints.load();
         let Some(endpoint) = upstream::pick_avoiding(&endpoints, None).cloned() else {
             self.results[5].inc();
@@ -76,7 +86,12 @@ impl CompiledMirror {
         let Ok(uri) = self.upstream.request_uri(&endpoint.authority, pq) else {
             return;
         };
-        let mut req = Request::new(UpstreamBody::Empty);
+        let body = if body.is_empty() {
+            UpstreamBody::Empty
+        } else {
+            UpstreamBody::Buffered { data: Some(body) }
+        };
+        let mut req = Request::new(body);
         *req.method_mut() = parts.method.clone();
         *req.uri_mut() = uri;
         *req.version_mut() = Version::HTTP_11;

@@ -390,8 +390,28 @@ upstreams:
     // Twenty requests, each mirrored to an upstream that takes 2 s and answers 500: none of
     // them waited for it (the bound is the mirror's delay, not a latency target).
     assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    // Bodies: a small one is copied too, a large one streams to the real upstream only.
+    for (len, copied) in [(5usize, true), (100 * 1024, false)] {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+        let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let req = http::Request::post("/upload")
+            .header("host", "app")
+            .body(Full::new(Bytes::from(vec![b'x'; len])))
+            .unwrap();
+        let resp = send.send_request(req).await.unwrap();
+        assert_eq!(resp.status(), 200);
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            String::from_utf8_lossy(&body),
+            format!("real /upload {len}"),
+            "copied: {copied}"
+        );
+    }
     let deadline = Instant::now() + Duration::from_secs(10);
-    while seen.load(Ordering::Relaxed) < 20 {
+    while seen.load(Ordering::Relaxed) < 21 {
         assert!(
             Instant::now() < deadline,
             "the mirror saw {}",
@@ -407,10 +427,18 @@ upstreams:
             "proxyfleet_mirror_requests_total",
             &["route=\"shadowed\"", "result=\"5xx\""],
         );
-        if n == 20.0 {
+        let skipped = metric_sum(
+            &m,
+            "proxyfleet_mirror_requests_total",
+            &["route=\"shadowed\"", "result=\"skipped\""],
+        );
+        if n == 21.0 && skipped == 1.0 {
             break;
         }
-        assert!(Instant::now() < deadline, "mirror results counted: {n}");
+        assert!(
+            Instant::now() < deadline,
+            "mirror results counted: {n}, skipped {skipped}"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     proxy.running.drain();
