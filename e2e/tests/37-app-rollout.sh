@@ -4,7 +4,7 @@
 # 2. v1 → v2 under load: weights 5 → 30 → 100 → promoted, 0 failed requests, the client-side
 #    share of v2 printed per step; sticky users never leave the canary as its weight grows;
 #    `x-canary: always` reaches the canary; the operator restarted mid-rollout repeats no step;
-# 3. v3 answering 30 % 500 → rolled back; the time from the first failing measurement to
+# 3. v3 answering 20 % 500 → rolled back; the time from the first failing measurement to
 #    weight 0 on every proxy pod printed (goal ≤ one interval + 2 s).
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
@@ -156,11 +156,11 @@ say "healthy rollout: $ok requests, 0 failed"
 "$PLUGIN" -n "$ns" get apr shop | grep -q "approllout/shop .*weight=0%" || fail "kubectl proxyfleet get apr"
 "$PLUGIN" -n "$ns" status approllout/shop --timeout 30 >/dev/null || fail "kubectl proxyfleet status approllout/shop"
 
-say "3. v3 answering 30 % 500 → rolled back"
+say "3. v3 answering 20 % 500 → rolled back"
 "$LOADGEN" --url https://shop.example.com/e2e-app --connect "$ip:443" --ca "$ca" --rate 40 --workers 2 \
   --duration 300s --summary /tmp/app-load-bad.json >/dev/null 2>>/tmp/app-load.err &
 LOAD_PID=$!
-kubectl set env -n "$ns" deploy/shop ECHO_VERSION=v3 ECHO_ERROR_PERCENT=30 >/dev/null
+kubectl set env -n "$ns" deploy/shop ECHO_VERSION=v3 ECHO_ERROR_PERCENT=20 >/dev/null
 first_bad=""; end=$(( $(date +%s) + 240 ))
 while :; do
   [ "$(date +%s)" -lt "$end" ] || { kubectl get approllout -n "$ns" shop -o yaml >&2; fail "v3 not rolled back within 240s"; }
