@@ -337,21 +337,34 @@ async fn move_weights(
     let generation = previous.weights_generation + u64::from(changed);
     let fleet = &ar.spec.route.proxy_deployment;
     let doc = weights::document(owner, &ar.spec.route.name, generation, weight, forced);
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let cm = weights::config_map(owner, fleet, &doc);
-    let params = PatchParams::apply(&field_manager(owner)).force();
-    match cms
-        .patch(&weights::config_map_name(fleet), &params, &Patch::Apply(&cm))
-        .await
-    {
-        Ok(_) => ctx.metrics.api_write("ConfigMap", "apply"),
-        Err(e) => tracing::warn!(error = %e, "writing the live weights ConfigMap failed"),
-    }
+    write_weights_config_map(ctx, owner, fleet, &doc).await;
     let applied = push(ctx, owner, fleet, &doc).await;
     if changed {
         tracing::info!(approllout = %owner.name, weight, generation, confirmed = applied.0, pods = applied.1, "weights moved");
     }
     (generation, applied)
+}
+
+/// This rollout's key of the fleet's weights ConfigMap, written only when it differs from the
+/// cached one (a quiet reconcile writes nothing).
+async fn write_weights_config_map(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_config::LiveWeights) {
+    let name = weights::config_map_name(fleet);
+    let key = format!("{}.json", owner.name);
+    let json = doc.to_json();
+    let cached = ctx
+        .stores
+        .config_maps
+        .get(&ObjectRef::new(&name).within(&owner.namespace));
+    if cached.and_then(|c| c.data.as_ref()?.get(&key).cloned()).as_deref() == Some(json.as_str()) {
+        return;
+    }
+    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let cm = weights::config_map(owner, fleet, doc);
+    let params = PatchParams::apply(&field_manager(owner)).force();
+    match cms.patch(&name, &params, &Patch::Apply(&cm)).await {
+        Ok(_) => ctx.metrics.api_write("ConfigMap", "apply"),
+        Err(e) => tracing::warn!(error = %e, "writing the live weights ConfigMap failed"),
+    }
 }
 
 /// Pushes `doc` to each proxy pod of the fleet that does not report it yet.
