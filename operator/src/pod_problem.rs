@@ -18,10 +18,14 @@ pub fn progress_deadline_secs(pxd: &ProxyDeployment) -> i64 {
         .unwrap_or(crate::canary::machine::DEFAULT_PROGRESS_DEADLINE)
 }
 
-/// The first not-ready pod's problem, e.g. `pod demo-canary-x: CrashLoopBackOff: reading
-/// upstream CA /etc/nope/ca.pem: No such file` (None when every pod is ready).
+/// The newest not-ready pod's problem, e.g. `pod demo-canary-x: CrashLoopBackOff: reading
+/// upstream CA /etc/nope/ca.pem: No such file` (None when every pod is ready). Newest first: the
+/// rollout waits for the current revision's pods, while an older revision's pod may be stuck for
+/// a reason of its own (its ConfigMap already replaced, say).
 pub fn describe_pods(pods: &[Pod]) -> Option<String> {
-    pods.iter().find_map(describe_pod)
+    let mut newest_first: Vec<&Pod> = pods.iter().collect();
+    newest_first.sort_by(|a, b| b.metadata.creation_timestamp.cmp(&a.metadata.creation_timestamp));
+    newest_first.into_iter().find_map(describe_pod)
 }
 
 fn describe_pod(pod: &Pod) -> Option<String> {
@@ -122,6 +126,25 @@ mod tests {
             d.contains("last exit 1 (Error): reading upstream CA /etc/nope/ca.pem"),
             "{d}"
         );
+    }
+
+    #[test]
+    fn the_newest_pod_is_the_one_described() {
+        let old = pod(
+            serde_json::json!({"metadata": {"name": "old", "creationTimestamp": "2026-12-02T07:00:00Z"},
+            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
+              "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+                "state": {"waiting": {"reason": "ContainerCreating"}}}]}}),
+        );
+        let new = pod(
+            serde_json::json!({"metadata": {"name": "new", "creationTimestamp": "2026-12-02T07:00:05Z"},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
+              "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 2, "image": "x", "imageID": "",
+                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "reading /etc/nope/ca.pem"}}}]}}),
+        );
+        let d = describe_pods(&[old, new]).unwrap();
+        assert!(d.starts_with("pod new: CrashLoopBackOff"), "{d}");
     }
 
     #[test]
