@@ -503,7 +503,7 @@ async fn delete_orphans(
 
 /// The Deployment controller gave up on the stable pods: say which pod and why.
 async fn stalled(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, d: &Deployment) -> Problem {
-    let why = crate::pod_problem::describe(ctx, owner, Track::Stable)
+    let why = crate::pod_problem::describe(ctx, owner, Track::Stable, status::revision_of(d).as_deref())
         .await
         .unwrap_or_else(|| "no pod reported a reason".into());
     let message = format!(

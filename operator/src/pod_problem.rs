@@ -18,14 +18,27 @@ pub fn progress_deadline_secs(pxd: &ProxyDeployment) -> i64 {
         .unwrap_or(crate::canary::machine::DEFAULT_PROGRESS_DEADLINE)
 }
 
-/// The newest not-ready pod's problem, e.g. `pod demo-canary-x: CrashLoopBackOff: reading
-/// upstream CA /etc/nope/ca.pem: No such file` (None when every pod is ready). Newest first: the
-/// rollout waits for the current revision's pods, while an older revision's pod may be stuck for
-/// a reason of its own (its ConfigMap already replaced, say).
-pub fn describe_pods(pods: &[Pod]) -> Option<String> {
-    let mut newest_first: Vec<&Pod> = pods.iter().collect();
-    newest_first.sort_by(|a, b| b.metadata.creation_timestamp.cmp(&a.metadata.creation_timestamp));
-    newest_first.into_iter().find_map(describe_pod)
+/// The first not-ready pod's problem, e.g. `pod demo-canary-x: CrashLoopBackOff: reading
+/// upstream CA /etc/nope/ca.pem: No such file` (None when every pod is ready). Pods of
+/// `revision` (the one the rollout waits for) come first, then the newest: an older revision's
+/// pod may be stuck for a reason of its own (its ConfigMap already replaced, say).
+pub fn describe_pods(pods: &[Pod], revision: Option<&str>) -> Option<String> {
+    let current = |p: &Pod| {
+        revision.is_some()
+            && p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get(labels::REVISION))
+                .map(String::as_str)
+                == revision
+    };
+    let mut order: Vec<&Pod> = pods.iter().collect();
+    order.sort_by(|a, b| {
+        current(b)
+            .cmp(&current(a))
+            .then_with(|| b.metadata.creation_timestamp.cmp(&a.metadata.creation_timestamp))
+    });
+    order.into_iter().find_map(describe_pod)
 }
 
 fn describe_pod(pod: &Pod) -> Option<String> {
@@ -82,12 +95,13 @@ fn describe_pod(pod: &Pod) -> Option<String> {
     Some(format!("pod {name}: {}", parts.join(": ")))
 }
 
-/// Lists the track's pods and describes the first one that is not ready.
-pub async fn describe(ctx: &Context, owner: &Owner, track: Track) -> Option<String> {
+/// Lists the track's pods and describes the first one that is not ready, those of `revision`
+/// first.
+pub async fn describe(ctx: &Context, owner: &Owner, track: Track, revision: Option<&str>) -> Option<String> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let selector = labels::selector_string(&labels::track_selector(&owner.name, track));
     match pods.list(&ListParams::default().labels(&selector)).await {
-        Ok(list) => describe_pods(&list.items),
+        Ok(list) => describe_pods(&list.items, revision),
         Err(e) => Some(format!("could not list the {} pods: {e}", track.as_str())),
     }
 }
@@ -120,7 +134,7 @@ mod tests {
                 "lastState": {"terminated": {"exitCode": 1, "reason": "Error",
                   "message": "reading upstream CA /etc/nope/ca.pem: No such file or directory\n"}}}]}
         }));
-        let d = describe_pods(&[p]).unwrap();
+        let d = describe_pods(&[p], None).unwrap();
         assert!(d.starts_with("pod demo-canary-1: CrashLoopBackOff"), "{d}");
         assert!(
             d.contains("last exit 1 (Error): reading upstream CA /etc/nope/ca.pem"),
@@ -129,33 +143,39 @@ mod tests {
     }
 
     #[test]
-    fn the_newest_pod_is_the_one_described() {
-        let old = pod(
-            serde_json::json!({"metadata": {"name": "old", "creationTimestamp": "2026-12-02T07:00:00Z"},
-            "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "True"}],
-              "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
-                "state": {"waiting": {"reason": "ContainerCreating"}}}]}}),
-        );
-        let new = pod(
-            serde_json::json!({"metadata": {"name": "new", "creationTimestamp": "2026-12-02T07:00:05Z"},
-            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "False"}],
-              "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 2, "image": "x", "imageID": "",
-                "state": {"waiting": {"reason": "CrashLoopBackOff"}},
-                "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "reading /etc/nope/ca.pem"}}}]}}),
-        );
-        let d = describe_pods(&[old, new]).unwrap();
+    fn the_current_revisions_pod_is_the_one_described() {
+        // Created in the same second (a fleet patched right after its creation): only the
+        // revision tells them apart.
+        let status_creating = serde_json::json!({"phase": "Pending",
+            "conditions": [{"type": "PodScheduled", "status": "True"}],
+            "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 0, "image": "x", "imageID": "",
+              "state": {"waiting": {"reason": "ContainerCreating"}}}]});
+        let status_crashing = serde_json::json!({"phase": "Running",
+            "conditions": [{"type": "Ready", "status": "False"}],
+            "containerStatuses": [{"name": "proxy", "ready": false, "restartCount": 2, "image": "x", "imageID": "",
+              "state": {"waiting": {"reason": "CrashLoopBackOff"}},
+              "lastState": {"terminated": {"exitCode": 1, "reason": "Error", "message": "reading /etc/nope/ca.pem"}}}]});
+        let meta = |name: &str, rev: &str| {
+            serde_json::json!({"name": name, "creationTimestamp": "2026-12-02T07:00:00Z",
+                "labels": {"proxyfleet.io/revision": rev}})
+        };
+        let old = pod(serde_json::json!({"metadata": meta("old", "r1"), "status": status_creating}));
+        let new = pod(serde_json::json!({"metadata": meta("new", "r2"), "status": status_crashing}));
+        let d = describe_pods(&[old.clone(), new.clone()], Some("r2")).unwrap();
         assert!(d.starts_with("pod new: CrashLoopBackOff"), "{d}");
+        let d = describe_pods(&[new, old], Some("r1")).unwrap();
+        assert!(d.starts_with("pod old: ContainerCreating"), "{d}");
     }
 
     #[test]
     fn ready_pods_have_no_problem_and_unscheduled_ones_say_why() {
         let ready = pod(serde_json::json!({"metadata": {"name": "a"},
             "status": {"conditions": [{"type": "Ready", "status": "True"}]}}));
-        assert_eq!(describe_pods(std::slice::from_ref(&ready)), None);
+        assert_eq!(describe_pods(std::slice::from_ref(&ready), None), None);
         let pending = pod(serde_json::json!({"metadata": {"name": "b"},
             "status": {"phase": "Pending", "conditions": [{"type": "PodScheduled", "status": "False",
               "reason": "Unschedulable", "message": "0/1 nodes are available: 1 Insufficient cpu."}]}}));
-        let d = describe_pods(&[ready, pending]).unwrap();
+        let d = describe_pods(&[ready, pending], None).unwrap();
         assert_eq!(d, "pod b: Unschedulable: 0/1 nodes are available: 1 Insufficient cpu.");
     }
 }

@@ -206,7 +206,8 @@ async fn observe(
     if let Some(prev) = previous.as_ref().filter(|p| p.phase == machine::PROGRESSING) {
         let waited = obs.now - machine::started_at(prev).unwrap_or(obs.now);
         if waited >= obs.progress_deadline {
-            obs.canary_problem = crate::pod_problem::describe(ctx, owner, Track::Canary).await;
+            obs.canary_problem =
+                crate::pod_problem::describe(ctx, owner, Track::Canary, Some(&revision.pod.revision)).await;
         }
     }
     // Measure first when an analysis is due, from the status as it stands.
