@@ -83,15 +83,16 @@ fn settings_of(args: &Args) -> OperatorSettings {
     settings
 }
 
-/// True while this replica leads (always, without leader election).
-fn leadership(client: &Client, args: &Args, identity: &str) -> watch::Receiver<bool> {
+/// True while this replica leads (always, without leader election). Without an election the
+/// sender is returned and must be kept: a dropped sender reads as leadership lost.
+fn leadership(client: &Client, args: &Args, identity: &str) -> (Option<watch::Sender<bool>>, watch::Receiver<bool>) {
     let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
-    if args.leader_elect {
-        let election =
-            leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
-        tokio::spawn(election.run(leader_tx));
+    if !args.leader_elect {
+        return (Some(leader_tx), leader_rx);
     }
-    leader_rx
+    let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
+    tokio::spawn(election.run(leader_tx));
+    (None, leader_rx)
 }
 
 /// Notified once on SIGTERM or Ctrl-C.
@@ -149,7 +150,7 @@ async fn main() -> std::process::ExitCode {
         }
     });
 
-    let mut leader_rx = leadership(&client, &args, &identity);
+    let (_always_leader, mut leader_rx) = leadership(&client, &args, &identity);
     let shutdown = on_sigterm();
 
     tracing::info!(%identity, leader_elect = args.leader_elect, version = env!("CARGO_PKG_VERSION"), "proxyfleet-operator starting");
@@ -190,6 +191,11 @@ async fn main() -> std::process::ExitCode {
         ready.store(true, Ordering::Relaxed);
         if terminating {
             return std::process::ExitCode::SUCCESS;
+        }
+        // The election is gone (its sender dropped): never spin restarting the controller.
+        if leader_rx.has_changed().is_err() {
+            tracing::error!("leader election stopped; exiting");
+            return std::process::ExitCode::FAILURE;
         }
     }
 }
