@@ -42,6 +42,9 @@ pub struct ProxyConfig {
     /// Trust bundle files whose fingerprint the proxy reports (used to confirm CA rotation).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub trust_bundle_files: Vec<String>,
+    /// `X-Forwarded-For` trust and `X-Request-Id`.
+    #[serde(default, skip_serializing_if = "crate::Forwarding::is_default")]
+    pub forwarding: crate::Forwarding,
 }
 
 /// A listening socket.
@@ -56,6 +59,12 @@ pub struct Listener {
     /// TLS termination; plain HTTP when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<ListenerTls>,
+    /// Answer every request with a redirect to HTTPS (plain listeners only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_redirect: Option<crate::HttpsRedirect>,
+    /// One JSON line per request on standard output; off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<crate::AccessLog>,
 }
 
 /// TLS termination on a listener (TLS 1.2 and 1.3 only, ALPN h2 and http/1.1).
@@ -130,6 +139,16 @@ pub struct Route {
     /// Local rate limit (per proxy): a token bucket; requests over it get 429 with Retry-After.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rate_limit: Option<RateLimit>,
+    /// Headers added, set or removed on requests and responses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub headers: Option<crate::HeaderRules>,
+    /// Path prefix and host rewrites towards the upstream.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub rewrite: Option<crate::Rewrite>,
+    /// An upgraded (WebSocket) connection with no byte either way for this long is closed.
+    /// Default 1h.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub upgrade_idle_timeout: Option<HumanDuration>,
 }
 
 /// A token bucket: `requestsPerSecond` refill, `burst` capacity; one bucket for the route, or
@@ -420,6 +439,11 @@ pub struct Limits {
     #[serde(default = "default_max_client_connections")]
     #[schemars(range(min = 1, max = 1000000))]
     pub max_connections: u32,
+    /// Concurrent connections from one client IP address; more are closed at once, so one
+    /// source cannot take every slot. Default: no cap of its own.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 1000000))]
+    pub max_connections_per_client_ip: Option<u32>,
 }
 
 /// Graceful drain.
@@ -442,6 +466,25 @@ pub struct ConnectProxy {
     /// `host:port` targets allowed; a `*.` prefix allows subdomains, port `*` any port.
     #[schemars(length(min = 1, max = 64))]
     pub allow: Vec<String>,
+    /// Networks (CIDRs) tunnels may reach although they are loopback, link-local, private or
+    /// shared address space; checked on the resolved address, so a public name that resolves
+    /// to `10.0.0.5` is refused unless listed. Default: none.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 49)))]
+    pub allowed_networks: Vec<String>,
+    /// Time to connect to the target. Default 5s.
+    #[serde(default = "default_connect_tunnel_connect_timeout")]
+    pub connect_timeout: HumanDuration,
+    /// A tunnel with no bytes either way for this long is closed. Default 5m.
+    #[serde(default = "default_connect_tunnel_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+}
+
+fn default_connect_tunnel_connect_timeout() -> HumanDuration {
+    HumanDuration::from_secs(5)
+}
+fn default_connect_tunnel_idle_timeout() -> HumanDuration {
+    HumanDuration::from_secs(300)
 }
 
 fn default_true() -> bool {
@@ -542,6 +585,7 @@ impl Default for Limits {
             header_read_timeout: default_header_read_timeout(),
             max_request_body_bytes: default_max_body_bytes(),
             max_connections: default_max_client_connections(),
+            max_connections_per_client_ip: None,
         }
     }
 }

@@ -39,6 +39,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     let upstream_names = check_upstreams(config, &mut errors);
     check_routes(config, &upstream_names, &mut errors);
     check_the_rest(config, &mut errors);
+    crate::validate_http::check_http_rules(config, &mut errors);
     if errors.is_empty() {
         Ok(())
     } else {

@@ -84,6 +84,9 @@ pub struct ProxyDeploymentSpec {
     /// HTTP CONNECT forward proxying (off unless an allow-list is given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect: Option<ConnectProxy>,
+    /// `X-Forwarded-For` trust (which peers' addresses are kept) and `X-Request-Id`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forwarding: Option<proxyfleet_config::Forwarding>,
     /// Where the listeners' certificates come from. Default: the operator's managed CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,
@@ -167,6 +170,13 @@ pub struct ListenerSpec {
         pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub client_ca_secret: Option<String>,
+    /// Answer every request with a redirect to HTTPS (HTTP listeners only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub https_redirect: Option<proxyfleet_config::HttpsRedirect>,
+    /// One JSON line per request on the proxies' standard output (`kubectl logs`); off when
+    /// absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub access_log: Option<proxyfleet_config::AccessLog>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -37,12 +37,33 @@ pub fn config_report(shared: &Shared) -> String {
         })
         .collect();
     proxyfleet_config::AdminReport {
-        config: state.config.clone(),
+        config: redacted(&state.config),
         certificates,
         trust_bundle_sha256: state.trust_bundle_sha256.clone(),
         live_weights: crate::live_weights::report(shared),
     }
     .to_json()
+}
+
+/// The configuration with the values of header and cookie matches hidden: they can be what
+/// lets a tester reach a canary, and the admin port is reachable from the cluster.
+fn redacted(config: &proxyfleet_config::ProxyConfig) -> proxyfleet_config::ProxyConfig {
+    const HIDDEN: &str = "<redacted>";
+    let mut c = config.clone();
+    for r in &mut c.routes {
+        if let Some(h) = &mut r.matches.header {
+            h.value = HIDDEN.into();
+        }
+        for o in &mut r.overrides {
+            if let Some(h) = &mut o.header {
+                h.value = HIDDEN.into();
+            }
+            if let Some(k) = &mut o.cookie {
+                k.value = HIDDEN.into();
+            }
+        }
+    }
+    c
 }
 
 async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<Full<Bytes>>, Infallible> {
@@ -146,17 +167,32 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
 
+/// Admin connections served at once; more are closed (a scraper needs one or two).
+const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// A request head must arrive within this, and a connection lives at most `ADMIN_LIFETIME`.
+const ADMIN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const ADMIN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
+
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
+    let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
     loop {
         let Ok((tcp, _)) = listener.accept().await else {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
+        };
+        let Ok(slot) = slots.clone().try_acquire_owned() else {
+            continue; // dropping the stream closes it
         };
         let shared = shared.clone();
         tokio::spawn(async move {
             let svc = hyper::service::service_fn(move |req| route(req, shared.clone()));
-            let _ = hyper::server::conn::http1::Builder::new()
-                .serve_connection(TokioIo::new(tcp), svc)
-                .await;
+            let conn = hyper::server::conn::http1::Builder::new()
+                .timer(hyper_util::rt::TokioTimer::new())
+                .header_read_timeout(ADMIN_HEADER_TIMEOUT)
+                .max_buf_size(16 * 1024)
+                .serve_connection(TokioIo::new(tcp), svc);
+            let _ = tokio::time::timeout(ADMIN_LIFETIME, conn).await;
+            drop(slot);
         });
     }
 }

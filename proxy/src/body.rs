@@ -89,15 +89,70 @@ impl Body for UpstreamBody {
     }
 }
 
-/// What is sent to the client: the upstream's body, or a small body of our own.
-pub type ClientBody = http_body_util::Either<Incoming, http_body_util::Full<Bytes>>;
+pin_project_lite::pin_project! {
+    #[project = ClientBodyProj]
+    /// What is sent to the client: the upstream's body, a small body of our own, or either of
+    /// them counted for the access log (written when the body is done or dropped).
+    pub enum ClientBody {
+        Upstream { #[pin] inner: Incoming },
+        Own { #[pin] inner: http_body_util::Full<Bytes> },
+        Logged { inner: Pin<Box<ClientBody>>, log: crate::access_log::PendingLog },
+    }
+}
+
+impl ClientBody {
+    pub fn upstream(inner: Incoming) -> Self {
+        Self::Upstream { inner }
+    }
+}
+
+impl Body for ClientBody {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project() {
+            ClientBodyProj::Upstream { inner } => inner.poll_frame(cx),
+            ClientBodyProj::Own { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
+            ClientBodyProj::Logged { inner, log } => {
+                let polled = inner.as_mut().poll_frame(cx);
+                if let Poll::Ready(Some(Ok(frame))) = &polled {
+                    if let Some(d) = frame.data_ref() {
+                        log.bytes += d.len() as u64;
+                    }
+                }
+                polled
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Upstream { inner } => inner.is_end_stream(),
+            Self::Own { inner } => inner.is_end_stream(),
+            Self::Logged { inner, .. } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Upstream { inner } => inner.size_hint(),
+            Self::Own { inner } => inner.size_hint(),
+            Self::Logged { inner, .. } => inner.size_hint(),
+        }
+    }
+}
 
 pub fn full(text: &'static str) -> ClientBody {
-    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from_static(text.as_bytes())))
+    ClientBody::Own {
+        inner: http_body_util::Full::new(Bytes::from_static(text.as_bytes())),
+    }
 }
 
 pub fn full_owned(text: String) -> ClientBody {
-    http_body_util::Either::Right(http_body_util::Full::new(Bytes::from(text)))
+    ClientBody::Own {
+        inner: http_body_util::Full::new(Bytes::from(text)),
+    }
 }
 
 /// Whether an error chain contains an error of type E.

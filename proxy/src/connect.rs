@@ -1,11 +1,17 @@
 //! HTTP CONNECT forward proxying to an allow-list of `host:port` targets.
 
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
+use tokio::net::TcpStream;
 
 use crate::body::{self, ClientBody};
+use crate::forwarding::ClientInfo;
 use crate::shared::Shared;
+use proxyfleet_config::ConnectProxy;
 
 /// Whether `target` (host:port) is allowed by a pattern list (`*.` prefix, `*` port).
 pub fn allowed(patterns: &[String], target: &str) -> bool {
@@ -35,8 +41,72 @@ fn status(code: StatusCode, text: &'static str) -> Response<ClientBody> {
     r
 }
 
-pub fn handle_connect(req: Request<Incoming>, shared: &Shared) -> Response<ClientBody> {
-    let state = shared.state.load();
+/// Addresses a tunnel may not reach unless `allowedNetworks` names them: this host, its link,
+/// private and shared networks (a cluster's pods and Services live there), multicast.
+fn is_internal(ip: IpAddr) -> bool {
+    match ip {
+        IpAddr::V4(v4) => {
+            let o = v4.octets();
+            v4.is_loopback()
+                || v4.is_private()
+                || v4.is_link_local()
+                || v4.is_unspecified()
+                || v4.is_broadcast()
+                || v4.is_multicast()
+                || o[0] == 0
+                || (o[0] == 100 && (o[1] & 0xc0) == 64)
+        }
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => is_internal(IpAddr::V4(v4)),
+            None => {
+                let seg0 = v6.segments()[0];
+                v6.is_loopback()
+                    || v6.is_unspecified()
+                    || v6.is_multicast()
+                    || (seg0 & 0xfe00) == 0xfc00
+                    || (seg0 & 0xffc0) == 0xfe80
+            }
+        },
+    }
+}
+
+/// Whether a resolved address may be reached (checked on the address, not the name, so a
+/// name that resolves to an internal address is refused: DNS rebinding).
+pub fn address_allowed(ip: IpAddr, allowed_networks: &[proxyfleet_config::Cidr]) -> bool {
+    !is_internal(ip) || allowed_networks.iter().any(|n| n.contains(ip))
+}
+
+/// Resolves `target` and connects to its first permitted address, within the timeout.
+async fn connect_target(connect: &ConnectProxy, target: &str) -> Result<TcpStream, Response<ClientBody>> {
+    let networks: Vec<_> = connect
+        .allowed_networks
+        .iter()
+        .filter_map(|n| proxyfleet_config::Cidr::parse(n))
+        .collect();
+    let deadline = tokio::time::Instant::now() + connect.connect_timeout.get();
+    let resolved = match tokio::time::timeout_at(deadline, tokio::net::lookup_host(target)).await {
+        Ok(Ok(addrs)) => addrs.collect::<Vec<SocketAddr>>(),
+        Ok(Err(_)) => return Err(status(StatusCode::BAD_GATEWAY, "CONNECT target does not resolve\n")),
+        Err(_) => return Err(status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n")),
+    };
+    let Some(addr) = resolved.iter().find(|a| address_allowed(a.ip(), &networks)).copied() else {
+        tracing::debug!(%target, "CONNECT refused: the target resolves to internal addresses only");
+        return Err(status(StatusCode::FORBIDDEN, "CONNECT target address not allowed\n"));
+    };
+    match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
+        Ok(Ok(s)) => Ok(s),
+        Ok(Err(e)) => {
+            tracing::debug!(%target, %addr, error = %e, "CONNECT target unreachable");
+            Err(status(StatusCode::BAD_GATEWAY, "CONNECT target unreachable\n"))
+        }
+        Err(_) => Err(status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n")),
+    }
+}
+
+/// CONNECT: allowed by name, resolved and connected before the client gets its 200; the
+/// tunnel then holds the client's connection slot and closes after the idle timeout.
+pub async fn handle_connect(req: Request<Incoming>, shared: &Shared, client: Arc<ClientInfo>) -> Response<ClientBody> {
+    let state = shared.state.load_full();
     let Some(connect) = &state.config.connect else {
         return status(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not enabled\n");
     };
@@ -47,24 +117,29 @@ pub fn handle_connect(req: Request<Incoming>, shared: &Shared) -> Response<Clien
         tracing::debug!(%target, "CONNECT refused by allow-list");
         return status(StatusCode::FORBIDDEN, "CONNECT target not allowed\n");
     }
+    let mut upstream = match connect_target(connect, &target).await {
+        Ok(s) => s,
+        Err(resp) => {
+            if resp.status() == StatusCode::FORBIDDEN {
+                shared.metrics.refused_connections.get_or_create(&CONNECT_TARGET).inc();
+            }
+            return resp;
+        }
+    };
+    let idle = connect.idle_timeout.get();
     tokio::spawn(async move {
-        let upgraded = match hyper::upgrade::on(req).await {
-            Ok(u) => u,
-            Err(e) => {
-                tracing::debug!(error = %e, "CONNECT upgrade failed");
-                return;
-            }
-        };
-        match tokio::net::TcpStream::connect(target.as_str()).await {
-            Ok(mut upstream) => {
-                let mut client = TokioIo::new(upgraded);
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-            }
-            Err(e) => tracing::debug!(%target, error = %e, "CONNECT target unreachable"),
+        let _slot_holder = client;
+        match hyper::upgrade::on(req).await {
+            Ok(upgraded) => crate::upgrade::join(TokioIo::new(upgraded), &mut upstream, idle).await,
+            Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
     });
     Response::new(body::full(""))
 }
+
+const CONNECT_TARGET: crate::metrics::RefusalLabels = crate::metrics::RefusalLabels {
+    reason: "connect_target",
+};
 
 #[cfg(test)]
 mod tests {
@@ -78,5 +153,30 @@ mod tests {
         assert!(allowed(&p, "db.internal:5432"));
         assert!(!allowed(&p, "internal:5432"));
         assert!(!allowed(&p, "evil.com:443"));
+    }
+
+    #[test]
+    fn internal_addresses_need_an_explicit_network() {
+        use super::address_allowed;
+        let nets = [proxyfleet_config::Cidr::parse("10.1.0.0/16").unwrap()];
+        for internal in [
+            "127.0.0.1",
+            "10.0.0.5",
+            "172.16.3.4",
+            "192.168.1.1",
+            "169.254.169.254",
+            "100.64.0.1",
+            "0.0.0.0",
+            "::1",
+            "fd00::1",
+            "fe80::1",
+            "::ffff:127.0.0.1",
+        ] {
+            assert!(!address_allowed(internal.parse().unwrap(), &[]), "{internal}");
+        }
+        assert!(address_allowed("10.1.2.3".parse().unwrap(), &nets));
+        assert!(!address_allowed("10.2.2.3".parse().unwrap(), &nets));
+        assert!(address_allowed("93.184.216.34".parse().unwrap(), &[]));
+        assert!(address_allowed("2606:2800:220:1::1".parse().unwrap(), &[]));
     }
 }

@@ -3,6 +3,7 @@
 //! Shared by the request path (`handler`) and the WebSocket tunnel (`upgrade`).
 
 use std::net::SocketAddr;
+use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
@@ -10,19 +11,47 @@ use hyper::body::Incoming;
 
 use crate::body::{self, ClientBody};
 
-/// Where a request came from.
-#[derive(Clone, Debug)]
+/// Where a request came from: one per connection, shared by its requests.
 pub struct ClientInfo {
     pub remote: SocketAddr,
-    pub tls: bool,
+    pub tls: Option<TlsFacts>,
     /// The client's IP as a header value, made once per connection, not per request.
     pub remote_ip: HeaderValue,
+    /// The listener's access log, when it has one.
+    pub access_log: Option<Arc<crate::access_log::ListenerLog>>,
+    /// Held until the connection and every tunnel it started are gone.
+    pub slot: Option<crate::client_slots::ConnectionSlot>,
+}
+
+/// What the TLS handshake agreed on.
+pub struct TlsFacts {
+    /// The SNI name the client asked for, lower case.
+    pub sni: Option<String>,
+    pub version: &'static str,
+    pub resumed: bool,
+    /// The listener's certificates at handshake time (to tell whether a Host is covered).
+    pub certs: Arc<crate::tls::SniCertificates>,
 }
 
 impl ClientInfo {
-    pub fn new(remote: SocketAddr, tls: bool) -> Self {
+    pub fn new(remote: SocketAddr, tls: Option<TlsFacts>) -> Self {
         let remote_ip = HeaderValue::from_str(&remote.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"));
-        Self { remote, tls, remote_ip }
+        Self {
+            remote,
+            tls,
+            remote_ip,
+            access_log: None,
+            slot: None,
+        }
+    }
+
+    pub fn is_tls(&self) -> bool {
+        self.tls.is_some()
+    }
+
+    /// For the access log: TLS version and whether the session was resumed.
+    pub fn tls_summary(&self) -> Option<(&'static str, bool)> {
+        self.tls.as_ref().map(|t| (t.version, t.resumed))
     }
 }
 
@@ -123,24 +152,27 @@ fn names_other_headers(value: &HeaderValue) -> bool {
     })
 }
 
-pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo) {
+/// `X-Forwarded-For`: appended to when the peer is a trusted proxy, otherwise replaced by the
+/// peer's address (a client cannot make up the address upstreams see); `X-Forwarded-Proto`.
+pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo, trusted: &[proxyfleet_config::Cidr]) {
+    let peer_trusted = !trusted.is_empty() && trusted.iter().any(|c| c.contains(client.remote.ip()));
     let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
-        None => Some(client.remote_ip.clone()),
+        Some(prev) if peer_trusted => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
+        _ => Some(client.remote_ip.clone()),
     };
     if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR, v);
     }
     headers.insert(
         X_FORWARDED_PROTO,
-        HeaderValue::from_static(if client.tls { "https" } else { "http" }),
+        HeaderValue::from_static(if client.is_tls() { "https" } else { "http" }),
     );
 }
 
 pub fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    Response::from_parts(parts, http_body_util::Either::Left(body))
+    Response::from_parts(parts, ClientBody::upstream(body))
 }
 
 #[cfg(test)]

@@ -12,12 +12,14 @@ use http_body::Body as _;
 use hyper::body::Incoming;
 use tracing::Instrument;
 
+use crate::access_log::{Destination, ListenerLog, LogWanted, PendingLog, RequestFacts};
 use crate::body::{self, ClientBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
 use crate::router::{self, CompiledRoute, Target};
 use crate::shared::Shared;
+use crate::state::ProxyState;
 use crate::upstream;
 
 fn is_idempotent(m: &Method) -> bool {
@@ -28,89 +30,165 @@ fn is_idempotent(m: &Method) -> bool {
 }
 
 pub async fn handle(
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     shared: Arc<Shared>,
-    client: ClientInfo,
+    client: Arc<ClientInfo>,
 ) -> Result<Response<ClientBody>, Infallible> {
-    // A gRPC client gets the proxy's own failures as gRPC statuses.
-    if crate::grpc::is_grpc(&req) {
-        let resp = handle_request(req, shared, client).await?;
-        return Ok(crate::grpc::answer(resp));
+    let state = shared.state.load_full();
+    let request_id = if state.config.forwarding.request_id {
+        Some(ensure_request_id(req.headers_mut()))
+    } else {
+        None
+    };
+    let grpc = crate::grpc::is_grpc(&req);
+    let mut resp = match client.access_log.clone() {
+        None => handle_request(req, &shared, &state, client).await,
+        Some(log) => logged(req, &shared, &state, client, &log).await,
+    };
+    if let Some(id) = request_id {
+        resp.headers_mut().entry(X_REQUEST_ID).or_insert(id);
     }
-    handle_request(req, shared, client).await
+    // A gRPC client gets the proxy's own failures as gRPC statuses.
+    Ok(if grpc { crate::grpc::answer(resp) } else { resp })
 }
 
-async fn handle_request(
-    req: Request<Incoming>,
-    shared: Arc<Shared>,
-    client: ClientInfo,
-) -> Result<Response<ClientBody>, Infallible> {
-    if req.method() == Method::CONNECT {
-        return Ok(crate::connect::handle_connect(req, &shared));
-    }
-    let state = shared.state.load_full();
-    let limits = &state.config.limits;
+const X_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
 
-    // Request filter.
-    if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
-        match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
-            Some(n) if n > limits.max_request_body_bytes => {
-                return Ok(finish(
-                    &shared,
-                    None,
-                    status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n"),
-                    Instant::now(),
-                ));
-            }
-            Some(_) => {}
-            None => {
-                shared.metrics.malformed_requests.inc();
-                return Ok(finish(
-                    &shared,
-                    None,
-                    status_response(StatusCode::BAD_REQUEST, "invalid content-length\n"),
-                    Instant::now(),
-                ));
-            }
-        }
-    }
-    if req.uri().path_and_query().is_none() || !req.uri().path().starts_with('/') {
-        shared.metrics.malformed_requests.inc();
-        return Ok(finish(
-            &shared,
-            None,
-            status_response(StatusCode::BAD_REQUEST, "request target must be an absolute path\n"),
-            Instant::now(),
-        ));
-    }
-    if let Some(why) = host_problem(&req) {
-        shared.metrics.malformed_requests.inc();
-        return Ok(finish(
-            &shared,
-            None,
-            status_response(StatusCode::BAD_REQUEST, why),
-            Instant::now(),
-        ));
-    }
+/// The request's id: its own `X-Request-Id`, or a new one added to it.
+fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
+    headers
+        .entry(X_REQUEST_ID)
+        .or_insert_with(crate::http_rules::new_request_id)
+        .clone()
+}
 
+/// A request on a listener with an access log: its line is written when the response body
+/// is done, for sampled requests and for every 5xx.
+async fn logged(
+    mut req: Request<Incoming>,
+    shared: &Shared,
+    state: &Arc<ProxyState>,
+    client: Arc<ClientInfo>,
+    log: &ListenerLog,
+) -> Response<ClientBody> {
     let started = Instant::now();
+    let sampled = log.sampled();
+    let facts = RequestFacts::of(&req, log.include_query);
+    if sampled {
+        req.extensions_mut().insert(LogWanted);
+    }
+    let conn = (client.remote.ip(), client.tls_summary());
+    let mut resp = handle_request(req, shared, state, client).await;
+    if !sampled && !resp.status().is_server_error() {
+        return resp;
+    }
+    let dest = resp.extensions_mut().remove::<Destination>().unwrap_or_default();
+    let pending = PendingLog::new(log, facts, resp.status().as_u16(), dest, conn, started);
+    resp.map(|inner| ClientBody::Logged {
+        inner: Box::pin(inner),
+        log: pending,
+    })
+}
+
+/// Request filter, routing, then the routed phases.
+async fn handle_request(
+    mut req: Request<Incoming>,
+    shared: &Shared,
+    state: &Arc<ProxyState>,
+    client: Arc<ClientInfo>,
+) -> Response<ClientBody> {
+    if req.method() == Method::CONNECT {
+        return crate::connect::handle_connect(req, shared, client).await;
+    }
+    let limits = &state.config.limits;
+    let started = Instant::now();
+    if let Err(resp) = request_filter(&mut req, limits) {
+        shared.metrics.malformed_requests.inc();
+        return finish(shared, None, resp, started);
+    }
     let host = router::request_host(req.uri(), req.headers());
+    if misdirected(&client, host) {
+        shared.metrics.misdirected_requests.inc();
+        let resp = status_response(
+            StatusCode::MISDIRECTED_REQUEST,
+            "this connection's certificate does not cover the request's host\n",
+        );
+        return finish(shared, None, resp, started);
+    }
     let Some(route) = router::select(&state.routes, host, req.uri().path(), req.headers()) else {
-        return Ok(finish(
-            &shared,
+        return finish(
+            shared,
             None,
             status_response(StatusCode::NOT_FOUND, "no route\n"),
             started,
-        ));
+        );
     };
     // Instrumented, never entered across an await: an entered span that outlives its task's
     // poll is the tracing-subscriber panic debug logging used to cause under load.
     let span = tracing::debug_span!("request", route = %route.name, method = %req.method(), path = %req.uri().path());
-    Ok(
-        routed(&shared, route, req, client, limits.max_request_body_bytes, started)
-            .instrument(span)
-            .await,
-    )
+    let ctx = RequestContext {
+        client,
+        trusted: &state.trusted_proxies,
+        body_limit: limits.max_request_body_bytes,
+        started,
+    };
+    routed(shared, route, req, ctx).instrument(span).await
+}
+
+/// What the phases after routing need besides the request.
+struct RequestContext<'a> {
+    client: Arc<ClientInfo>,
+    trusted: &'a [proxyfleet_config::Cidr],
+    body_limit: u64,
+    started: Instant,
+}
+
+/// Checks before routing: body size, request target, Host rules; normalises the path.
+fn request_filter(req: &mut Request<Incoming>, limits: &proxyfleet_config::Limits) -> Result<(), Response<ClientBody>> {
+    if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
+        match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+            Some(n) if n > limits.max_request_body_bytes => {
+                return Err(status_response(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    "request body too large\n",
+                ));
+            }
+            Some(_) => {}
+            None => return Err(status_response(StatusCode::BAD_REQUEST, "invalid content-length\n")),
+        }
+    }
+    if req.uri().path_and_query().is_none() || !req.uri().path().starts_with('/') {
+        return Err(status_response(
+            StatusCode::BAD_REQUEST,
+            "request target must be an absolute path\n",
+        ));
+    }
+    if let Some(why) = host_problem(req) {
+        return Err(status_response(StatusCode::BAD_REQUEST, why));
+    }
+    if let Some(path) = crate::http_rules::normalized(req.uri().path()) {
+        let pq = match req.uri().query() {
+            Some(q) => format!("{path}?{q}"),
+            None => path,
+        };
+        let mut parts = req.uri().clone().into_parts();
+        parts.path_and_query = pq.parse().ok();
+        match http::Uri::from_parts(parts) {
+            Ok(uri) => *req.uri_mut() = uri,
+            Err(_) => return Err(status_response(StatusCode::BAD_REQUEST, "bad request target\n")),
+        }
+    }
+    Ok(())
+}
+
+/// RFC 9110 §7.4 (and 421 as nginx and Envoy answer it): on a TLS connection, a request for a
+/// host other than the SNI name is served only when the same certificate covers it.
+fn misdirected(client: &ClientInfo, host: Option<&str>) -> bool {
+    let Some(tls) = &client.tls else { return false };
+    match (tls.sni.as_deref(), host) {
+        (Some(sni), Some(host)) => !host.eq_ignore_ascii_case(sni) && !tls.certs.covers(sni, host),
+        _ => false,
+    }
 }
 
 /// 429 with the seconds until a token is there (at least 1, as Retry-After counts whole seconds).
@@ -133,6 +211,14 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     if req.version() == Version::HTTP_11 && first.is_none() && req.uri().authority().is_none() {
         return Some("an HTTP/1.1 request needs a Host header\n");
     }
+    // RFC 9113 §8.3.1: a Host that names another origin than `:authority` is malformed. (An
+    // HTTP/1.1 absolute-form target wins over its Host instead, RFC 9112 §3.2.2: `forward`
+    // sends the target's authority as the Host.)
+    if let (Some(host), Some(authority)) = (first, req.uri().authority()) {
+        if req.version() == Version::HTTP_2 && !host.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()) {
+            return Some("the Host header differs from :authority\n");
+        }
+    }
     None
 }
 
@@ -141,10 +227,15 @@ async fn routed(
     shared: &Shared,
     route: &CompiledRoute,
     req: Request<Incoming>,
-    client: ClientInfo,
-    body_limit: u64,
-    started: Instant,
+    ctx: RequestContext<'_>,
 ) -> Response<ClientBody> {
+    let RequestContext {
+        client,
+        trusted,
+        body_limit,
+        started,
+    } = ctx;
+    let log_wanted = req.extensions().get::<LogWanted>().is_some();
     let backend = route.backend(req.headers());
     let metrics = Some(&backend.metrics);
     if let Some(limiter) = &route.rate_limit {
@@ -173,11 +264,19 @@ async fn routed(
         }
     }
     let target = Target { route, backend };
-    let resp = if is_websocket_upgrade(&req) {
-        crate::upgrade::tunnel(target, req, client, upstream_started).await
+    let mut resp = if is_websocket_upgrade(&req) {
+        crate::upgrade::tunnel(target, req, client, trusted, upstream_started).await
     } else {
-        forward(target, req, client, body_limit, upstream_started).await
+        forward(target, req, &client, trusted, body_limit, upstream_started).await
     };
+    if let Some(ops) = &route.response_headers {
+        ops.apply(resp.headers_mut());
+    }
+    if log_wanted {
+        let dest = resp.extensions_mut().get_or_insert_default::<Destination>();
+        dest.route = Some(route.name.clone());
+        dest.upstream = Some(backend.upstream.name.clone());
+    }
     finish(shared, metrics, resp, started)
 }
 
@@ -247,9 +346,32 @@ enum Attempt {
 async fn forward(
     target: Target<'_>,
     req: Request<Incoming>,
-    client: ClientInfo,
+    client: &ClientInfo,
+    trusted: &[proxyfleet_config::Cidr],
     body_limit: u64,
     started: Instant,
+) -> Response<ClientBody> {
+    let log_wanted = req.extensions().get::<LogWanted>().is_some();
+    let mut last_endpoint: Option<http::uri::Authority> = None;
+    let mut resp = attempts(target, req, client, trusted, body_limit, started, &mut last_endpoint).await;
+    if log_wanted {
+        resp.extensions_mut().insert(Destination {
+            endpoint: last_endpoint.map(|a| a.as_str().to_string()),
+            ..Default::default()
+        });
+    }
+    resp
+}
+
+/// The first attempt and any retries.
+async fn attempts(
+    target: Target<'_>,
+    req: Request<Incoming>,
+    client: &ClientInfo,
+    trusted: &[proxyfleet_config::Cidr],
+    body_limit: u64,
+    started: Instant,
+    last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Response<ClientBody> {
     let route = target.route;
     let (mut parts, incoming) = req.into_parts();
@@ -264,21 +386,21 @@ async fn forward(
         _ => UpstreamBody::streaming(incoming, body_limit),
     });
 
-    if parts.headers.get(header::HOST).is_none() {
-        if let Some(a) = parts.uri.authority() {
-            if let Ok(v) = HeaderValue::from_str(a.as_str()) {
-                parts.headers.insert(header::HOST, v);
-            }
+    // The target's authority is the Host (h2 `:authority`; an HTTP/1.1 absolute-form target,
+    // which wins over its Host header, RFC 9112 §3.2.2), so routing and upstream agree.
+    if let Some(a) = parts.uri.authority() {
+        if let Ok(v) = HeaderValue::from_str(a.as_str()) {
+            parts.headers.insert(header::HOST, v);
         }
     }
     strip_hop_by_hop(&mut parts.headers);
-    append_forwarded(&mut parts.headers, &client);
+    append_forwarded(&mut parts.headers, client, trusted);
+    route.apply_request_rules(&mut parts);
 
     // A gRPC client's own deadline wins when it is shorter than the route's.
     let timeout = crate::grpc::timeout(&parts.headers).map_or(route.timeout, |t| t.min(route.timeout));
     let deadline = started + timeout;
     let mut attempt = 0u8;
-    let mut last_endpoint: Option<http::uri::Authority> = None;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
         // Only a request that may be retried needs its headers kept for the next attempt.
@@ -295,7 +417,7 @@ async fn forward(
             headers,
             req_body,
             (attempt_started, deadline),
-            &mut last_endpoint,
+            last_endpoint,
         )
         .await;
         match outcome {

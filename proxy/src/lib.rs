@@ -7,18 +7,22 @@
 // does not matter.
 #![allow(clippy::result_large_err)]
 
+pub mod access_log;
 pub mod admin;
 pub mod body;
+pub mod client_slots;
 pub mod config_file;
 pub mod connect;
 mod first_byte;
 mod forwarding;
 pub mod grpc;
 pub mod handler;
+pub mod http_rules;
 pub mod live_weights;
 pub mod metrics;
 pub mod mirror;
 pub mod rate_limit;
+mod redirect;
 pub mod reload;
 pub mod router;
 pub mod server;

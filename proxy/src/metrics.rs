@@ -132,6 +132,27 @@ fn register_static(registry: &mut Registry) -> HistogramFamily {
     request_duration
 }
 
+/// The counters of what the proxy refused or could not do for a client.
+fn register_guards(registry: &mut Registry) -> (Counter, Family<RefusalLabels, Counter>, Counter) {
+    (
+        register(
+            registry,
+            "access_log_dropped",
+            "Access log lines dropped because the writer fell behind (the request path never waits)",
+        ),
+        register(
+            registry,
+            "refused_connections",
+            "Client connections or CONNECT tunnels refused, by reason",
+        ),
+        register(
+            registry,
+            "misdirected_requests",
+            "Requests answered 421: their Host is not covered by the connection's certificate",
+        ),
+    )
+}
+
 /// Registers a metric family (or counter) and returns the handle kept in `Metrics`.
 fn register<M>(registry: &mut Registry, name: &str, help: &str) -> M
 where
@@ -177,12 +198,22 @@ pub struct Metrics {
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
     pub mirror_requests: Family<MirrorLabels, Counter>,
+    pub access_log_dropped: Counter,
+    pub refused_connections: Family<RefusalLabels, Counter>,
+    pub misdirected_requests: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RefusalLabels {
+    /// `per_client_ip` (the client's cap), `connect_target` (a CONNECT to a refused address).
+    pub reason: &'static str,
 }
 
 impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(proxyfleet_config::metric_names::PREFIX);
         let request_duration = register_static(&mut registry);
+        let (access_log_dropped, refused_connections, misdirected_requests) = register_guards(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -253,6 +284,9 @@ impl Metrics {
                 "mirror_requests",
                 "Shadow copies of requests by route, mirror upstream and result (responses discarded)",
             ),
+            access_log_dropped,
+            refused_connections,
+            misdirected_requests,
             registry,
         }
     }

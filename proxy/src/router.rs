@@ -8,6 +8,7 @@ use http::HeaderMap;
 
 use proxyfleet_config::{Fault, Route};
 
+use crate::http_rules::{prefix_matches, CompiledHeaderOps, CompiledRewrite};
 use crate::mirror::CompiledMirror;
 use crate::split::{CompiledBackend, Split};
 
@@ -74,6 +75,9 @@ impl RetryBudget {
     }
 }
 
+/// An upgraded (WebSocket) connection idle this long is closed, unless the route says.
+pub const UPGRADE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
+
 pub struct CompiledRoute {
     pub name: String,
     pub host: Option<HostMatch>,
@@ -89,6 +93,10 @@ pub struct CompiledRoute {
     pub retry_budget: RetryBudget,
     pub fault: Option<Fault>,
     pub rate_limit: Option<crate::rate_limit::RateLimiter>,
+    pub request_headers: Option<CompiledHeaderOps>,
+    pub response_headers: Option<CompiledHeaderOps>,
+    pub rewrite: Option<CompiledRewrite>,
+    pub upgrade_idle_timeout: Duration,
 }
 
 impl CompiledRoute {
@@ -113,6 +121,28 @@ impl CompiledRoute {
             retry_budget: RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent)),
             fault: route.fault.clone(),
             rate_limit: route.rate_limit.as_ref().map(crate::rate_limit::RateLimiter::new),
+            request_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.request)),
+            response_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.response)),
+            rewrite: route
+                .rewrite
+                .as_ref()
+                .and_then(|rw| CompiledRewrite::new(&route.matches.path_prefix, rw)),
+            upgrade_idle_timeout: route.upgrade_idle_timeout.map_or(UPGRADE_IDLE_TIMEOUT, |d| d.get()),
+        }
+    }
+
+    /// The route's request rules: header operations, then the host and path rewrites.
+    pub fn apply_request_rules(&self, parts: &mut http::request::Parts) {
+        if let Some(ops) = &self.request_headers {
+            ops.apply(&mut parts.headers);
+        }
+        if let Some(rw) = &self.rewrite {
+            if let Some(h) = &rw.host {
+                crate::http_rules::rewrite_host(&mut parts.headers, h);
+            }
+            if let Some(pq) = parts.uri.path_and_query().and_then(|pq| rw.path(pq)) {
+                parts.uri = http::Uri::from(pq);
+            }
         }
     }
 
@@ -130,7 +160,7 @@ impl CompiledRoute {
                 _ => return false,
             }
         }
-        if !path.starts_with(self.path_prefix.as_str()) {
+        if !prefix_matches(&self.path_prefix, path) {
             return false;
         }
         if let Some((name, value)) = &self.header {

@@ -17,7 +17,9 @@ use tokio::sync::{watch, Semaphore};
 
 use proxyfleet_config::{Listener, ProxyConfig};
 
+use crate::client_slots::ConnectionSlot;
 pub use crate::config_file::{read_config, ConfigFileError};
+use crate::forwarding::TlsFacts;
 use crate::handler::{self, ClientInfo};
 use crate::metrics::{ClientHandshakeLabels, ListenerLabels, Metrics};
 use crate::state::{ProxyState, StateError};
@@ -89,6 +91,7 @@ fn build_shared(
         config_path,
         no_route_metrics,
         live_weights: Default::default(),
+        per_ip: Default::default(),
     });
 
     Ok((shared, dns_upstreams))
@@ -243,6 +246,8 @@ struct ListenerContext {
     active: prometheus_client::metrics::gauge::Gauge,
     /// Client handshakes: full, resumed, failed.
     handshakes: [prometheus_client::metrics::counter::Counter; 3],
+    access_log: Option<Arc<crate::access_log::ListenerLog>>,
+    https_redirect: Option<proxyfleet_config::HttpsRedirect>,
 }
 
 impl ListenerContext {
@@ -266,6 +271,17 @@ impl ListenerContext {
         };
         let handshakes = [hs("full"), hs("resumed"), hs("failed")];
         let limits = shared.state.load().config.limits.clone();
+        let access_log = listener.access_log.as_ref().map(|a| {
+            Arc::new(crate::access_log::ListenerLog {
+                logger: crate::access_log::AccessLogger::for_path(
+                    a.path.as_deref(),
+                    shared.metrics.access_log_dropped.clone(),
+                ),
+                listener: listener.name.as_str().into(),
+                sample_percent: a.sample_percent,
+                include_query: a.include_query,
+            })
+        });
         Self {
             builder: ConnectionBuilders::new(&limits),
             name: listener.name.clone(),
@@ -273,8 +289,41 @@ impl ListenerContext {
             handshake_timeout: limits.header_read_timeout.get(),
             active,
             handshakes,
+            access_log,
+            https_redirect: listener.https_redirect.clone(),
             shared,
         }
+    }
+
+    fn client(&self, remote: SocketAddr, tls: Option<TlsFacts>, slot: ConnectionSlot) -> Arc<ClientInfo> {
+        let mut client = ClientInfo::new(remote, tls);
+        client.access_log = self.access_log.clone();
+        client.slot = Some(slot);
+        Arc::new(client)
+    }
+
+    /// The service for one connection's requests: the proxy, or the HTTPS redirect.
+    fn service(
+        &self,
+        client: Arc<ClientInfo>,
+    ) -> impl hyper::service::Service<
+        http::Request<hyper::body::Incoming>,
+        Response = http::Response<crate::body::ClientBody>,
+        Error = std::convert::Infallible,
+        Future = impl Future<Output = Result<http::Response<crate::body::ClientBody>, std::convert::Infallible>> + Send,
+    > + Send
+           + 'static {
+        let shared = self.shared.clone();
+        let redirect = self.https_redirect.clone();
+        hyper::service::service_fn(move |req| {
+            let (shared, client, redirect) = (shared.clone(), client.clone(), redirect.clone());
+            async move {
+                match redirect {
+                    Some(r) => Ok(crate::redirect::https_redirect(&req, &r)),
+                    None => handler::handle(req, shared, client).await,
+                }
+            }
+        })
     }
 
     /// One client connection: the TLS handshake when the listener has TLS, then HTTP.
@@ -283,26 +332,31 @@ impl ListenerContext {
         stream: tokio::net::TcpStream,
         remote: SocketAddr,
         watcher: hyper_util::server::graceful::Watcher,
-        permit: tokio::sync::OwnedSemaphorePermit,
+        slot: ConnectionSlot,
     ) {
         self.active.inc();
-        let client = ClientInfo::new(remote, self.is_tls);
-        let svc = {
-            let shared = self.shared.clone();
-            hyper::service::service_fn(move |req| handler::handle(req, shared.clone(), client.clone()))
-        };
         if !self.is_tls {
+            let svc = self.service(self.client(remote, None, slot));
             serve(&self.builder, false, watcher, stream, svc, self.handshake_timeout).await;
-        } else if let Some(tls_config) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
+        } else if let Some((tls_config, certs)) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
             match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
                 Ok(Ok(tls)) => {
-                    match tls.get_ref().1.handshake_kind() {
-                        Some(rustls::HandshakeKind::Resumed) => self.handshakes[1].inc(),
-                        _ => self.handshakes[0].inc(),
+                    let conn = tls.get_ref().1;
+                    let resumed = conn.handshake_kind() == Some(rustls::HandshakeKind::Resumed);
+                    self.handshakes[usize::from(!resumed)].inc();
+                    let facts = TlsFacts {
+                        sni: conn.server_name().map(str::to_ascii_lowercase),
+                        version: match conn.protocol_version() {
+                            Some(rustls::ProtocolVersion::TLSv1_2) => "TLSv1.2",
+                            _ => "TLSv1.3",
+                        },
+                        resumed,
+                        certs,
                     };
                     // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
-                    let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+                    let h2 = conn.alpn_protocol() == Some(b"h2");
+                    let svc = self.service(self.client(remote, Some(facts), slot));
                     serve(&self.builder, h2, watcher, tls, svc, self.handshake_timeout).await;
                 }
                 _ => {
@@ -311,7 +365,6 @@ impl ListenerContext {
             }
         }
         self.active.dec();
-        drop(permit);
     }
 }
 
@@ -340,10 +393,33 @@ async fn accept_loop(
                 continue;
             }
         };
+        let ip_slot = match ctx.shared.state.load().config.limits.max_connections_per_client_ip {
+            None => None,
+            Some(cap) => match ctx.shared.per_ip.try_take(remote.ip(), cap) {
+                Some(s) => Some(s),
+                None => {
+                    ctx.shared
+                        .metrics
+                        .refused_connections
+                        .get_or_create(&PER_CLIENT_IP)
+                        .inc();
+                    tracing::debug!(listener = %listener.name, client = %remote.ip(), "connection refused: client IP at its cap");
+                    continue; // dropping the stream closes it
+                }
+            },
+        };
         let _ = stream.set_nodelay(true);
-        tokio::spawn(ctx.clone().connection(stream, remote, graceful.watcher(), permit));
+        let slot = ConnectionSlot {
+            _permit: permit,
+            _ip: ip_slot,
+        };
+        tokio::spawn(ctx.clone().connection(stream, remote, graceful.watcher(), slot));
     }
 }
+
+const PER_CLIENT_IP: crate::metrics::RefusalLabels = crate::metrics::RefusalLabels {
+    reason: "per_client_ip",
+};
 
 /// Connection builders: `auto` detects HTTP/1.1 or the HTTP/2 preface (plain listeners, TLS
 /// with ALPN http/1.1 or none) and allows upgrades; `h2` serves only HTTP/2 (ALPN h2).

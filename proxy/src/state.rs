@@ -32,8 +32,10 @@ pub struct ProxyState {
     pub config: ProxyConfig,
     pub routes: Vec<CompiledRoute>,
     pub upstreams: HashMap<String, Arc<UpstreamCluster>>,
-    /// Current TLS config of each TLS listener, by listener name.
-    pub listener_tls: HashMap<String, Arc<ServerConfig>>,
+    /// Current TLS config of each TLS listener, by listener name, with its certificates.
+    pub listener_tls: HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>,
+    /// `forwarding.trustedProxies`, parsed.
+    pub trusted_proxies: Vec<proxyfleet_config::Cidr>,
     pub certificates: Vec<(String, CertificateInfo)>,
     pub trust_bundle_sha256: Option<String>,
 }
@@ -126,11 +128,12 @@ impl ProxyState {
                     &fallback
                 }
             };
-            let server = tls::server_config(&l.name, t, sni, res).map_err(|source| StateError::ListenerTls {
-                listener: l.name.clone(),
-                source,
-            })?;
-            listener_tls.insert(l.name.clone(), server);
+            let server =
+                tls::server_config(&l.name, t, sni.clone(), res).map_err(|source| StateError::ListenerTls {
+                    listener: l.name.clone(),
+                    source,
+                })?;
+            listener_tls.insert(l.name.clone(), (server, sni));
         }
 
         let mut upstreams = HashMap::new();
@@ -156,7 +159,14 @@ impl ProxyState {
         let trust_bundle_sha256 =
             tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
 
+        let trusted_proxies = config
+            .forwarding
+            .trusted_proxies
+            .iter()
+            .filter_map(|c| proxyfleet_config::Cidr::parse(c))
+            .collect();
         Ok(Self {
+            trusted_proxies,
             config,
             routes,
             upstreams,

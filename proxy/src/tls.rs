@@ -240,6 +240,23 @@ impl SniCertificates {
     }
 }
 
+impl SniCertificates {
+    /// Whether the certificate served for `sni` is also the one for `host` by name (RFC 9110
+    /// §7.4: a connection may carry requests only for origins its certificate is for). Asked
+    /// only when the two differ, so the common request never gets here.
+    pub fn covers(&self, sni: &str, host: &str) -> bool {
+        let Some(served) = self.select(Some(sni)) else {
+            return false;
+        };
+        let host = host.trim_end_matches('.').to_ascii_lowercase();
+        let by_name = self.exact.get(&host).or_else(|| {
+            let (_, parent) = host.split_once('.')?;
+            self.wildcard.get(parent)
+        });
+        by_name.is_some_and(|k| Arc::ptr_eq(k, &served))
+    }
+}
+
 impl ResolvesServerCert for SniCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
         self.select(hello.server_name())

@@ -2,6 +2,7 @@
 //! once both sides have switched protocols (101), the two upgraded streams are copied to each
 //! other until either closes or the tunnel idles out.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderValue};
@@ -16,14 +17,12 @@ use crate::router::Target;
 use crate::upstream;
 use crate::upstream::UpstreamCluster;
 
-/// A tunnel with no byte in either direction for this long is closed.
-pub const IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
-
 /// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
 pub async fn tunnel(
     target: Target<'_>,
     mut req: Request<Incoming>,
-    client: ClientInfo,
+    client: Arc<ClientInfo>,
+    trusted: &[proxyfleet_config::Cidr],
     started: Instant,
 ) -> Response<ClientBody> {
     let client_side = hyper::upgrade::on(&mut req);
@@ -31,7 +30,7 @@ pub async fn tunnel(
     let Some(endpoint) = upstream::pick_avoiding(&cluster.endpoints.load(), None).cloned() else {
         return status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n");
     };
-    let Some(upstream_req) = upstream_request(cluster, req, &client, &endpoint.authority) else {
+    let Some(upstream_req) = upstream_request(target, req, &client, trusted, &endpoint.authority) else {
         return status_response(StatusCode::BAD_REQUEST, "bad request target\n");
     };
     let sent = tokio::time::timeout_at(
@@ -51,9 +50,12 @@ pub async fn tunnel(
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     target.backend.metrics.upgrades.inc();
+    let idle = route.upgrade_idle_timeout;
     tokio::spawn(async move {
+        // The tunnel keeps the client's connection slot (`client.slot`) until it ends.
+        let _client = client;
         match tokio::join!(client_side, upstream_side) {
-            (Ok(c), Ok(u)) => join(TokioIo::new(c), TokioIo::new(u), IDLE_TIMEOUT).await,
+            (Ok(c), Ok(u)) => join(TokioIo::new(c), TokioIo::new(u), idle).await,
             (c, u) => tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed"),
         }
     });
@@ -65,14 +67,17 @@ pub async fn tunnel(
 /// The handshake as the upstream gets it: hop-by-hop headers removed, forwarding headers
 /// added, then the upgrade asked for again.
 fn upstream_request(
-    cluster: &UpstreamCluster,
+    target: Target<'_>,
     req: Request<Incoming>,
     client: &ClientInfo,
+    trusted: &[proxyfleet_config::Cidr],
     endpoint: &http::uri::Authority,
 ) -> Option<Request<UpstreamBody>> {
+    let cluster: &UpstreamCluster = &target.backend.upstream;
     let (mut parts, _) = req.into_parts();
     strip_hop_by_hop(&mut parts.headers);
-    append_forwarded(&mut parts.headers, client);
+    append_forwarded(&mut parts.headers, client, trusted);
+    target.route.apply_request_rules(&mut parts);
     parts
         .headers
         .insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
@@ -90,7 +95,7 @@ fn upstream_request(
 }
 
 /// Copies both directions until either side closes, or nothing moves for `idle`.
-async fn join<A, B>(mut a: A, mut b: B, idle: Duration)
+pub(crate) async fn join<A, B>(mut a: A, mut b: B, idle: Duration)
 where
     A: AsyncRead + AsyncWrite + Unpin,
     B: AsyncRead + AsyncWrite + Unpin,

@@ -655,9 +655,28 @@ async fn connect_tunnels_only_to_allowed_targets() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     init();
     let up = upstream("up", None, false).await;
-    let dir = tempdir("connect");
+    // Allowed by name, but loopback: refused on the resolved address unless a network says so.
+    let dir = tempdir("connect-internal");
     let yaml = format!(
         "{}connect: {{allow: [\"127.0.0.1:{}\"]}}\n",
+        plain_config(up.addr, ""),
+        up.addr.port()
+    );
+    let closed = start_proxy(&dir, &yaml).await;
+    let connect = format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", up.addr);
+    assert!(raw(closed.addr("http"), connect.as_bytes())
+        .await
+        .starts_with("HTTP/1.1 403"));
+    let m = metrics(&closed).await;
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_refused_connections_total", &["connect_target"]),
+        1.0
+    );
+    closed.running.drain();
+
+    let dir = tempdir("connect");
+    let yaml = format!(
+        "{}connect: {{allow: [\"127.0.0.1:{}\"], allowedNetworks: [127.0.0.0/8], idleTimeout: 30s}}\n",
         plain_config(up.addr, ""),
         up.addr.port()
     );
@@ -667,9 +686,7 @@ async fn connect_tunnels_only_to_allowed_targets() {
         .await
         .starts_with("HTTP/1.1 403"));
     let mut tcp = tokio::net::TcpStream::connect(a).await.unwrap();
-    tcp.write_all(format!("CONNECT {0} HTTP/1.1\r\nHost: {0}\r\n\r\n", up.addr).as_bytes())
-        .await
-        .unwrap();
+    tcp.write_all(connect.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 1024];
     let n = tcp.read(&mut buf).await.unwrap();
     assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));

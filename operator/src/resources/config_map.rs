@@ -72,6 +72,13 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                     .map(|_| format!("{CLIENT_CA_DIR}/{}/ca.crt", l.name)),
                 session_resumption: true,
             }),
+            https_redirect: l.https_redirect.clone(),
+            // Lines go to the pod's standard output (`kubectl logs`), never to a file a
+            // tenant names.
+            access_log: l
+                .access_log
+                .clone()
+                .map(|a| proxyfleet_config::AccessLog { path: None, ..a }),
         })
         .collect();
     ProxyConfig {
@@ -87,6 +94,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         drain: spec.drain.clone().unwrap_or_default(),
         connect: spec.connect.clone(),
         worker_threads: spec.tuning.as_ref().and_then(|t| t.worker_threads),
+        forwarding: spec.forwarding.clone().unwrap_or_default(),
         trust_bundle_files: if tls_mounted {
             vec![format!("{TLS_DIR}/ca.crt")]
         } else {
