@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# Outside suites against the standalone release proxy on loopback (no cluster needed):
+# h2spec (built from the Go module proxy) over TLS in full, then slow and hostile clients —
+# 500 half-preface and 500 idle HTTP/2 connections — with the proxy's RSS and the time a
+# normal request takes meanwhile printed (bench/hostile_clients.py).
+. "$(dirname "$0")/../lib/testlib.sh"
+export PATH="$PATH:/usr/local/go/bin"
+h2spec=$PROXYFLEET_CACHE/bin/h2spec
+if ! [ -x "$h2spec" ]; then
+  say "building h2spec $H2SPEC_VERSION from the Go module proxy"
+  GOBIN=$PROXYFLEET_CACHE/bin CGO_ENABLED=0 go install "github.com/summerwind/h2spec/cmd/h2spec@$H2SPEC_VERSION" || fail "go install h2spec failed"
+fi
+bin=$CARGO_TARGET_DIR_RELEASE
+[ -x "$bin/proxyfleet-proxy" ] || fail "no release proxy at $bin (e2e/images/build builds it)"
+dir=$(mktemp -d)
+pids=()
+trap 'kill "${pids[@]}" 2>/dev/null || true; rm -rf "$dir"' EXIT
+cd "$dir"
+openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -subj /CN=conformance-ca -days 1 2>/dev/null
+openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout tls.key -out tls.csr -subj /CN=conformance.example.com 2>/dev/null
+printf 'subjectAltName=DNS:conformance.example.com\n' > ext
+openssl x509 -req -in tls.csr -CA ca.crt -CAkey ca.key -CAcreateserial -out tls.crt -days 1 -extfile ext 2>/dev/null
+cat > proxy.yaml <<YAML
+listeners:
+  - name: https
+    address: "127.0.0.1:18443"
+    tls: {certificates: [{certFile: $dir/tls.crt, keyFile: $dir/tls.key, default: true}]}
+admin: {address: "127.0.0.1:18901"}
+limits: {headerReadTimeout: 10s}
+routes: [{name: all, upstream: echo}]
+upstreams: [{name: echo, endpoints: ["127.0.0.1:18080"]}]
+YAML
+ECHO_ADDR=127.0.0.1:18080 "$bin/proxyfleet-echo" > echo.log 2>&1 & pids+=($!)
+"$bin/proxyfleet-proxy" --config proxy.yaml > proxy.log 2>&1 & proxy=$!; pids+=($proxy)
+retry 20 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready
+
+say "h2spec $H2SPEC_VERSION over TLS (every case)"
+out=$("$h2spec" -h 127.0.0.1 -p 18443 -t -k -o 5 2>&1) || true
+summary=$(echo "$out" | grep -E '^[0-9]+ tests, ' || true)
+say "h2spec: $summary"
+echo "$summary" | grep -qE '^([0-9]+) tests, \1 passed, 0 skipped, 0 failed' || { echo "$out" | grep -B2 -A6 '×' >&2; fail "h2spec: not every case passed"; }
+
+say "500 half-preface + 500 idle h2 connections"
+python3 "$root/bench/hostile_clients.py" 127.0.0.1 18443 ca.crt conformance.example.com "$proxy" 500 > hostile.txt 2>&1 || { cat hostile.txt >&2; fail "hostile clients run failed"; }
+sed 's/^/  /' hostile.txt >&2
+grep -q 'a normal request took .* (HTTP/1.1 200 OK)' hostile.txt || fail "no normal answer while the hostile connections were open"
+grep -q 'half-preface connections all closed after: [0-9]' hostile.txt || fail "half-preface connections were not closed"
+grep -q 'idle h2 connections (PINGs unanswered) all closed after: [0-9]' hostile.txt || fail "idle h2 connections were not closed"
+grep -q 'a normal request afterwards: .* (HTTP/1.1 200 OK)' hostile.txt || fail "the proxy stopped serving"
