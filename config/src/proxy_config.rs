@@ -444,6 +444,29 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 1000000))]
     pub max_connections_per_client_ip: Option<u32>,
+    /// HTTP/2 flow control and concurrency towards clients: what one connection may make the
+    /// proxy buffer. Defaults: 256 streams, 1 MiB per stream and per connection.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http2: Option<Http2Limits>,
+}
+
+/// HTTP/2 limits per client connection.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct Http2Limits {
+    /// Concurrent streams a client may open. Default 256.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 10000))]
+    pub max_concurrent_streams: Option<u32>,
+    /// Receive window per stream (bytes of a request body buffered before the client must
+    /// wait). Default 1048576.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 65535, max = 16777216))]
+    pub stream_window_bytes: Option<u32>,
+    /// Receive window per connection. Default 1048576.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 65535, max = 67108864))]
+    pub connection_window_bytes: Option<u32>,
 }
 
 /// Graceful drain.
@@ -586,6 +609,7 @@ impl Default for Limits {
             max_request_body_bytes: default_max_body_bytes(),
             max_connections: default_max_client_connections(),
             max_connections_per_client_ip: None,
+            http2: None,
         }
     }
 }

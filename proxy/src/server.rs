@@ -430,6 +430,7 @@ struct ConnectionBuilders {
 
 impl ConnectionBuilders {
     fn new(limits: &proxyfleet_config::Limits) -> Self {
+        let h2 = limits.http2.clone().unwrap_or_default();
         let mut builder = auto::Builder::new(TokioExecutor::new());
         builder
             .http1()
@@ -446,7 +447,9 @@ impl ConnectionBuilders {
             .http2()
             .timer(TokioTimer::new())
             .max_header_list_size(limits.max_header_bytes)
-            .max_concurrent_streams(256)
+            .max_concurrent_streams(h2.max_concurrent_streams.unwrap_or(256))
+            .initial_stream_window_size(h2.stream_window_bytes.unwrap_or(H2_WINDOW))
+            .initial_connection_window_size(h2.connection_window_bytes.unwrap_or(H2_WINDOW))
             // A peer that stops answering PINGs (gone without a FIN, a dead NAT entry) is
             // closed instead of holding its slot for ever.
             .keep_alive_interval(Some(H2_PING_INTERVAL))
@@ -459,6 +462,9 @@ impl ConnectionBuilders {
     }
 }
 
+/// hyper's default windows, stated: a client can make us buffer at most this per stream and
+/// per connection before flow control stops it.
+const H2_WINDOW: u32 = 1024 * 1024;
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -94,6 +94,7 @@ pub struct UpstreamStats {
     pub tls12_connections: AtomicUsize,
     pub tls13_connections: AtomicUsize,
     pub last_headers: Mutex<Option<http::HeaderMap>>,
+    pub last_uri: Mutex<Option<http::Uri>>,
     /// When set, `/healthz` answers 503 (for active health check tests).
     pub unhealthy: std::sync::atomic::AtomicBool,
 }
@@ -113,6 +114,7 @@ async fn upstream_answer(
         stats.h2_requests.fetch_add(1, Ordering::Relaxed);
     }
     *stats.last_headers.lock().unwrap() = Some(req.headers().clone());
+    *stats.last_uri.lock().unwrap() = Some(req.uri().clone());
     let path = req.uri().path().to_string();
     let mut status = 200u16;
     if let Some(ms) = path.strip_prefix("/delay/").and_then(|s| s.parse::<u64>().ok()) {

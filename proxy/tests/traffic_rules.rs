@@ -328,3 +328,27 @@ async fn request_smuggling_attempts_are_refused_and_the_proxy_keeps_serving() {
     assert!(resp.contains("up /after 0"), "{resp}");
     proxy.running.drain();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstream_gets_the_requests_host_as_authority_and_no_host_header() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("h2-authority");
+    let yaml = config(up.addr, "", ", rewrite: {host: api.internal}", "")
+        .replace(&format!("endpoints: [\"{}\"]", up.addr), &format!("endpoints: [\"{}\"]\n    protocol: h2", up.addr));
+    let proxy = start_proxy(&dir, &yaml).await;
+    for (path, want) in [("/plain", "shop.example.com"), ("/api/x", "api.internal")] {
+        let resp = raw(
+            proxy.addr("http"),
+            format!("GET {path} HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+        let uri = up.stats.last_uri.lock().unwrap().clone().unwrap();
+        assert_eq!(uri.authority().map(|a| a.as_str()), Some(want), "{path}");
+        assert!(seen(&up).get("host").is_none(), "no host header beside :authority");
+    }
+    assert_eq!(up.stats.h2_requests.load(std::sync::atomic::Ordering::Relaxed), 2);
+    assert_eq!(up.stats.connections.load(std::sync::atomic::Ordering::Relaxed), 1, "one multiplexed connection");
+    proxy.running.drain();
+}

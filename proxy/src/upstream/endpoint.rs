@@ -28,6 +28,8 @@ pub struct Endpoint {
     pub permits: Semaphore,
     /// Idle connections when the cluster uses its own HTTP/1.1 pool.
     pub(super) h1_idle: super::h1pool::IdleConnections,
+    /// The connection when the cluster uses its own HTTP/2 pool.
+    pub(super) h2: super::h2pool::H2Connection,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -48,6 +50,7 @@ impl Endpoint {
             healthy: AtomicBool::new(true),
             permits: Semaphore::new(max_connections as usize),
             h1_idle: Default::default(),
+            h2: Default::default(),
         }
     }
 

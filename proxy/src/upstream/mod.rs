@@ -3,6 +3,7 @@
 
 mod endpoint;
 mod h1pool;
+mod h2pool;
 mod pool;
 pub mod sessions;
 
@@ -33,6 +34,8 @@ pub struct UpstreamCluster {
     pub client: Client<UpstreamConnector, UpstreamBody>,
     /// Our own HTTP/1.1 pool, used instead of `client` when the upstream speaks HTTP/1.1.
     h1: Option<Arc<h1pool::H1Pool>>,
+    /// Our own HTTP/2 connections, used when the upstream is configured `protocol: h2`.
+    h2: Option<h2pool::H2Pool>,
     pub scheme: http::uri::Scheme,
     pub metrics: UpstreamMetrics,
 }
@@ -102,6 +105,8 @@ impl UpstreamCluster {
                 config.pool.idle_timeout.get(),
             ))
         });
+        let h2 = (config.protocol == UpstreamProtocol::H2)
+            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone()));
         let client = builder.build(connector);
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
@@ -111,6 +116,7 @@ impl UpstreamCluster {
             endpoints: ArcSwap::from_pointee(endpoints),
             client,
             h1,
+            h2,
             scheme,
             metrics,
         });
@@ -127,13 +133,14 @@ impl UpstreamCluster {
     }
 
     /// The request target for `path_and_query` at `endpoint`: origin-form for our HTTP/1.1
-    /// pool (what an origin server expects), absolute for hyper-util's client (its pool key).
+    /// and HTTP/2 pools (what an origin server expects; the h2 pool adds the request's own host as
+    /// `:authority`), absolute for hyper-util's client (its pool key).
     pub fn request_uri(
         &self,
         endpoint: &http::uri::Authority,
         path_and_query: http::uri::PathAndQuery,
     ) -> Result<http::Uri, http::Error> {
-        if self.h1.is_some() {
+        if self.h1.is_some() || self.h2.is_some() {
             return Ok(http::Uri::from(path_and_query));
         }
         http::Uri::builder()
@@ -153,6 +160,12 @@ impl UpstreamCluster {
         if let Some(h1) = &self.h1 {
             return h1.send(endpoint, req).await.map_err(|e| SendError {
                 connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
+                error: Box::new(e),
+            });
+        }
+        if let Some(h2) = &self.h2 {
+            return h2.send(endpoint, req).await.map_err(|e| SendError {
+                connect: matches!(e, h2pool::H2Error::Connect(_) | h2pool::H2Error::Handshake { .. }),
                 error: Box::new(e),
             });
         }

@@ -1,0 +1,112 @@
+//! One multiplexed HTTP/2 connection per endpoint for upstreams configured `protocol: h2`,
+//! used instead of hyper-util's client so the request's own host travels as `:authority`
+//! (RFC 9113 §8.3.1): that client keys its pool by the URI, which must then name the endpoint,
+//! and a `host` header would contradict it.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use hyper::body::Incoming;
+use hyper::client::conn::http2;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+
+use super::endpoint::Endpoint;
+use super::pool::{ConnectError, UpstreamConnector};
+use crate::body::UpstreamBody;
+
+type Sender = http2::SendRequest<UpstreamBody>;
+
+/// An endpoint's HTTP/2 connection: the sender to clone, and a lock that lets one request
+/// connect while the others wait for it instead of dialling too.
+#[derive(Default)]
+pub struct H2Connection {
+    sender: Mutex<Option<Sender>>,
+    connecting: tokio::sync::Mutex<()>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum H2Error {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error("HTTP/2 handshake with {endpoint}: {source}")]
+    Handshake { endpoint: String, source: hyper::Error },
+    #[error("upstream request: {0}")]
+    Request(#[source] hyper::Error),
+    #[error("request target: {0}")]
+    Target(#[from] http::Error),
+}
+
+pub struct H2Pool {
+    connector: UpstreamConnector,
+    scheme: http::uri::Scheme,
+}
+
+impl H2Pool {
+    pub fn new(connector: UpstreamConnector, scheme: http::uri::Scheme) -> Self {
+        Self { connector, scheme }
+    }
+
+    /// Sends `req` (origin-form target, the client's Host in its headers) on the endpoint's
+    /// connection; the Host becomes `:authority`. Returns the response and whether the
+    /// connection was already open.
+    pub async fn send(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        mut req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<Incoming>, bool), H2Error> {
+        let host = req.headers_mut().remove(http::header::HOST);
+        let authority = host
+            .as_ref()
+            .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+            .unwrap_or_else(|| endpoint.authority.clone());
+        let pq = req
+            .uri()
+            .path_and_query()
+            .cloned()
+            .unwrap_or_else(|| http::uri::PathAndQuery::from_static("/"));
+        *req.uri_mut() = http::Uri::builder()
+            .scheme(self.scheme.clone())
+            .authority(authority)
+            .path_and_query(pq)
+            .build()?;
+        *req.version_mut() = http::Version::HTTP_2;
+        let (mut sender, reused) = self.sender(endpoint).await?;
+        let resp = sender.send_request(req).await.map_err(H2Error::Request)?;
+        Ok((resp, reused))
+    }
+
+    async fn sender(&self, endpoint: &Endpoint) -> Result<(Sender, bool), H2Error> {
+        if let Some(s) = open(&endpoint.h2) {
+            return Ok((s, true));
+        }
+        let _connecting = endpoint.h2.connecting.lock().await;
+        if let Some(s) = open(&endpoint.h2) {
+            return Ok((s, true));
+        }
+        let io = self.connector.dial(&endpoint.authority).await?;
+        let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .timer(TokioTimer::new())
+            .keep_alive_interval(Some(Duration::from_secs(30)))
+            .keep_alive_timeout(Duration::from_secs(10))
+            .handshake(io)
+            .await
+            .map_err(|source| H2Error::Handshake {
+                endpoint: endpoint.authority.to_string(),
+                source,
+            })?;
+        let name = endpoint.authority.to_string();
+        tokio::spawn(async move {
+            if let Err(e) = conn.await {
+                tracing::debug!(endpoint = %name, error = %e, "upstream HTTP/2 connection ended");
+            }
+        });
+        *endpoint.h2.sender.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
+        Ok((sender, false))
+    }
+}
+
+/// The endpoint's connection, when it is open and takes requests.
+fn open(c: &H2Connection) -> Option<Sender> {
+    let guard = c.sender.lock().unwrap_or_else(|p| p.into_inner());
+    guard.as_ref().filter(|s| !s.is_closed()).cloned()
+}
