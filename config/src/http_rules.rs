@@ -200,3 +200,28 @@ mod tests {
         assert!(Cidr::parse("0.0.0.0/0").unwrap().contains("8.8.8.8".parse().unwrap()));
     }
 }
+
+/// W3C trace context and span export.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TraceSettings {
+    /// Share of new traces (requests without a `traceparent`) sampled, 0-100. A request that
+    /// brings one keeps its sampled flag. Default 1.
+    #[serde(default = "default_trace_percent")]
+    #[schemars(range(min = 0.0, max = 100.0))]
+    pub sample_percent: f64,
+    /// OTLP/HTTP endpoint (`http://collector:4318`): sampled spans are sent to
+    /// `<endpoint>/v1/traces` as OTLP JSON. No export when absent (context is still
+    /// propagated).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 512), pattern(r"^http://"))]
+    pub otlp_endpoint: Option<String>,
+    /// `service.name` of the exported spans. Default `proxyfleet-proxy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub service_name: Option<String>,
+}
+
+fn default_trace_percent() -> f64 {
+    1.0
+}

@@ -15,7 +15,9 @@ mod validate_split;
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
 pub use field::FieldError;
-pub use http_rules::{AccessLog, Cidr, Forwarding, HeaderOps, HeaderRules, HeaderValueRule, HttpsRedirect, Rewrite};
+pub use http_rules::{
+    AccessLog, Cidr, Forwarding, HeaderOps, HeaderRules, HeaderValueRule, HttpsRedirect, Rewrite, TraceSettings,
+};
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};

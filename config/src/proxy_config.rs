@@ -45,6 +45,9 @@ pub struct ProxyConfig {
     /// `X-Forwarded-For` trust and `X-Request-Id`.
     #[serde(default, skip_serializing_if = "crate::Forwarding::is_default")]
     pub forwarding: crate::Forwarding,
+    /// W3C `traceparent` propagation and OTLP span export; off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<crate::TraceSettings>,
 }
 
 /// A listening socket.

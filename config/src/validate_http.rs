@@ -74,6 +74,19 @@ pub(crate) fn check_http_rules(config: &ProxyConfig, errors: &mut Vec<FieldError
             errors.push(err("connect.idleTimeout", "must be positive"));
         }
     }
+    if let Some(t) = &config.tracing {
+        if !(0.0..=100.0).contains(&t.sample_percent) {
+            errors.push(err("tracing.samplePercent", "must be 0-100"));
+        }
+        if let Some(e) = &t.otlp_endpoint {
+            let ok = e
+                .parse::<http::Uri>()
+                .is_ok_and(|u| u.scheme_str() == Some("http") && u.authority().is_some());
+            if !ok {
+                errors.push(err("tracing.otlpEndpoint", format!("{e:?} is not http://host:port")));
+            }
+        }
+    }
     if config.limits.max_connections_per_client_ip == Some(0) {
         errors.push(err("limits.maxConnectionsPerClientIp", "must be at least 1"));
     }

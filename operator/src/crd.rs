@@ -87,6 +87,9 @@ pub struct ProxyDeploymentSpec {
     /// `X-Forwarded-For` trust (which peers' addresses are kept) and `X-Request-Id`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub forwarding: Option<proxyfleet_config::Forwarding>,
+    /// W3C trace context propagation and OTLP span export from every proxy of the fleet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tracing: Option<proxyfleet_config::TraceSettings>,
     /// Where the listeners' certificates come from. Default: the operator's managed CA.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tls: Option<TlsSpec>,

@@ -20,6 +20,7 @@ use crate::metrics::RouteMetrics;
 use crate::router::{self, CompiledRoute, Target};
 use crate::shared::Shared;
 use crate::state::ProxyState;
+use crate::trace_context::SpanFacts;
 use crate::upstream;
 
 fn is_idempotent(m: &Method) -> bool {
@@ -40,16 +41,42 @@ pub async fn handle(
     } else {
         None
     };
+    let trace = state.tracer.as_ref().map(|t| (t, t.start(req.headers_mut())));
+    let mut span_facts = trace
+        .as_ref()
+        .filter(|(t, span)| t.records(span))
+        .map(|_| span_facts_of(&req, &client));
+    if span_facts.is_some() {
+        req.extensions_mut().insert(LogWanted);
+    }
     let grpc = crate::grpc::is_grpc(&req);
     let mut resp = match client.access_log.clone() {
         None => handle_request(req, &shared, &state, client).await,
         Some(log) => logged(req, &shared, &state, client, &log).await,
     };
+    if let (Some((tracer, span)), Some(facts)) = (trace, span_facts.as_mut()) {
+        facts.status = resp.status().as_u16();
+        if let Some(d) = resp.extensions().get::<Destination>() {
+            (facts.route, facts.upstream, facts.endpoint) = (d.route.clone(), d.upstream.clone(), d.endpoint.clone());
+        }
+        tracer.finish(span, std::mem::take(facts));
+    }
     if let Some(id) = request_id {
         resp.headers_mut().entry(X_REQUEST_ID).or_insert(id);
     }
     // A gRPC client gets the proxy's own failures as gRPC statuses.
     Ok(if grpc { crate::grpc::answer(resp) } else { resp })
+}
+
+/// The request's side of its span, taken before the request is consumed.
+fn span_facts_of<B>(req: &Request<B>, client: &ClientInfo) -> SpanFacts {
+    SpanFacts {
+        method: req.method().as_str().to_string(),
+        path: req.uri().path().to_string(),
+        authority: router::request_host(req.uri(), req.headers()).map(str::to_string),
+        client_ip: client.remote.ip().to_string(),
+        ..Default::default()
+    }
 }
 
 const X_REQUEST_ID: header::HeaderName = header::HeaderName::from_static("x-request-id");
@@ -78,11 +105,11 @@ async fn logged(
         req.extensions_mut().insert(LogWanted);
     }
     let conn = (client.remote.ip(), client.tls_summary());
-    let mut resp = handle_request(req, shared, state, client).await;
+    let resp = handle_request(req, shared, state, client).await;
     if !sampled && !resp.status().is_server_error() {
         return resp;
     }
-    let dest = resp.extensions_mut().remove::<Destination>().unwrap_or_default();
+    let dest = resp.extensions().get::<Destination>().cloned().unwrap_or_default();
     let pending = PendingLog::new(log, facts, resp.status().as_u16(), dest, conn, started);
     resp.map(|inner| ClientBody::Logged {
         inner: Box::pin(inner),

@@ -30,6 +30,7 @@ pub mod shared;
 pub mod split;
 pub mod state;
 pub mod tls;
+pub mod trace_context;
 pub mod upgrade;
 pub mod upstream;
 

@@ -133,8 +133,13 @@ fn register_static(registry: &mut Registry) -> HistogramFamily {
 }
 
 /// The counters of what the proxy refused or could not do for a client.
-fn register_guards(registry: &mut Registry) -> (Counter, Family<RefusalLabels, Counter>, Counter) {
+fn register_guards(registry: &mut Registry) -> (Counter, Counter, Family<RefusalLabels, Counter>, Counter, Counter) {
     (
+        register(
+            registry,
+            "malformed_requests",
+            "Requests refused as malformed before routing",
+        ),
         register(
             registry,
             "access_log_dropped",
@@ -149,6 +154,11 @@ fn register_guards(registry: &mut Registry) -> (Counter, Family<RefusalLabels, C
             registry,
             "misdirected_requests",
             "Requests answered 421: their Host is not covered by the connection's certificate",
+        ),
+        register(
+            registry,
+            "trace_spans_dropped",
+            "Spans dropped because the OTLP exporter fell behind",
         ),
     )
 }
@@ -201,6 +211,7 @@ pub struct Metrics {
     pub access_log_dropped: Counter,
     pub refused_connections: Family<RefusalLabels, Counter>,
     pub misdirected_requests: Counter,
+    pub spans_dropped: Counter,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -213,7 +224,8 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(proxyfleet_config::metric_names::PREFIX);
         let request_duration = register_static(&mut registry);
-        let (access_log_dropped, refused_connections, misdirected_requests) = register_guards(&mut registry);
+        let (malformed_requests, access_log_dropped, refused_connections, misdirected_requests, spans_dropped) =
+            register_guards(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -274,11 +286,7 @@ impl Metrics {
                 "trust_bundle_info",
                 "SHA-256 of the loaded trust bundle (value 1)",
             ),
-            malformed_requests: register(
-                &mut registry,
-                "malformed_requests",
-                "Requests refused as malformed before routing",
-            ),
+            malformed_requests,
             mirror_requests: register(
                 &mut registry,
                 "mirror_requests",
@@ -287,6 +295,7 @@ impl Metrics {
             access_log_dropped,
             refused_connections,
             misdirected_requests,
+            spans_dropped,
             registry,
         }
     }

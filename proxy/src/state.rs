@@ -33,9 +33,11 @@ pub struct ProxyState {
     pub routes: Vec<CompiledRoute>,
     pub upstreams: HashMap<String, Arc<UpstreamCluster>>,
     /// Current TLS config of each TLS listener, by listener name, with its certificates.
-    pub listener_tls: HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>,
+    pub listener_tls: ListenerTlsMap,
     /// `forwarding.trustedProxies`, parsed.
     pub trusted_proxies: Vec<proxyfleet_config::Cidr>,
+    /// `tracing`: trace context and span export.
+    pub tracer: Option<crate::trace_context::Tracer>,
     pub certificates: Vec<(String, CertificateInfo)>,
     pub trust_bundle_sha256: Option<String>,
 }
@@ -96,6 +98,49 @@ fn compile_route(
     Ok(CompiledRoute::new(r, backends, mirror))
 }
 
+/// Each TLS listener's server config and certificates, and what the certificates are.
+fn listeners_tls(
+    config: &ProxyConfig,
+    resumption: &HashMap<String, Arc<ServerResumption>>,
+) -> Result<(ListenerTlsMap, Vec<(String, CertificateInfo)>), StateError> {
+    let mut listener_tls = HashMap::new();
+    let mut certificates = Vec::new();
+    for l in &config.listeners {
+        let Some(t) = &l.tls else { continue };
+        let loaded = t
+            .certificates
+            .iter()
+            .map(tls::load_certificate)
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|source| StateError::ListenerTls {
+                listener: l.name.clone(),
+                source,
+            })?;
+        for c in &loaded {
+            certificates.push((l.name.clone(), c.info.clone()));
+        }
+        let sni = Arc::new(SniCertificates::new(&loaded));
+        let fallback;
+        let res = match resumption.get(&l.name) {
+            Some(r) => r.as_ref(),
+            None => {
+                fallback = ServerResumption::new();
+                &fallback
+            }
+        };
+        let server = tls::server_config(&l.name, t, sni.clone(), res).map_err(|source| StateError::ListenerTls {
+            listener: l.name.clone(),
+            source,
+        })?;
+        listener_tls.insert(l.name.clone(), (server, sni));
+    }
+
+    Ok((listener_tls, certificates))
+}
+
+/// TLS listeners by name: the server config and the certificates it selects from.
+type ListenerTlsMap = HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>;
+
 impl ProxyState {
     pub fn build(
         config: ProxyConfig,
@@ -103,38 +148,7 @@ impl ProxyState {
         metrics: &Metrics,
         resumption: &HashMap<String, Arc<ServerResumption>>,
     ) -> Result<Self, StateError> {
-        let mut listener_tls = HashMap::new();
-        let mut certificates = Vec::new();
-        for l in &config.listeners {
-            let Some(t) = &l.tls else { continue };
-            let loaded = t
-                .certificates
-                .iter()
-                .map(tls::load_certificate)
-                .collect::<Result<Vec<_>, _>>()
-                .map_err(|source| StateError::ListenerTls {
-                    listener: l.name.clone(),
-                    source,
-                })?;
-            for c in &loaded {
-                certificates.push((l.name.clone(), c.info.clone()));
-            }
-            let sni = Arc::new(SniCertificates::new(&loaded));
-            let fallback;
-            let res = match resumption.get(&l.name) {
-                Some(r) => r.as_ref(),
-                None => {
-                    fallback = ServerResumption::new();
-                    &fallback
-                }
-            };
-            let server =
-                tls::server_config(&l.name, t, sni.clone(), res).map_err(|source| StateError::ListenerTls {
-                    listener: l.name.clone(),
-                    source,
-                })?;
-            listener_tls.insert(l.name.clone(), (server, sni));
-        }
+        let (listener_tls, certificates) = listeners_tls(&config, resumption)?;
 
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
@@ -165,7 +179,12 @@ impl ProxyState {
             .iter()
             .filter_map(|c| proxyfleet_config::Cidr::parse(c))
             .collect();
+        let tracer = config
+            .tracing
+            .as_ref()
+            .map(|t| crate::trace_context::Tracer::new(t, metrics.spans_dropped.clone()));
         Ok(Self {
+            tracer,
             trusted_proxies,
             config,
             routes,

@@ -334,8 +334,10 @@ async fn an_h2_upstream_gets_the_requests_host_as_authority_and_no_host_header()
     init();
     let up = upstream("up", None, false).await;
     let dir = tempdir("h2-authority");
-    let yaml = config(up.addr, "", ", rewrite: {host: api.internal}", "")
-        .replace(&format!("endpoints: [\"{}\"]", up.addr), &format!("endpoints: [\"{}\"]\n    protocol: h2", up.addr));
+    let yaml = config(up.addr, "", ", rewrite: {host: api.internal}", "").replace(
+        &format!("endpoints: [\"{}\"]", up.addr),
+        &format!("endpoints: [\"{}\"]\n    protocol: h2", up.addr),
+    );
     let proxy = start_proxy(&dir, &yaml).await;
     for (path, want) in [("/plain", "shop.example.com"), ("/api/x", "api.internal")] {
         let resp = raw(
@@ -349,6 +351,108 @@ async fn an_h2_upstream_gets_the_requests_host_as_authority_and_no_host_header()
         assert!(seen(&up).get("host").is_none(), "no host header beside :authority");
     }
     assert_eq!(up.stats.h2_requests.load(std::sync::atomic::Ordering::Relaxed), 2);
-    assert_eq!(up.stats.connections.load(std::sync::atomic::Ordering::Relaxed), 1, "one multiplexed connection");
+    assert_eq!(
+        up.stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "one multiplexed connection"
+    );
+    proxy.running.drain();
+}
+
+/// Captures OTLP/HTTP JSON export bodies (the acceptance run uses a real Jaeger instead:
+/// e2e/tests/13-standalone-conformance.sh).
+async fn otlp_receiver() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::Mutex<Vec<serde_json::Value>>>,
+) {
+    use http_body_util::BodyExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let got = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let sink = got.clone();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let sink = sink.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                    let sink = sink.clone();
+                    async move {
+                        assert_eq!(req.uri().path(), "/v1/traces");
+                        let body = req.into_body().collect().await.unwrap().to_bytes();
+                        sink.lock().unwrap().push(serde_json::from_slice(&body).unwrap());
+                        Ok::<_, std::convert::Infallible>(http::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from_static(b"{}"),
+                        )))
+                    }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), svc)
+                    .await;
+            });
+        }
+    });
+    (addr, got)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn trace_context_is_continued_and_sampled_spans_are_exported() {
+    init();
+    let up = upstream("up", None, false).await;
+    let (collector, got) = otlp_receiver().await;
+    let dir = tempdir("tracing");
+    let top = format!("tracing: {{samplePercent: 100, otlpEndpoint: \"http://{collector}\", serviceName: edge}}\n");
+    let proxy = start_proxy(&dir, &config(up.addr, "", "", &top)).await;
+    let incoming = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let resp = raw(
+        proxy.addr("http"),
+        format!("GET /api/t HTTP/1.1\r\nHost: a\r\ntraceparent: {incoming}\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    let sent = seen(&up)["traceparent"].to_str().unwrap().to_string();
+    assert!(
+        sent.starts_with("00-4bf92f3577b34da6a3ce929d0e0e4736-") && sent.ends_with("-01"),
+        "{sent}"
+    );
+    let proxy_span = sent.split('-').nth(2).unwrap().to_string();
+    assert_ne!(proxy_span, "00f067aa0ba902b7");
+    // A request without one starts a trace (sampled at 100 %).
+    assert!(raw(
+        proxy.addr("http"),
+        b"GET /new HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n"
+    )
+    .await
+    .starts_with("HTTP/1.1 200"));
+    let started = seen(&up)["traceparent"].to_str().unwrap().to_string();
+    assert!(started.ends_with("-01") && !started.contains("4bf92f35"), "{started}");
+    let mut spans = Vec::new();
+    for _ in 0..50 {
+        spans = got
+            .lock()
+            .unwrap()
+            .iter()
+            .flat_map(|doc| {
+                doc["resourceSpans"][0]["scopeSpans"][0]["spans"]
+                    .as_array()
+                    .cloned()
+                    .unwrap_or_default()
+            })
+            .collect();
+        if spans.len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(spans.len(), 2, "both requests exported");
+    let first = spans
+        .iter()
+        .find(|s| s["traceId"] == "4bf92f3577b34da6a3ce929d0e0e4736")
+        .unwrap();
+    assert_eq!(first["spanId"], proxy_span.as_str());
+    assert_eq!(first["parentSpanId"], "00f067aa0ba902b7");
+    assert_eq!(first["name"], "GET api");
+    let service = &got.lock().unwrap()[0]["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"];
+    assert_eq!(service, "edge");
     proxy.running.drain();
 }

@@ -95,6 +95,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         connect: spec.connect.clone(),
         worker_threads: spec.tuning.as_ref().and_then(|t| t.worker_threads),
         forwarding: spec.forwarding.clone().unwrap_or_default(),
+        tracing: spec.tracing.clone(),
         trust_bundle_files: if tls_mounted {
             vec![format!("{TLS_DIR}/ca.crt")]
         } else {

@@ -105,8 +105,8 @@ impl UpstreamCluster {
                 config.pool.idle_timeout.get(),
             ))
         });
-        let h2 = (config.protocol == UpstreamProtocol::H2)
-            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone()));
+        let h2 =
+            (config.protocol == UpstreamProtocol::H2).then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone()));
         let client = builder.build(connector);
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
