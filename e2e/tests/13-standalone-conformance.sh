@@ -2,13 +2,25 @@
 # Outside suites against the standalone release proxy on loopback (no cluster needed):
 # h2spec (built from the Go module proxy) over TLS in full, then slow and hostile clients —
 # 500 half-preface and 500 idle HTTP/2 connections — with the proxy's RSS and the time a
-# normal request takes meanwhile printed (bench/hostile_clients.py).
+# normal request takes meanwhile printed (bench/hostile_clients.py); and spans exported over
+# OTLP to a real Jaeger (built from the Go module proxy), found by its query API with the
+# caller's span as parent.
 . "$(dirname "$0")/../lib/testlib.sh"
 export PATH="$PATH:/usr/local/go/bin"
 h2spec=$PROXYFLEET_CACHE/bin/h2spec
 if ! [ -x "$h2spec" ]; then
   say "building h2spec $H2SPEC_VERSION from the Go module proxy"
   GOBIN=$PROXYFLEET_CACHE/bin CGO_ENABLED=0 go install "github.com/summerwind/h2spec/cmd/h2spec@$H2SPEC_VERSION" || fail "go install h2spec failed"
+fi
+jaeger=$PROXYFLEET_CACHE/bin/jaeger
+if ! [ -x "$jaeger" ]; then
+  say "building Jaeger $JAEGER_VERSION from the Go module proxy (once, about 6 minutes)"
+  jdir=$(mktemp -d)
+  ( cd "$jdir" && printf 'module proxyfleet.local/jaeger-build\n\ngo 1.26\n' > go.mod \
+    && go get -tool "github.com/jaegertracing/jaeger/cmd/jaeger@$JAEGER_VERSION" \
+    && CGO_ENABLED=0 go build -trimpath -ldflags "-s -w" -o "$jaeger" github.com/jaegertracing/jaeger/cmd/jaeger ) >/dev/null 2>&1 \
+    || fail "building Jaeger failed"
+  rm -rf "$jdir"
 fi
 bin=$CARGO_TARGET_DIR_RELEASE
 [ -x "$bin/proxyfleet-proxy" ] || fail "no release proxy at $bin (e2e/images/build builds it)"
@@ -29,7 +41,9 @@ admin: {address: "127.0.0.1:18901"}
 limits: {headerReadTimeout: 10s}
 routes: [{name: all, upstream: echo}]
 upstreams: [{name: echo, endpoints: ["127.0.0.1:18080"]}]
+tracing: {samplePercent: 100, otlpEndpoint: "http://127.0.0.1:4318", serviceName: proxyfleet-conformance}
 YAML
+"$jaeger" > jaeger.log 2>&1 & pids+=($!)
 ECHO_ADDR=127.0.0.1:18080 "$bin/proxyfleet-echo" > echo.log 2>&1 & pids+=($!)
 "$bin/proxyfleet-proxy" --config proxy.yaml > proxy.log 2>&1 & proxy=$!; pids+=($proxy)
 retry 20 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready
@@ -47,3 +61,19 @@ grep -q 'a normal request took .* (HTTP/1.1 200 OK)' hostile.txt || fail "no nor
 grep -q 'half-preface connections all closed after: [0-9]' hostile.txt || fail "half-preface connections were not closed"
 grep -q 'idle h2 connections (PINGs unanswered) all closed after: [0-9]' hostile.txt || fail "idle h2 connections were not closed"
 grep -q 'a normal request afterwards: .* (HTTP/1.1 200 OK)' hostile.txt || fail "the proxy stopped serving"
+
+say "tracing: a span exported over OTLP to Jaeger, child of the caller's span"
+retry 30 curl -fsS http://127.0.0.1:13133/status
+trace=4bf92f3577b34da6a3ce929d0e0e4736
+curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 \
+  -H "traceparent: 00-$trace-00f067aa0ba902b7-01" https://conformance.example.com:18443/traced -o /dev/null
+found=""
+for _ in $(seq 30); do
+  found=$(curl -fsS "http://127.0.0.1:16686/api/traces/$trace" 2>/dev/null || true)
+  echo "$found" | grep -q '"operationName":"GET all"' && break
+  sleep 1
+done
+echo "$found" | grep -q '"operationName":"GET all"' || fail "Jaeger has no span of trace $trace: $(tail -3 jaeger.log)"
+echo "$found" | grep -q '"refType":"CHILD_OF","traceID":"'"$trace"'","spanID":"00f067aa0ba902b7"' || fail "the span is not the caller's child: $found"
+echo "$found" | grep -q '"serviceName":"proxyfleet-conformance"' || fail "wrong service name: $found"
+say "Jaeger: trace $trace holds the proxy's span \"GET all\", child of 00f067aa0ba902b7"
