@@ -6,7 +6,7 @@
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
 # Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
-for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-6]|1944[1-6]|1990[1-3])$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
+for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-9]|1944[1-6]|1990[1-6])$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   kill -9 "$stale" 2>/dev/null || true
 done
 rm -rf "$work"; mkdir -p "$work/certs"   # certs apart: the proxy watches their directory, logs churn
@@ -135,6 +135,12 @@ sed -e 's/18441/18447/; s/19901/19904/' \
     "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetSplit.yaml"
 sed -n '/^  - name: up$/,/^    pool:/p' "$work/certs/proxyfleet.yaml" | sed 's/name: up$/name: up2/' >> "$work/certs/proxyfleetSplit.yaml"
 
+# "proxyfleetLog": access logs on, every request, JSON lines to a file (issue 18: the price of
+# logging; PAIRS=proxyfleetLog:proxyfleet).
+sed -e 's/18441/18448/; s/19901/19905/' \
+    -e "s#^    tls: \(.*\)\$#    tls: \1\n    accessLog: {path: $work/access.log}#" \
+    "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetLog.yaml"
+
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
 # The front-bound runs give the front a CPU quota (FRONT_CPU_PERCENT of CPU 1, in 10 ms periods),
@@ -167,7 +173,7 @@ remove_quota_cgroup() {   # every quota cgroup, once the fronts in them have exi
 start_front() {
   local cmd
   case $1 in
-    proxyfleet|proxyfleet12|proxyfleetSplit) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
+    proxyfleet|proxyfleet12|proxyfleetSplit|proxyfleetLog) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
     proxyfleetB) cmd=("${PROXY_B:?PROXY_B names the second proxy build}" --config "$work/certs/$1.yaml" --log-format text) ;;
     nginx|nginx12) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
@@ -178,7 +184,7 @@ start_front() {
     taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   fi
 }
-port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; esac; }
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; proxyfleetLog) echo 18448;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
 # CPU time (user + kernel, clock ticks) of a front's processes, from /proc.

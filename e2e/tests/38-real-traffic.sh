@@ -40,6 +40,8 @@ spec:
   routes:
     - {name: ws, match: {pathPrefix: /ws}, upstream: ws, upgradeIdleTimeout: 5m}
     - {name: grpc, match: {pathPrefix: /grpc.health.v1.Health}, upstream: grpc, timeout: 30s}
+    - {name: limited, match: {pathPrefix: /limited}, upstream: sse, timeout: 30s,
+       rateLimit: {requestsPerSecond: 0.2, burst: 2}}
     - {name: events, match: {pathPrefix: /events}, upstream: sse, timeout: 30s,
        headers: {response: {set: [{name: x-served-by, value: proxyfleet}]}}}
   upstreams:
@@ -66,6 +68,19 @@ echo "$headers" | grep -qiE '^x-request-id: [0-9a-f]{32}' || fail "no generated 
 say "421 for a host the certificate does not cover"
 code=$(curl -sS -o /dev/null -w '%{http_code}' --max-time 5 --cacert "$ca" --resolve "traffic.example.com:443:$ip" -H 'Host: other.example.org' https://traffic.example.com/events)
 [ "$code" = 421 ] || fail "a foreign Host on this connection answered $code, not 421"
+
+say "a local rate limit through the fleet: 429 with Retry-After"
+limited=0
+for _ in $(seq 12); do
+  out=$(curl -sS -D - -o /dev/null --max-time 10 --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/limited)
+  if echo "$out" | head -1 | grep -q ' 429'; then
+    echo "$out" | grep -qiE '^retry-after: [0-9]+' || fail "a 429 without Retry-After: $out"
+    limited=$((limited + 1))
+  fi
+done
+# 2 pods × burst 2 (+ a token per 5 s each) at most succeed; the rest are limited.
+[ "$limited" -ge 6 ] || fail "only $limited of 12 requests over the limit were answered 429"
+say "rate limit: $limited of 12 requests answered 429 with Retry-After"
 
 say "access log lines in kubectl logs"
 lines=""
