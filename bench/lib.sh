@@ -138,8 +138,13 @@ sed -n '/^  - name: up$/,/^    pool:/p' "$work/certs/proxyfleet.yaml" | sed 's/n
 # "proxyfleetLog": access logs on, every request, JSON lines to a file (issue 18: the price of
 # logging; PAIRS=proxyfleetLog:proxyfleet).
 sed -e 's/18441/18448/; s/19901/19905/' \
-    -e "s#^    tls: \(.*\)\$#    tls: \1\n    accessLog: {path: $work/access.log}#" \
+    -e "s#^\(    tls: {certificates.*\)\$#\1\n    accessLog: {path: $work/access.log}#" \
     "$work/certs/proxyfleet.yaml" > "$work/certs/proxyfleetLog.yaml"
+
+# "nginxLog": nginx with its default combined access log to a file, the peer of proxyfleetLog
+# (PAIRS=nginxLog:nginx).
+sed -e 's/18442/18449/; s/FRONT:10m/FRONTLOG:10m/; s/nginx.pid/nginxLog.pid/; s/nginx-error.log/nginxLog-error.log/' \
+    -e "s#access_log off;#access_log $work/nginx-access.log;#" "$work/nginx.conf" > "$work/nginxLog.conf"
 
 rss_kb() { local total=0 p; for p in "$@"; do total=$(( total + $(awk '/VmRSS/ {print $2}' /proc/$p/status 2>/dev/null || echo 0) )); done; echo $total; }
 
@@ -175,7 +180,7 @@ start_front() {
   case $1 in
     proxyfleet|proxyfleet12|proxyfleetSplit|proxyfleetLog) cmd=("$PROXY" --config "$work/certs/$1.yaml" --log-format text) ;;
     proxyfleetB) cmd=("${PROXY_B:?PROXY_B names the second proxy build}" --config "$work/certs/$1.yaml" --log-format text) ;;
-    nginx|nginx12) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
+    nginx|nginx12|nginxLog) cmd=(nginx -c "$work/$1.conf" -p "$work") ;;
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
   esac
   if [ "${2:-}" = quota ]; then
@@ -184,7 +189,7 @@ start_front() {
     taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   fi
 }
-port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; proxyfleetLog) echo 18448;; esac; }
+port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; proxyfleetLog) echo 18448;; nginxLog) echo 18449;; esac; }
 pids_of() { echo "$1 $(pgrep -P "$1" | tr '\n' ' ')"; }
 
 # CPU time (user + kernel, clock ticks) of a front's processes, from /proc.

@@ -31,7 +31,7 @@ YAML
 (cd www && exec python3 -m http.server 18452 --bind 127.0.0.1) > files.log 2>&1 & pids+=($!)
 ECHO_ADDR=127.0.0.1:18453 "$bin/proxyfleet-echo" > echo.log 2>&1 & pids+=($!)
 "$bin/proxyfleet-proxy" --config proxy.yaml > proxy.log 2>&1 & proxy=$!; pids+=($proxy)
-for _ in $(seq 50); do curl -sk https://127.0.0.1:18450/big -r 0-0 -o /dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do curl -fs http://127.0.0.1:18452/big -r 0-0 -o /dev/null && curl -fsk https://127.0.0.1:18450/big -r 0-0 -o /dev/null && break; sleep 0.1; done
 hwm() { awk '/VmHWM/ {printf "%.1f MiB", $2 / 1024}' /proc/$proxy/status; }
 echo "proxy peak RSS before: $(hwm)"
 t=$(date +%s.%N)

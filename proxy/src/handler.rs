@@ -383,7 +383,7 @@ async fn forward(
     let mut resp = attempts(target, req, client, trusted, body_limit, started, &mut last_endpoint).await;
     if log_wanted {
         resp.extensions_mut().insert(Destination {
-            endpoint: last_endpoint.map(|a| a.as_str().to_string()),
+            endpoint: last_endpoint,
             ..Default::default()
         });
     }

@@ -79,7 +79,7 @@ impl RetryBudget {
 pub const UPGRADE_IDLE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 pub struct CompiledRoute {
-    pub name: String,
+    pub name: std::sync::Arc<str>,
     pub host: Option<HostMatch>,
     pub path_prefix: String,
     pub header: Option<(HeaderName, HeaderValue)>,
@@ -109,7 +109,7 @@ impl CompiledRoute {
             ))
         });
         Self {
-            name: route.name.clone(),
+            name: route.name.as_str().into(),
             host: route.matches.host.as_deref().map(HostMatch::parse),
             path_prefix: route.matches.path_prefix.clone(),
             header,

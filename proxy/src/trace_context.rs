@@ -159,9 +159,9 @@ pub struct SpanFacts {
     pub path: String,
     pub authority: Option<String>,
     pub status: u16,
-    pub route: Option<String>,
-    pub upstream: Option<String>,
-    pub endpoint: Option<String>,
+    pub route: Option<Arc<str>>,
+    pub upstream: Option<Arc<str>>,
+    pub endpoint: Option<http::uri::Authority>,
     pub client_ip: String,
 }
 
@@ -258,10 +258,10 @@ fn otlp_json(service: &str, spans: &[FinishedSpan]) -> Vec<u8> {
                 attr("client.address", json!({"stringValue": f.client_ip})),
             ];
             let optional = [
-                ("server.address", &f.authority),
-                ("proxyfleet.route", &f.route),
-                ("proxyfleet.upstream", &f.upstream),
-                ("proxyfleet.endpoint", &f.endpoint),
+                ("server.address", f.authority.as_deref()),
+                ("proxyfleet.route", f.route.as_deref()),
+                ("proxyfleet.upstream", f.upstream.as_deref()),
+                ("proxyfleet.endpoint", f.endpoint.as_ref().map(|a| a.as_str())),
             ];
             for (k, v) in optional {
                 if let Some(v) = v {

@@ -25,7 +25,7 @@ use crate::metrics::UpstreamMetrics;
 use crate::tls::{client_config, TlsError};
 
 pub struct UpstreamCluster {
-    pub name: String,
+    pub name: Arc<str>,
     pub config: Upstream,
     /// Fingerprint of the TLS files this cluster was built from, so a reload can tell
     /// whether it may keep the cluster (and its warm pool).
@@ -110,7 +110,7 @@ impl UpstreamCluster {
         let client = builder.build(connector);
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
-            name,
+            name: name.into(),
             config: config.clone(),
             material,
             endpoints: ArcSwap::from_pointee(endpoints),
