@@ -238,14 +238,10 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
     if req.version() == Version::HTTP_11 && first.is_none() && req.uri().authority().is_none() {
         return Some("an HTTP/1.1 request needs a Host header\n");
     }
-    // RFC 9113 §8.3.1: a Host that names another origin than `:authority` is malformed. (An
-    // HTTP/1.1 absolute-form target wins over its Host instead, RFC 9112 §3.2.2: `forward`
-    // sends the target's authority as the Host.)
-    if let (Some(host), Some(authority)) = (first, req.uri().authority()) {
-        if req.version() == Version::HTTP_2 && !host.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()) {
-            return Some("the Host header differs from :authority\n");
-        }
-    }
+    // A Host beside a differing `:authority` (HTTP/2) or absolute-form target (HTTP/1.1) is
+    // normalised, not refused: the authority wins for routing and `forward` sends it as the
+    // Host (RFC 9112 §3.2.2; RFC 9113 §8.3.1 only says SHOULD treat it as malformed, and
+    // proxies that send the endpoint as `:authority` with the client's Host are common).
     None
 }
 

@@ -241,19 +241,18 @@ impl SniCertificates {
 }
 
 impl SniCertificates {
-    /// Whether the certificate served for `sni` is also the one for `host` by name (RFC 9110
-    /// §7.4: a connection may carry requests only for origins its certificate is for). Asked
-    /// only when the two differ, so the common request never gets here.
+    /// Whether `host` would have been served the same certificate as `sni` (RFC 9110 §7.4:
+    /// a connection carries requests only for origins it was set up for). A host that selects
+    /// another of the listener's certificates is misdirected (its own certificate, and any
+    /// mTLS or routing tied to it, must not be bypassed by reusing a connection); one that
+    /// falls to the same certificate, the default included, is not. Asked only when the two
+    /// names differ, so the common request never gets here.
     pub fn covers(&self, sni: &str, host: &str) -> bool {
-        let Some(served) = self.select(Some(sni)) else {
-            return false;
-        };
-        let host = host.trim_end_matches('.').to_ascii_lowercase();
-        let by_name = self.exact.get(&host).or_else(|| {
-            let (_, parent) = host.split_once('.')?;
-            self.wildcard.get(parent)
-        });
-        by_name.is_some_and(|k| Arc::ptr_eq(k, &served))
+        match (self.select(Some(sni)), self.select(Some(host))) {
+            (Some(served), Some(for_host)) => Arc::ptr_eq(&served, &for_host),
+            (None, None) => true,
+            _ => false,
+        }
     }
 }
 

@@ -191,7 +191,8 @@ async fn a_host_the_certificate_does_not_cover_is_421() {
         ("api.example.com", 200),
         ("v1.api.example.com", 200),
         ("admin.example.com", 421),
-        ("elsewhere.example.org", 421),
+        // Not any certificate's name: it falls to the default, the connection's own.
+        ("elsewhere.example.org", 200),
     ] {
         for alpn in [&b"http/1.1"[..], &b"h2"[..]] {
             let tls = tls_connect(a, Some("api.example.com"), &ca, &[alpn]).await;
@@ -200,7 +201,11 @@ async fn a_host_the_certificate_does_not_cover_is_421() {
         }
     }
     let m = metrics(&proxy).await;
-    assert_eq!(metric_sum(&m, "proxyfleet_misdirected_requests_total", &[]), 4.0);
+    assert_eq!(metric_sum(&m, "proxyfleet_misdirected_requests_total", &[]), 2.0);
+    // A connection to the non-default certificate: a host that falls to the default is
+    // misdirected there.
+    let tls = tls_connect(a, Some("admin.example.com"), &ca, &[b"http/1.1"]).await;
+    assert_eq!(tls_get(tls, "elsewhere.example.org", "/").await.0, 421);
     proxy.running.drain();
 }
 
@@ -454,5 +459,34 @@ async fn trace_context_is_continued_and_sampled_spans_are_exported() {
     assert_eq!(first["name"], "GET api");
     let service = &got.lock().unwrap()[0]["resourceSpans"][0]["resource"]["attributes"][0]["value"]["stringValue"];
     assert_eq!(service, "edge");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_beside_a_differing_authority_is_replaced_by_it() {
+    use http_body_util::BodyExt;
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("authority-wins");
+    let proxy = start_proxy(&dir, &config(up.addr, "", "", "")).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut send, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .uri("http://real.example.com/x")
+        .header("host", "other.example.com")
+        .body(http_body_util::Full::new(bytes::Bytes::new()))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let _ = resp.into_body().collect().await;
+    assert_eq!(
+        seen(&up)["host"],
+        "real.example.com",
+        "routing and the upstream agree on :authority"
+    );
     proxy.running.drain();
 }
