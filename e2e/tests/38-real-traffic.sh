@@ -41,7 +41,7 @@ spec:
     - {name: ws, match: {pathPrefix: /ws}, upstream: ws, upgradeIdleTimeout: 5m}
     - {name: grpc, match: {pathPrefix: /grpc.health.v1.Health}, upstream: grpc, timeout: 30s}
     - {name: limited, match: {pathPrefix: /limited}, upstream: sse, timeout: 30s,
-       rateLimit: {requestsPerSecond: 0.2, burst: 2}}
+       rateLimit: {requestsPerSecond: 0.01, burst: 2}}
     - {name: events, match: {pathPrefix: /events}, upstream: sse, timeout: 30s,
        headers: {response: {set: [{name: x-served-by, value: proxyfleet}]}}}
   upstreams:
@@ -74,7 +74,7 @@ for _ in $(seq 12); do
     limited=$((limited + 1))
   fi
 done
-# 2 pods × burst 2 (+ a token per 5 s each) at most succeed; the rest are limited.
+# 2 pods × burst 2 at most succeed (a token comes back per 100 s); the rest are limited.
 [ "$limited" -ge 6 ] || fail "only $limited of 12 requests over the limit were answered 429"
 say "rate limit: $limited of 12 requests answered 429 with Retry-After"
 
