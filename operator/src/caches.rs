@@ -35,7 +35,8 @@ pub struct Caches {
     pub cluster_secrets: Vec<Store<Secret>>,
     pub wake: Wake,
     /// The watches' task; aborted at shutdown.
-    pub task: tokio::task::JoinHandle<()>,
+    /// The watches; aborted when the caches are dropped (also mid-sync, on lost leadership).
+    pub task: crate::task::AbortOnDrop<()>,
 }
 
 impl Caches {
@@ -65,7 +66,7 @@ impl Caches {
         });
         let (all_tx, all_fleets) = unbounded::<()>();
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
-        let task = tokio::spawn(async move {
+        let task = crate::task::AbortOnDrop(tokio::spawn(async move {
             tokio::join!(
                 f1,
                 f2,
@@ -77,7 +78,7 @@ impl Caches {
                 f8,
                 futures::future::join_all(cluster_watches)
             );
-        });
+        }));
         Self {
             stores: Stores {
                 deployments,

@@ -27,6 +27,7 @@ use crate::metrics::{Metrics, ObjectLabels, ReasonLabels};
 use crate::resources::deployment::deployment_name;
 use crate::resources::{OperatorSettings, Owner};
 use crate::status::{self, Observed, Problem};
+use crate::task::AbortOnDrop;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -599,9 +600,16 @@ pub async fn run(
     );
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
     let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
-    let app_controller = tokio::spawn(crate::app::controller::run(client.clone(), ctx.clone(), async move {
-        let _ = app_stop_rx.await;
-    }));
+    // Both end with this future: a leader that lost its lease is aborted here and must not
+    // leave the caches' watches or the app controller running.
+    let caches_task = task;
+    let mut app_controller = AbortOnDrop(tokio::spawn(crate::app::controller::run(
+        client.clone(),
+        ctx.clone(),
+        async move {
+            let _ = app_stop_rx.await;
+        },
+    )));
     controller
         .reconcile_on(ca_changes)
         .reconcile_on(wake.fleets)
@@ -619,9 +627,9 @@ pub async fn run(
         })
         .await;
     let _ = app_stop_tx.send(());
-    let _ = app_controller.await;
+    app_controller.join().await;
     metrics.managed_objects.set(0);
-    task.abort();
+    drop(caches_task);
 }
 
 /// Every fleet of a namespace whose CA Secret changed.

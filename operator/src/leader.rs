@@ -1,7 +1,14 @@
 //! Leader election on a coordination.k8s.io Lease, so two replicas can run and only one acts.
-//! A small module rather than a crate: the logic is thirty lines, and owning it lets the
-//! holder stop acting the moment a renewal deadline passes.
+//! A small module rather than a crate: the logic is short, and owning it lets the holder stop
+//! acting before its lease can expire even when the API server stops answering.
+//!
+//! Safety argument: every lease call is bounded in time, and the holder acts only until
+//! `act_for` (⅔ of the lease) after the start of its last successful renewal. Another replica
+//! takes the lease only once `lease_duration` has passed since that renewal's `renewTime`
+//! (written at the same start), so the two windows never overlap. `tests::a_hung_renew_*`
+//! checks it with a stalling API server.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
@@ -10,13 +17,38 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::Client;
 use tokio::sync::watch;
+use tokio::time::Instant;
+
+/// The wall clock used for `renewTime` (replaceable in tests, where time is paused).
+pub type Clock = Arc<dyn Fn() -> Timestamp + Send + Sync>;
+
+/// The election's timings. `act_for < lease_duration - call_timeout` keeps a slow last call
+/// from stretching the holder's window.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    pub lease_duration: Duration,
+    pub renew_every: Duration,
+    pub call_timeout: Duration,
+    pub act_for: Duration,
+}
+
+impl Default for Timing {
+    fn default() -> Self {
+        Self {
+            lease_duration: Duration::from_secs(15),
+            renew_every: Duration::from_secs(2),
+            call_timeout: Duration::from_secs(2),
+            act_for: Duration::from_secs(10),
+        }
+    }
+}
 
 pub struct LeaderElection {
     api: Api<Lease>,
     name: String,
     identity: String,
-    lease_duration: Duration,
-    renew_every: Duration,
+    timing: Timing,
+    clock: Clock,
 }
 
 /// What to do given a lease and the time: a pure decision.
@@ -53,13 +85,18 @@ impl LeaderElection {
             api: Api::namespaced(client, namespace),
             name: name.to_string(),
             identity: identity.to_string(),
-            lease_duration: Duration::from_secs(15),
-            renew_every: Duration::from_secs(3),
+            timing: Timing::default(),
+            clock: Arc::new(Timestamp::now),
         }
     }
 
-    async fn try_once(&self) -> Result<bool, kube::Error> {
-        let now = Timestamp::now();
+    pub fn with_timing(mut self, timing: Timing, clock: Clock) -> Self {
+        self.timing = timing;
+        self.clock = clock;
+        self
+    }
+
+    async fn try_once(&self, now: Timestamp) -> Result<bool, kube::Error> {
         let current = self.api.get_opt(&self.name).await?;
         let decision = decide(current.as_ref().and_then(|l| l.spec.as_ref()), &self.identity, now);
         if decision == Decision::Standby {
@@ -71,7 +108,7 @@ impl LeaderElection {
             spec.lease_transitions = Some(spec.lease_transitions.unwrap_or(0) + 1);
         }
         spec.holder_identity = Some(self.identity.clone());
-        spec.lease_duration_seconds = Some(self.lease_duration.as_secs() as i32);
+        spec.lease_duration_seconds = Some(self.timing.lease_duration.as_secs() as i32);
         spec.renew_time = Some(MicroTime(now));
         match current {
             // replace() carries the resourceVersion: a concurrent writer makes this fail.
@@ -93,34 +130,59 @@ impl LeaderElection {
         Ok(true)
     }
 
+    /// One bounded attempt. While leading, the attempt also ends at `deadline`: leadership
+    /// never outlives the window a successful renewal opened.
+    async fn attempt(&self, leading: bool, deadline: Instant) -> Result<bool, String> {
+        let bound = if leading {
+            self.timing
+                .call_timeout
+                .min(deadline.saturating_duration_since(Instant::now()))
+        } else {
+            self.timing.call_timeout
+        };
+        match tokio::time::timeout(bound, self.try_once((self.clock)())).await {
+            Ok(Ok(held)) => Ok(held),
+            Ok(Err(e)) => Err(e.to_string()),
+            Err(_) => Err(format!("no answer within {bound:?}")),
+        }
+    }
+
     /// Keeps trying forever; publishes whether we are the leader. Leadership is dropped as
-    /// soon as a renewal has not succeeded within the lease duration.
+    /// soon as `act_for` has passed since the start of the last successful renewal.
     pub async fn run(self, leader: watch::Sender<bool>) {
-        let mut last_success = tokio::time::Instant::now() - self.lease_duration;
+        let mut deadline = Instant::now();
         loop {
-            match self.try_once().await {
+            let started = Instant::now();
+            let leading = *leader.borrow();
+            match self.attempt(leading, deadline).await {
                 Ok(true) => {
-                    last_success = tokio::time::Instant::now();
-                    if !*leader.borrow() {
+                    deadline = started + self.timing.act_for;
+                    if !leading {
                         tracing::info!(identity = %self.identity, "acquired leader lease");
                     }
                     let _ = leader.send(true);
                 }
                 Ok(false) => {
-                    if *leader.borrow() {
+                    if leading {
                         tracing::warn!("lost the leader lease to another replica");
                     }
                     let _ = leader.send(false);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease update failed");
-                    if last_success.elapsed() >= self.lease_duration - self.renew_every && *leader.borrow() {
+                    if leading && Instant::now() >= deadline {
                         tracing::warn!("could not renew the lease in time; standing down");
                         let _ = leader.send(false);
                     }
                 }
             }
-            tokio::time::sleep(self.renew_every).await;
+            let next = started + self.timing.renew_every;
+            let wake = if *leader.borrow() { next.min(deadline) } else { next };
+            tokio::time::sleep_until(wake.max(Instant::now())).await;
+            if *leader.borrow() && Instant::now() >= deadline {
+                tracing::warn!("lease renewal is overdue; standing down");
+                let _ = leader.send(false);
+            }
         }
     }
 }
@@ -145,5 +207,132 @@ mod tests {
         assert_eq!(decide(Some(&lease("a", 990)), "a", now), Decision::Renew);
         assert_eq!(decide(Some(&lease("b", 990)), "a", now), Decision::Standby);
         assert_eq!(decide(Some(&lease("b", 980)), "a", now), Decision::Acquire);
+    }
+
+    /// One Lease behind a fake API server with compare-and-swap on resourceVersion, as the
+    /// real one does. A replica's connection can be made to stall: its calls never answer.
+    #[derive(Default)]
+    struct FakeServer {
+        lease: std::sync::Mutex<Option<Lease>>,
+    }
+
+    fn respond(code: u16, body: serde_json::Value) -> http::Response<kube::client::Body> {
+        let bytes = serde_json::to_vec(&body).expect("json");
+        http::Response::builder()
+            .status(code)
+            .header("content-type", "application/json")
+            .body(kube::client::Body::from(bytes))
+            .expect("response")
+    }
+
+    fn status(code: u16, reason: &str) -> http::Response<kube::client::Body> {
+        let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": reason, "reason": reason, "code": code});
+        respond(code, body)
+    }
+
+    impl FakeServer {
+        fn handle(&self, method: &http::Method, body: &[u8]) -> http::Response<kube::client::Body> {
+            let mut stored = self.lease.lock().expect("lease");
+            let version = |l: &Lease| l.metadata.resource_version.clone().unwrap_or_default();
+            match *method {
+                http::Method::GET => match &*stored {
+                    Some(l) => respond(200, serde_json::to_value(l).expect("lease")),
+                    None => status(404, "NotFound"),
+                },
+                http::Method::POST | http::Method::PUT => {
+                    let mut incoming: Lease = serde_json::from_slice(body).expect("a lease");
+                    let current = stored.as_ref().map(version);
+                    let expected = (*method == http::Method::PUT).then(|| version(&incoming));
+                    if current != expected {
+                        return status(409, "Conflict");
+                    }
+                    let next = current.map_or(1, |v| v.parse::<u64>().unwrap_or(0) + 1);
+                    incoming.metadata.resource_version = Some(next.to_string());
+                    *stored = Some(incoming.clone());
+                    respond(200, serde_json::to_value(&incoming).expect("lease"))
+                }
+                _ => status(405, "MethodNotAllowed"),
+            }
+        }
+    }
+
+    fn client(server: Arc<FakeServer>, stalled: Arc<std::sync::atomic::AtomicBool>) -> Client {
+        use http_body_util::BodyExt;
+        let service = tower::service_fn(move |request: http::Request<kube::client::Body>| {
+            let (server, stalled) = (server.clone(), stalled.clone());
+            async move {
+                if stalled.load(std::sync::atomic::Ordering::SeqCst) {
+                    std::future::pending::<()>().await;
+                }
+                let (parts, body) = request.into_parts();
+                let bytes = body.collect().await.map(|b| b.to_bytes()).unwrap_or_default();
+                Ok::<_, std::convert::Infallible>(server.handle(&parts.method, &bytes))
+            }
+        });
+        Client::new(service, "default")
+    }
+
+    /// A wall clock that follows tokio's (paused, auto-advancing) clock.
+    fn paused_clock() -> Clock {
+        let (wall, base) = (Timestamp::from_second(1_000_000).expect("time"), Instant::now());
+        Arc::new(move || wall + base.elapsed())
+    }
+
+    /// Replica A leads; then its connection to the API server stalls (every call hangs). A must
+    /// stand down on its own before B can take the expired lease: at no instant do both act.
+    /// When A's connection comes back it finds B holding the lease and stays a follower.
+    #[tokio::test(start_paused = true)]
+    async fn a_hung_renew_stands_down_before_another_replica_takes_over() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let server = Arc::new(FakeServer::default());
+        let stalled_a = Arc::new(AtomicBool::new(false));
+        let clock = paused_clock();
+        let (tx_a, mut rx_a) = watch::channel(false);
+        let (tx_b, mut rx_b) = watch::channel(false);
+        let a = LeaderElection::new(client(server.clone(), stalled_a.clone()), "ns", "lease", "a")
+            .with_timing(Timing::default(), clock.clone());
+        tokio::spawn(a.run(tx_a));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let b = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "b")
+            .with_timing(Timing::default(), clock.clone());
+        tokio::spawn(b.run(tx_b));
+
+        let start = Instant::now();
+        let (mut a_stood_down, mut b_took_over) = (None, None);
+        while start.elapsed() < Duration::from_secs(120) {
+            if start.elapsed() >= Duration::from_secs(20) && a_stood_down.is_none() {
+                stalled_a.store(true, Ordering::SeqCst);
+            }
+            if start.elapsed() >= Duration::from_secs(60) {
+                stalled_a.store(false, Ordering::SeqCst);
+            }
+            let (leading_a, leading_b) = (*rx_a.borrow(), *rx_b.borrow());
+            assert!(!(leading_a && leading_b), "two leaders at {:?}", start.elapsed());
+            if start.elapsed() < Duration::from_secs(20) {
+                assert!(leading_a && !leading_b, "A leads until its connection stalls");
+            }
+            if start.elapsed() >= Duration::from_secs(20) && !leading_a && a_stood_down.is_none() {
+                a_stood_down = Some(start.elapsed());
+            }
+            if leading_b && b_took_over.is_none() {
+                b_took_over = Some(start.elapsed());
+            }
+            tokio::select! {
+                _ = rx_a.changed() => {}
+                _ = rx_b.changed() => {}
+                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+            }
+        }
+        let (down, up) = (a_stood_down.expect("A stood down"), b_took_over.expect("B took over"));
+        assert!(down < up, "A stood down at {down:?}, B took over at {up:?}");
+        assert!(
+            down <= Duration::from_secs(32),
+            "A stood down within its window: {down:?}"
+        );
+        assert!(
+            *rx_b.borrow() && !*rx_a.borrow(),
+            "B leads, A follows after reconnecting"
+        );
     }
 }

@@ -28,6 +28,7 @@ pub mod schema;
 pub mod secret_refs;
 pub mod spec_check;
 pub mod status;
+pub mod task;
 
 #[cfg(test)]
 mod golden_tests;
