@@ -4,7 +4,10 @@
 # their own operator as a process. member-1 is registered with our Secret format, member-2 with
 # Argo CD's. Checks: exact spec + override in each member, per-cluster status, latency, drift
 # revert, a member API server stopped and restarted, selection by label (Delete and Orphan),
-# bad overrides applying nothing, and deletion through the finalizer.
+# bad overrides applying nothing, and deletion through the finalizer. Tenancy: the fleet is
+# created by a ServiceAccount bound to its namespace only (kubectl --as); a cluster whose Secret
+# does not admit that namespace gets nothing, and a CA Secret the member already had is never
+# overwritten (reported in status.clusters[].message).
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
 
@@ -52,6 +55,7 @@ kubeconfig_for_hub() {
 kubectl create secret generic member-1 -n proxyfleet-system --from-file=kubeconfig=<(kubeconfig_for_hub member-1) \
   --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl label secret -n proxyfleet-system member-1 proxyfleet.io/cluster=true env=e2e region=eu --overwrite >/dev/null
+kubectl annotate secret -n proxyfleet-system member-1 proxyfleet.io/allowed-namespaces="other-team, $ns" --overwrite >/dev/null
 # member-2 in Argo CD's format. Argo CD import is off by default; this test turns it on.
 kubectl create ns argocd --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 helm upgrade proxyfleet "$root/charts/proxyfleet" -n proxyfleet-system --reuse-values \
@@ -65,23 +69,57 @@ argo_config=$(jq -cn --arg ca "$(field certificate-authority-data)" --arg cert "
 kubectl create secret generic member-2 -n argocd --from-literal=name=member-2 --from-literal=server="$(field server)" \
   --from-literal=config="$argo_config" --dry-run=client -o yaml | kubectl apply -f - >/dev/null
 kubectl label secret -n argocd member-2 argocd.argoproj.io/secret-type=cluster env=e2e region=us --overwrite >/dev/null
+# member-2 admits no namespace yet (no annotation: deny by default), and already has a CA of its
+# own in the namespace the fleet will use.
+mk member-2 create ns "$ns" >/dev/null
+mk member-2 create secret generic -n "$ns" proxyfleet-ca --from-literal=ca.crt=members-own-ca >/dev/null
 
-say "a fleet placed on env=e2e clusters, with one override for member-2 (replicas 3)"
+# The fleet's author: a ServiceAccount that may manage ProxyDeployments in $ns and nothing else.
+kubectl create serviceaccount -n "$ns" tenant >/dev/null
+kubectl create role -n "$ns" pxd-editor --verb=get,list,watch,create,update,patch,delete \
+  --resource=proxydeployments.proxyfleet.io >/dev/null
+kubectl create rolebinding -n "$ns" tenant-pxd --role=pxd-editor --serviceaccount="$ns:tenant" >/dev/null
+tenant=(--as="system:serviceaccount:$ns:tenant")
+[ "$(kubectl auth can-i create secrets -n proxyfleet-system "${tenant[@]}")" = no ] || fail "the tenant may write cluster Secrets"
+
+say "a fleet placed on env=e2e clusters (by the tenant), with one override for member-2 (replicas 3)"
 placement='{"clusterSelector":{"matchLabels":{"env":"e2e"}},"overrides":[{"clusterName":"member-2","patches":[{"op":"replace","path":"/spec/replicas","value":3}]}]}'
 t0=$(date +%s%N)
+# The Service/Deployment of the echo upstream are the admin's; the ProxyDeployment the tenant's.
 sed "s/echo.default.svc.cluster.local/echo.$ns.svc.cluster.local/" "$root/examples/basic.yaml" \
   | python3 -c "
 import sys, yaml, json
+rest = open('/tmp/e2e-prop-rest.json', 'w')
 for d in yaml.safe_load_all(sys.stdin):
     if d and d['kind'] == 'ProxyDeployment':
         d['spec']['replicas'] = 1; d['spec']['placement'] = json.loads('$placement')
-    if d: print('---'); print(json.dumps(d))" | kubectl apply -n "$ns" -f - >/dev/null
-present=()
+        open('/tmp/e2e-prop-pxd.json', 'w').write(json.dumps(d))
+    elif d:
+        rest.write(json.dumps(d) + '\\n')"
+kubectl apply -n "$ns" -f /tmp/e2e-prop-rest.json >/dev/null
+kubectl apply -n "$ns" -f /tmp/e2e-prop-pxd.json "${tenant[@]}" >/dev/null || fail "the tenant could not create its fleet"
+retry 60 mk member-1 get pxd -n "$ns" demo
+say "member-1 has the object $(( ($(date +%s%N) - t0) / 1000000 )) ms after kubectl apply on the hub"
+retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].status}' | grep -q True"
+mk member-2 get pxd -n "$ns" demo >/dev/null 2>&1 && fail "placed on member-2, which does not admit $ns"
+[ "$(kubectl get pxd -n "$ns" demo -o json | jq -c '[.status.clusters[].name]')" = '["member-1"]' ] \
+  || fail "status lists a cluster that does not admit $ns: $(kubectl get pxd -n "$ns" demo -o json | jq -c .status.clusters)"
+say "member-2 does not admit $ns: nothing placed there, not listed"
+
+kubectl annotate secret -n argocd member-2 proxyfleet.io/allowed-namespaces="$ns" --overwrite >/dev/null
+retry 60 bash -c "kubectl get pxd -n $ns demo -o json | jq -e '.status.clusters[] | select(.name==\"member-2\") | .message | test(\"not a copy of this hub.s CA\")'"
+[ "$(mk member-2 get secret -n "$ns" proxyfleet-ca -o jsonpath='{.data.ca\.crt}' | base64 -d)" = members-own-ca ] \
+  || fail "member-2's own CA Secret was overwritten"
+mk member-2 get pxd -n "$ns" demo >/dev/null 2>&1 && fail "the fleet was placed beside a CA it could not share"
+say "member-2 admits $ns but has its own CA: kept, and reported: $(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.clusters[?(@.name=="member-2")].message}')"
+mk member-2 delete secret -n "$ns" proxyfleet-ca >/dev/null
+t0=$(date +%s%N)
+present=(member-1)
 until [ ${#present[@]} = 2 ]; do
   for m in "${members[@]}"; do
     [[ " ${present[*]} " == *" $m "* ]] && continue
     if mk "$m" get pxd -n "$ns" demo >/dev/null 2>&1; then
-      present+=("$m"); say "$m has the object $(( ($(date +%s%N) - t0) / 1000000 )) ms after kubectl apply on the hub"
+      present+=("$m"); say "$m has the object $(( ($(date +%s%N) - t0) / 1000000 )) ms after its CA Secret was removed"
     fi
   done
   [ $(( ($(date +%s%N) - t0) / 1000000000 )) -lt 60 ] || fail "not propagated within 60 s: ${present[*]}"

@@ -45,6 +45,9 @@ pub struct CaMaterial {
     pub bundle: String,
     pub rotation: CaRotationStatus,
     pub requeue: Duration,
+    /// The uid of the CA Secret: a stable identity across rotations (propagation marks the
+    /// members' copies with it and never overwrites a CA Secret that lacks it).
+    pub secret_uid: String,
 }
 
 /// Unix seconds now.
@@ -200,6 +203,7 @@ fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMateri
         } else {
             requeue
         },
+        secret_uid: secret.metadata.uid.clone().unwrap_or_default(),
     })
 }
 

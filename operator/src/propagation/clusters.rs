@@ -14,6 +14,10 @@ use serde::Deserialize;
 
 /// Label that registers a Secret of ours as a member cluster.
 pub const CLUSTER_LABEL: &str = "proxyfleet.io/cluster";
+/// Annotation on a cluster Secret: the hub namespaces whose fleets may be placed onto that
+/// cluster, comma-separated, or `*` for all. Absent or empty: none (deny by default). Only the
+/// platform team, who may write Secrets in the clusters namespace, opens a cluster to a team.
+pub const ALLOWED_NAMESPACES: &str = "proxyfleet.io/allowed-namespaces";
 /// Argo CD's label for its cluster Secrets.
 pub const ARGOCD_SECRET_TYPE: &str = "argocd.argoproj.io/secret-type";
 
@@ -28,6 +32,27 @@ pub struct MemberCluster {
     /// Changes whenever the Secret does: cached clients are rebuilt on change.
     pub secret_version: String,
     pub kubeconfig: Result<Kubeconfig, String>,
+    /// Hub namespaces admitted (`ALLOWED_NAMESPACES`); `["*"]` admits all.
+    pub allowed_namespaces: Vec<String>,
+}
+
+impl MemberCluster {
+    /// Whether fleets of hub namespace `namespace` may be placed here.
+    pub fn admits(&self, namespace: &str) -> bool {
+        self.allowed_namespaces.iter().any(|n| n == "*" || n == namespace)
+    }
+}
+
+fn allowed_namespaces(secret: &Secret) -> Vec<String> {
+    let annotations = secret.metadata.annotations.as_ref();
+    let Some(list) = annotations.and_then(|a| a.get(ALLOWED_NAMESPACES)) else {
+        return Vec::new();
+    };
+    list.split(',')
+        .map(str::trim)
+        .filter(|n| !n.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 fn data(secret: &Secret, key: &str) -> Option<String> {
@@ -73,6 +98,7 @@ pub fn from_secret(secret: &Secret) -> Option<MemberCluster> {
         secret: secret_ref(secret),
         secret_version: secret.metadata.resource_version.clone().unwrap_or_default(),
         kubeconfig,
+        allowed_namespaces: allowed_namespaces(secret),
     })
 }
 
@@ -282,6 +308,18 @@ current-context: c
         ))
         .unwrap();
         assert!(argo.kubeconfig.unwrap_err().contains("execProviderConfig"));
+    }
+
+    #[test]
+    fn a_cluster_admits_only_the_namespaces_its_secret_lists() {
+        let mut s = secret(&[(CLUSTER_LABEL, "")], &[("kubeconfig", KUBECONFIG)]);
+        let c = from_secret(&s).unwrap();
+        assert!(!c.admits("team-a"), "deny by default");
+        s.metadata.annotations = Some([(ALLOWED_NAMESPACES.to_string(), " team-a, team-b ,".to_string())].into());
+        let c = from_secret(&s).unwrap();
+        assert!(c.admits("team-a") && c.admits("team-b") && !c.admits("team-c"));
+        s.metadata.annotations = Some([(ALLOWED_NAMESPACES.to_string(), "*".to_string())].into());
+        assert!(from_secret(&s).unwrap().admits("anyone"));
     }
 
     #[test]

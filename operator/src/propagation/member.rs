@@ -12,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use super::clusters::MemberCluster;
-use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_OBJECT, HUB_UID, PROPAGATED_HASH};
+use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_CA, HUB_OBJECT, HUB_UID, PROPAGATED_HASH};
 use crate::crd::ProxyDeployment;
 use crate::labels;
 
@@ -131,6 +131,10 @@ pub async fn apply(
     if let Some(ca) = ca {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
         let ca_name = ca.metadata.name.clone().unwrap_or_default();
+        let found = bounded("reading the CA Secret", secrets.get_metadata_opt(&ca_name)).await?;
+        if let Some(refusal) = found.and_then(|f| foreign_ca(namespace, &f.metadata, ca)) {
+            return Err(MemberError::Refused(refusal));
+        }
         bounded(
             "applying the CA Secret",
             secrets.patch(&ca_name, &params, &Patch::Apply(ca)),
@@ -143,6 +147,27 @@ pub async fn apply(
         api.patch(name, &params, &Patch::Apply(object)),
     )
     .await
+}
+
+/// Why the member's CA Secret must not be overwritten, if it must not: it is not a copy of
+/// this hub's CA (the member's own CA, another hub's, a user's Secret of that name).
+fn foreign_ca(namespace: &str, found: &kube::api::ObjectMeta, ours: &Secret) -> Option<String> {
+    let mark = |m: &kube::api::ObjectMeta| m.annotations.as_ref().and_then(|a| a.get(HUB_CA)).cloned();
+    let ours_mark = mark(&ours.metadata);
+    if ours_mark.is_some() && mark(found) == ours_mark {
+        return None;
+    }
+    // Copies written before the hub-ca mark existed carry only the hub annotation (which only
+    // propagation writes): taken as ours once, and marked by this apply (docs/decisions.md).
+    let legacy = found.annotations.as_ref().is_some_and(|a| a.contains_key(HUB_OBJECT));
+    if legacy && mark(found).is_none() {
+        return None;
+    }
+    Some(format!(
+        "Secret {namespace}/{} exists there and is not a copy of this hub's CA; not overwriting it \
+         (the member's fleets keep their own CA: delete that Secret there to let the hub's CA in)",
+        found.name.as_deref().unwrap_or_default()
+    ))
 }
 
 /// What clean-up did in one member.
@@ -195,5 +220,48 @@ pub async fn release(client: &Client, namespace: &str, name: &str, hub_uid: &str
         Ok(_) => Ok(Released::Deleted),
         Err(MemberError::Refused(m)) if m.contains("NotFound") => Ok(Released::NothingThere),
         Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn meta(mark: Option<&str>) -> kube::api::ObjectMeta {
+        kube::api::ObjectMeta {
+            name: Some("proxyfleet-ca".into()),
+            annotations: mark.map(|m| BTreeMap::from([(HUB_CA.to_string(), m.to_string())])),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn only_a_copy_of_this_hubs_ca_is_overwritten() {
+        let ours = Secret {
+            metadata: meta(Some("uid-hub")),
+            ..Default::default()
+        };
+        assert_eq!(foreign_ca("team-a", &meta(Some("uid-hub")), &ours), None);
+        let own = foreign_ca("team-a", &meta(None), &ours).expect("the member's own CA is kept");
+        assert!(
+            own.contains("team-a/proxyfleet-ca") && own.contains("not overwriting"),
+            "{own}"
+        );
+        assert!(foreign_ca("team-a", &meta(Some("uid-other-hub")), &ours).is_some());
+        let mut legacy = meta(None);
+        legacy.annotations = Some(BTreeMap::from([(HUB_OBJECT.to_string(), "team-a/*".to_string())]));
+        assert_eq!(
+            foreign_ca("team-a", &legacy, &ours),
+            None,
+            "a copy from before the mark"
+        );
+        let unmarked = Secret {
+            metadata: meta(None),
+            ..Default::default()
+        };
+        assert!(
+            foreign_ca("team-a", &meta(None), &unmarked).is_some(),
+            "no mark, no overwrite"
+        );
     }
 }

@@ -23,6 +23,9 @@ pub const PROPAGATED_HASH: &str = "proxyfleet.io/propagated-hash";
 /// Annotation: the deletion policy in force when the object was applied, honoured at clean-up
 /// even after `placement` has been removed from the hub object.
 pub const DELETION_POLICY: &str = "proxyfleet.io/deletion-policy";
+/// Annotation on a member's CA Secret: the uid of the hub CA Secret it is a copy of. A CA
+/// Secret in the member without it (the member's own CA, another hub's) is never overwritten.
+pub const HUB_CA: &str = "proxyfleet.io/hub-ca";
 /// Field manager of every write to a member.
 pub const FIELD_MANAGER: &str = "proxyfleet-propagation";
 
@@ -32,9 +35,19 @@ pub struct Selection<'a> {
     pub targets: Vec<&'a MemberCluster>,
     /// Names listed in `placement.clusters` with no registered Secret.
     pub unknown: Vec<String>,
+    /// Names listed in `placement.clusters` whose Secret does not admit the fleet's namespace.
+    /// Clusters a selector matches but that do not admit it are left out silently: a tenant
+    /// learns nothing about clusters that are not open to it.
+    pub denied: Vec<String>,
 }
 
-pub fn select<'a>(placement: &Placement, clusters: &'a [MemberCluster]) -> Result<Selection<'a>, String> {
+/// The clusters `placement` selects for a fleet in `namespace`: only clusters whose Secret
+/// admits that namespace (`proxyfleet.io/allowed-namespaces`, deny by default).
+pub fn select<'a>(
+    placement: &Placement,
+    namespace: &str,
+    clusters: &'a [MemberCluster],
+) -> Result<Selection<'a>, String> {
     let selector = placement
         .cluster_selector
         .clone()
@@ -44,8 +57,13 @@ pub fn select<'a>(placement: &Placement, clusters: &'a [MemberCluster]) -> Resul
     let mut selection = Selection::default();
     for c in clusters {
         let named = placement.clusters.iter().any(|n| n == &c.name);
-        if named || selector.as_ref().is_some_and(|s| s.matches(&c.labels)) {
+        if !(named || selector.as_ref().is_some_and(|s| s.matches(&c.labels))) {
+            continue;
+        }
+        if c.admits(namespace) {
             selection.targets.push(c);
+        } else if named {
+            selection.denied.push(c.name.clone());
         }
     }
     for n in &placement.clusters {
@@ -55,6 +73,8 @@ pub fn select<'a>(placement: &Placement, clusters: &'a [MemberCluster]) -> Resul
     }
     selection.targets.sort_by(|a, b| a.name.cmp(&b.name));
     selection.targets.dedup_by(|a, b| a.name == b.name);
+    selection.denied.sort();
+    selection.denied.dedup();
     Ok(selection)
 }
 
@@ -205,6 +225,11 @@ mod tests {
             secret: format!("ns/{name}"),
             secret_version: "1".into(),
             kubeconfig: Err("unused".into()),
+            allowed_namespaces: if name.starts_with("closed") {
+                vec![]
+            } else {
+                vec!["team-a".into()]
+            },
         }
     }
 
@@ -243,12 +268,40 @@ mod tests {
             cluster_selector: Some(selector("region", "eu")),
             ..Default::default()
         };
-        let s = select(&p, &clusters).unwrap();
+        let s = select(&p, "team-a", &clusters).unwrap();
         let names: Vec<_> = s.targets.iter().map(|c| c.name.as_str()).collect();
         assert_eq!(names, ["eu-1", "eu-2", "us-1"]);
         assert_eq!(s.unknown, ["ap-9"]);
-        let none = select(&Placement::default(), &clusters).unwrap();
+        let none = select(&Placement::default(), "team-a", &clusters).unwrap();
         assert!(none.targets.is_empty());
+    }
+
+    #[test]
+    fn only_clusters_that_admit_the_namespace_are_selected() {
+        let clusters = vec![
+            cluster("eu-1", "eu"),
+            cluster("closed-1", "eu"),
+            cluster("closed-2", "us"),
+        ];
+        let everything = Placement {
+            clusters: vec!["closed-2".into()],
+            cluster_selector: Some(LabelSelector::default()),
+            ..Default::default()
+        };
+        let s = select(&everything, "team-a", &clusters).unwrap();
+        let names: Vec<_> = s.targets.iter().map(|c| c.name.as_str()).collect();
+        assert_eq!(
+            names,
+            ["eu-1"],
+            "`clusterSelector: {{}}` selects only clusters open to team-a"
+        );
+        assert_eq!(
+            s.denied,
+            ["closed-2"],
+            "a named cluster that refuses is reported; a matched one is not"
+        );
+        let other = select(&everything, "team-b", &clusters).unwrap();
+        assert!(other.targets.is_empty(), "a namespace no cluster lists gets nothing");
     }
 
     #[test]

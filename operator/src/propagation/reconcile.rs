@@ -16,7 +16,7 @@ use kube::ResourceExt;
 
 use super::clusters::{self, MemberCluster};
 use super::member::{self, MemberClients, MemberError, Released};
-use super::placement::{self, MemberObject, HUB_OBJECT, HUB_UID};
+use super::placement::{self, MemberObject, HUB_CA, HUB_OBJECT, HUB_UID};
 use super::spec::ClusterStatus;
 use super::status::{self, Observation};
 use crate::certs;
@@ -103,7 +103,10 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
                 (labels::MANAGED_BY.to_string(), labels::MANAGER.to_string()),
                 (crate::certs::ca::CA_LABEL.to_string(), "true".to_string()),
             ])),
-            annotations: Some(BTreeMap::from([(HUB_OBJECT.to_string(), format!("{namespace}/*"))])),
+            annotations: Some(BTreeMap::from([
+                (HUB_OBJECT.to_string(), format!("{namespace}/*")),
+                (HUB_CA.to_string(), m.secret_uid.clone()),
+            ])),
             ..Default::default()
         },
         type_: Some("Opaque".into()),
@@ -234,7 +237,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         return keep_previous(Want::new(crate::conditions::PROPAGATED, false, "FinalizerNotSet", e));
     }
 
-    let selection = match placement::select(placement, &registered) {
+    let selection = match placement::select(placement, &owner.namespace, &registered) {
         Ok(s) => s,
         Err(m) => {
             let mut out = keep_previous(status::condition(&[], Some(&m)));
@@ -274,8 +277,13 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
                 .unknown
                 .iter()
                 .map(|n| (n.as_str(), Observation::NotRegistered));
+            let denied = selection
+                .denied
+                .iter()
+                .map(|n| (n.as_str(), Observation::NotAdmitted(owner.namespace.clone())));
             named
                 .chain(unknown)
+                .chain(denied)
                 .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
                 .collect()
         }

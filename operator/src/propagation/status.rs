@@ -11,6 +11,8 @@ use crate::crd::ProxyDeployment;
 pub enum Observation {
     /// Named in `placement.clusters`, but no cluster Secret has that name.
     NotRegistered,
+    /// Named in `placement.clusters`, but its Secret does not admit the fleet's namespace.
+    NotAdmitted(String),
     /// The member answered; `member` is its copy after our apply (or as found, if unchanged).
     Synced {
         member: Box<ProxyDeployment>,
@@ -61,6 +63,13 @@ pub fn cluster_status(
     match observation {
         Observation::NotRegistered => {
             entry.message = Some(format!("no cluster Secret named {name:?} is registered"));
+        }
+        Observation::NotAdmitted(namespace) => {
+            entry.message = Some(format!(
+                "cluster {name} does not admit fleets of namespace {namespace}: the platform team lists \
+                 admitted namespaces in the annotation {} of its cluster Secret",
+                super::clusters::ALLOWED_NAMESPACES
+            ));
         }
         Observation::Synced { member, desired_hash } => {
             entry.reachable = true;
@@ -128,7 +137,7 @@ pub fn condition(entries: &[ClusterStatus], invalid: Option<&str>) -> Want {
             PROPAGATED,
             false,
             "NoClustersSelected",
-            "the placement selects no registered cluster",
+            "the placement selects no registered cluster that admits this namespace",
         );
     }
     let behind: Vec<&ClusterStatus> = entries.iter().filter(|e| !e.applied).collect();
@@ -145,6 +154,12 @@ pub fn condition(entries: &[ClusterStatus], invalid: Option<&str>) -> Want {
         .any(|e| e.message.as_deref().is_some_and(|m| m.contains("no cluster Secret")))
     {
         "ClusterNotFound"
+    } else if behind.iter().any(|e| {
+        e.message
+            .as_deref()
+            .is_some_and(|m| m.contains("does not admit fleets"))
+    }) {
+        "ClusterNotAdmitted"
     } else if behind.iter().any(|e| !e.reachable) {
         "ClusterUnreachable"
     } else {
