@@ -44,6 +44,8 @@ crds:
 	cp crds/proxydeployments.proxyfleet.io.yaml charts/proxyfleet/crds/
 	cargo run -q -p proxyfleet-operator --bin crdgen -- --app > crds/approllouts.proxyfleet.io.yaml
 	cp crds/approllouts.proxyfleet.io.yaml charts/proxyfleet/crds/
+	cargo run -q -p proxyfleet-operator --bin crdgen -- --policy > crds/proxyfleetpolicies.proxyfleet.io.yaml
+	cp crds/proxyfleetpolicies.proxyfleet.io.yaml charts/proxyfleet/crds/
 	cargo run -q -p proxyfleet-operator --bin crdgen -- --reference > docs/crd-reference.md
 
 bench:

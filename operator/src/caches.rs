@@ -5,9 +5,10 @@
 use futures::channel::mpsc::{unbounded, UnboundedReceiver};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
-use k8s_openapi::api::core::v1::{ConfigMap, Secret, Service, ServiceAccount};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
@@ -17,11 +18,12 @@ use crate::app::spec::AppRollout;
 use crate::context::Stores;
 use crate::crd::ProxyDeployment;
 use crate::labels;
+use crate::policy::spec::ProxyFleetPolicy;
 use crate::resources::OperatorSettings;
 
 /// What wakes the fleet controller besides its own watches.
 pub struct Wake {
-    /// Namespaces whose CA Secret changed (every fleet there is woken).
+    /// Namespaces whose CA Secret or labels changed (every fleet there is woken).
     pub ca_namespaces: UnboundedReceiver<String>,
     /// Fleets an AppRollout or an app track's Service names.
     pub fleets: UnboundedReceiver<ObjectRef<ProxyDeployment>>,
@@ -34,37 +36,47 @@ pub struct Caches {
     pub apps: Store<AppRollout>,
     pub cluster_secrets: Vec<Store<Secret>>,
     pub wake: Wake,
-    /// The watches' task; aborted at shutdown.
     /// The watches; aborted when the caches are dropped (also mid-sync, on lost leadership).
     pub task: crate::task::AbortOnDrop<()>,
 }
 
 impl Caches {
     pub fn start(client: &Client, settings: &OperatorSettings) -> Self {
-        let (deployments, f1) = owned_store::<Deployment>(client);
-        let (config_maps, f2) = owned_store::<ConfigMap>(client);
+        let (deployments, f1) = owned_store::<Deployment>(client, settings);
+        let (config_maps, f2) = owned_store::<ConfigMap>(client, settings);
         // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
         let (fleet_tx, fleets) = unbounded::<ObjectRef<ProxyDeployment>>();
-        let (apps, f8) = crate::app::controller::store(client, fleet_tx.clone());
+        let (apps, f8) = crate::app::controller::store(client, settings, fleet_tx.clone());
         // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
         let app_store = apps.clone();
-        let (services, f3) = owned_store_with(client, move |svc: &Service| {
+        let (services, f3) = owned_store_with(client, settings, move |svc: &Service| {
             if let Some(fleet) = crate::app::controller::fleet_of_service(&app_store, svc) {
                 let _ = fleet_tx.unbounded_send(fleet);
             }
         });
-        let (service_accounts, f4) = owned_store::<ServiceAccount>(client);
-        let (pdbs, f5) = owned_store::<PodDisruptionBudget>(client);
-        let (revisions, f7) = owned_store::<ControllerRevision>(client);
+        let (service_accounts, f4) = owned_store::<ServiceAccount>(client, settings);
+        let (pdbs, f5) = owned_store::<PodDisruptionBudget>(client, settings);
+        let (revisions, f7) = owned_store::<ControllerRevision>(client, settings);
         // A namespace's CA Secret is shared by its fleets (no owner reference): any change to
         // it (a rotation step, a rotation request) wakes every fleet of that namespace.
         let (ca_tx, ca_namespaces) = unbounded::<String>();
-        let (secrets, f6) = owned_store_with(client, move |secret: &Secret| {
+        let ca_tx_for_namespaces = ca_tx.clone();
+        let (secrets, f6) = owned_store_with(client, settings, move |secret: &Secret| {
             if crate::certs::ca::is_ca_secret(secret) {
                 let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
             }
         });
+        // A namespace's labels choose its policies: a change wakes its fleets.
+        let ns_tx = ca_tx_for_namespaces;
+        let (namespaces, f9) = namespace_store(client, settings, move |ns| {
+            let _ = ns_tx.unbounded_send(ns.metadata.name.clone().unwrap_or_default());
+        });
         let (all_tx, all_fleets) = unbounded::<()>();
+        // A policy change may allow or refuse any fleet.
+        let policy_tx = all_tx.clone();
+        let (policies, f10) = store_all(Api::<ProxyFleetPolicy>::all(client.clone()), move |_| {
+            let _ = policy_tx.unbounded_send(());
+        });
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
         let task = crate::task::AbortOnDrop(tokio::spawn(async move {
             tokio::join!(
@@ -76,6 +88,8 @@ impl Caches {
                 f6,
                 f7,
                 f8,
+                f9,
+                f10,
                 futures::future::join_all(cluster_watches)
             );
         }));
@@ -88,6 +102,8 @@ impl Caches {
                 pdbs,
                 secrets,
                 revisions,
+                policies,
+                namespaces,
             },
             apps,
             cluster_secrets,
@@ -112,6 +128,8 @@ impl Caches {
             s.secrets.wait_until_ready(),
             s.revisions.wait_until_ready(),
             self.apps.wait_until_ready(),
+            s.policies.wait_until_ready(),
+            s.namespaces.wait_until_ready(),
         );
     }
 }
@@ -153,24 +171,86 @@ fn cluster_secret_stores(
     (stores, watches)
 }
 
-/// A cache of one owned kind, limited to objects we manage, kept by a background task.
-pub fn owned_store<K>(client: &Client) -> (Store<K>, impl std::future::Future<Output = ()>)
+/// A cache of every object of a kind `api` lists, calling `on_touched` after the cache holds it.
+fn store_all<K>(
+    api: Api<K>,
+    mut on_touched: impl FnMut(&K) + Send + 'static,
+) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    owned_store_with(client, |_: &K| {})
+    let (reader, writer) = reflector::store();
+    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default().any_semantic()))
+        .default_backoff()
+        .touched_objects()
+        .for_each(move |object| {
+            if let Ok(object) = object {
+                on_touched(&object);
+            }
+            futures::future::ready(())
+        });
+    (reader, stream)
+}
+
+/// Namespaces' metadata (their labels select policies); no spec or status is read. A
+/// namespaced instance reads only its own namespace (RBAC can then name it).
+fn namespace_store(
+    client: &Client,
+    settings: &OperatorSettings,
+    mut on_touched: impl FnMut(&PartialObjectMeta<Namespace>) + Send + 'static,
+) -> (
+    Store<PartialObjectMeta<Namespace>>,
+    impl std::future::Future<Output = ()>,
+) {
+    let (reader, writer) = reflector::store();
+    let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
+    let mut config = watcher::Config::default().any_semantic();
+    if let Some(ns) = &settings.watch_namespace {
+        config = config.fields(&format!("metadata.name={ns}"));
+    }
+    let stream = reflector::reflector(writer, watcher(api, config))
+        .default_backoff()
+        .touched_objects()
+        .for_each(move |object| {
+            if let Ok(object) = object {
+                on_touched(&object);
+            }
+            futures::future::ready(())
+        });
+    (reader, stream)
+}
+
+/// A cache of one owned kind, limited to objects we manage, kept by a background task.
+pub fn owned_store<K>(client: &Client, settings: &OperatorSettings) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    owned_store_with(client, settings, |_: &K| {})
 }
 
 /// [`owned_store`], calling `on_touched` for every object after the cache holds it — so a
 /// reconcile it triggers reads the new version, never the one before.
 pub fn owned_store_with<K>(
     client: &Client,
+    settings: &OperatorSettings,
     mut on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
 {
-    let api: Api<K> = Api::all(client.clone());
+    let api: Api<K> = settings.api(client);
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,

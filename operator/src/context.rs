@@ -24,6 +24,10 @@ pub struct Stores {
     pub pdbs: Store<PodDisruptionBudget>,
     pub secrets: Store<Secret>,
     pub revisions: Store<ControllerRevision>,
+    /// Every ProxyFleetPolicy (cluster-scoped).
+    pub policies: Store<crate::policy::spec::ProxyFleetPolicy>,
+    /// Every namespace's metadata: its labels select the policies that govern it.
+    pub namespaces: Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
 }
 
 pub struct Context {

@@ -93,12 +93,23 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     if pxd.metadata.deletion_timestamp.is_some() {
         return Ok(finalize(&pxd, &owner, &ctx).await);
     }
-    let certs = certs::reconcile::ensure(&pxd, &ctx).await;
-    crate::app::token::ensure(&ctx, &owner).await;
+    // The platform policy first: a refused spec gets nothing applied on its behalf.
+    let refused = policy_refusal(&pxd, &owner, &ctx);
+    let certs = match refused {
+        None => certs::reconcile::ensure(&pxd, &ctx).await,
+        Some(_) => certs::reconcile::held(&pxd),
+    };
+    if refused.is_none() {
+        crate::app::token::ensure(&ctx, &owner).await;
+    }
     // The routes as AppRollouts split them; everything else reads the fleet as written.
     let shaped = crate::app::render::shaped_fleet(&pxd, &ctx.apps, &ctx.stores.services);
     let mut pass = Pass::new(&certs);
-    match desired_revision_checked(&shaped, &owner, &ctx, &certs).await {
+    let revision = match &refused {
+        Some(refusal) => Err(refusal.clone()),
+        None => desired_revision_checked(&shaped, &owner, &ctx, &certs).await,
+    };
+    match revision {
         Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
         Ok(rev) => roll_out(&shaped, &owner, &ctx, &certs, rev, &mut pass).await?,
     }
@@ -109,7 +120,10 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let written_stable = pass.written_stable.take();
     let stable = written_stable.as_ref().or(stable.as_deref());
     check_progress_deadline(&pxd, &owner, &ctx, stable, &mut pass).await;
-    let propagation = crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await;
+    let propagation = match &refused {
+        None => crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await,
+        Some((_, message)) => crate::propagation::reconcile::held(&pxd, message),
+    };
     let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &propagation, &mut pass);
     record_history(&pxd, &owner, &ctx, &new_status, stable, &mut pass).await;
     write_status(&pxd, &owner, &ctx, &new_status).await?;
@@ -184,6 +198,17 @@ async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action
         m.remove(&owner.reference.uid);
     }
     Action::await_change()
+}
+
+/// Why the platform policy refuses the spec, as (reason, message), if it does.
+fn policy_refusal(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Option<(String, String)> {
+    crate::policy::refusal(
+        &ctx.stores.policies,
+        &ctx.stores.namespaces,
+        &owner.namespace,
+        &pxd.spec,
+        &ctx.settings.default_proxy_image,
+    )
 }
 
 fn cached_track(ctx: &Context, owner: &Owner, track: Track) -> Option<Arc<Deployment>> {
@@ -594,8 +619,9 @@ pub async fn run(
         cluster_secrets,
     ));
     let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
+    let scope = ctx.settings.clone();
     let controller = Controller::new(
-        Api::<ProxyDeployment>::all(client.clone()),
+        scope.api::<ProxyDeployment>(&client),
         watcher::Config::default().any_semantic(),
     );
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
@@ -613,9 +639,9 @@ pub async fn run(
     controller
         .reconcile_on(ca_changes)
         .reconcile_on(wake.fleets)
-        .owns(Api::<Deployment>::all(client.clone()), owned_cfg.clone())
-        .owns(Api::<Service>::all(client.clone()), owned_cfg.clone())
-        .owns(Api::<Secret>::all(client.clone()), owned_cfg)
+        .owns(scope.api::<Deployment>(&client), owned_cfg.clone())
+        .owns(scope.api::<Service>(&client), owned_cfg.clone())
+        .owns(scope.api::<Secret>(&client), owned_cfg)
         .reconcile_all_on(wake.all_fleets)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)

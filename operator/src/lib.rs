@@ -22,6 +22,7 @@ pub mod latest_status;
 pub mod leader;
 pub mod metrics;
 pub mod pod_problem;
+pub mod policy;
 pub mod propagation;
 pub mod resources;
 pub mod schema;

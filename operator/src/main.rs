@@ -9,6 +9,7 @@ use tokio::sync::watch;
 
 use proxyfleet_operator::crd::ProxyDeployment;
 use proxyfleet_operator::metrics::Metrics;
+use proxyfleet_operator::policy::spec::ProxyFleetPolicy;
 use proxyfleet_operator::resources::OperatorSettings;
 use proxyfleet_operator::{admin, controller, leader};
 
@@ -47,6 +48,10 @@ struct Args {
     /// How long deleting a propagated fleet waits for unreachable members before letting go.
     #[arg(long, default_value = "5m", env = "PROXYFLEET_PROPAGATION_CLEANUP_TIMEOUT")]
     propagation_cleanup_timeout: proxyfleet_config::HumanDuration,
+    /// Watch and write only these namespaces (comma-separated): a namespaced install, which
+    /// needs Roles there instead of ClusterRoles. Empty: every namespace.
+    #[arg(long, env = "PROXYFLEET_WATCH_NAMESPACES", value_delimiter = ',', default_value = "")]
+    watch_namespaces: Vec<String>,
     /// Log format: json or text.
     #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
     log_format: String,
@@ -81,6 +86,56 @@ fn settings_of(args: &Args) -> OperatorSettings {
         settings.default_proxy_image = img.clone();
     }
     settings
+}
+
+/// One controller instance per watched namespace, or one for every namespace.
+fn scopes_of(args: &Args) -> Vec<OperatorSettings> {
+    let base = settings_of(args);
+    let namespaces: Vec<&String> = args.watch_namespaces.iter().filter(|n| !n.trim().is_empty()).collect();
+    if namespaces.is_empty() {
+        return vec![base];
+    }
+    namespaces
+        .into_iter()
+        .map(|ns| OperatorSettings {
+            watch_namespace: Some(ns.trim().to_string()),
+            ..base.clone()
+        })
+        .collect()
+}
+
+/// The CRDs the caches need, listable: otherwise say which to install instead of waiting.
+async fn crds_installed(client: &Client, scope: &OperatorSettings) -> Result<(), String> {
+    let fleets: Api<ProxyDeployment> = scope.api(client);
+    let hint = "Are the CRDs installed? kubectl apply -f crds/ (or helm install charts/proxyfleet)";
+    fleets
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| format!("cannot list ProxyDeployments ({e}).\n{hint}"))?;
+    let policies: Api<ProxyFleetPolicy> = Api::all(client.clone());
+    policies
+        .list(&ListParams::default().limit(1))
+        .await
+        .map_err(|e| format!("cannot list ProxyFleetPolicies ({e}).\n{hint}"))?;
+    Ok(())
+}
+
+/// Every controller instance, until `stop` turns true.
+async fn run_controllers(
+    client: Client,
+    metrics: Arc<Metrics>,
+    scopes: Vec<OperatorSettings>,
+    identity: String,
+    stop: watch::Receiver<bool>,
+) {
+    let runs = scopes.into_iter().map(|settings| {
+        let mut stop = stop.clone();
+        let stopped = async move {
+            let _ = stop.wait_for(|s| *s).await;
+        };
+        controller::run(client.clone(), metrics.clone(), settings, identity.clone(), stopped)
+    });
+    futures::future::join_all(runs).await;
 }
 
 /// True while this replica leads (always, without leader election). Without an election the
@@ -129,18 +184,15 @@ async fn main() -> std::process::ExitCode {
         }
     };
     // The CRD must be installed before anything else makes sense.
-    let probe: Api<ProxyDeployment> = Api::all(client.clone());
-    if let Err(e) = probe.list(&ListParams::default().limit(1)).await {
-        eprintln!(
-            "cannot list ProxyDeployments ({e}).\nIs the CRD installed? kubectl apply -f crds/proxydeployments.proxyfleet.io.yaml (or helm install charts/proxyfleet)"
-        );
+    let scopes = scopes_of(&args);
+    if let Err(e) = crds_installed(&client, &scopes[0]).await {
+        eprintln!("{e}");
         return std::process::ExitCode::FAILURE;
     }
     let identity = args
         .identity
         .clone()
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
-    let settings = settings_of(&args);
     let metrics = Arc::new(Metrics::new());
     let ready = Arc::new(AtomicBool::new(true));
     let (addr, m, r) = (args.metrics_addr, metrics.clone(), ready.clone());
@@ -153,7 +205,8 @@ async fn main() -> std::process::ExitCode {
     let (_always_leader, mut leader_rx) = leadership(&client, &args, &identity);
     let shutdown = on_sigterm();
 
-    tracing::info!(%identity, leader_elect = args.leader_elect, version = env!("CARGO_PKG_VERSION"), "proxyfleet-operator starting");
+    let watching: Vec<String> = scopes.iter().filter_map(|s| s.watch_namespace.clone()).collect();
+    tracing::info!(%identity, leader_elect = args.leader_elect, ?watching, version = env!("CARGO_PKG_VERSION"), "proxyfleet-operator starting");
     loop {
         // Stand by until we lead.
         while !*leader_rx.borrow() {
@@ -163,16 +216,13 @@ async fn main() -> std::process::ExitCode {
             }
         }
         metrics.leader.set(1);
-        let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-        let stop = async move {
-            let _ = stop_rx.await;
-        };
-        let mut controller = tokio::spawn(controller::run(
+        let (stop_tx, stop_rx) = watch::channel(false);
+        let mut controller = tokio::spawn(run_controllers(
             client.clone(),
             metrics.clone(),
-            settings.clone(),
+            scopes.clone(),
             identity.clone(),
-            stop,
+            stop_rx,
         ));
         let mut terminating = false;
         tokio::select! {
@@ -183,7 +233,7 @@ async fn main() -> std::process::ExitCode {
             }
             _ = shutdown.notified() => {
                 terminating = true;
-                let _ = stop_tx.send(());
+                let _ = stop_tx.send(true);
                 let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
             }
         }

@@ -47,6 +47,11 @@ pub fn app_crd_yaml() -> String {
     serde_yaml::to_string(&structural::<AppRollout>()).unwrap_or_default()
 }
 
+/// The CustomResourceDefinition of ProxyFleetPolicy (crds/proxyfleetpolicies.proxyfleet.io.yaml).
+pub fn policy_crd_yaml() -> String {
+    serde_yaml::to_string(&structural::<crate::policy::spec::ProxyFleetPolicy>()).unwrap_or_default()
+}
+
 /// Every spec field with its type and description, as a Markdown table (docs/crd-reference.md),
 /// generated from the CRD schema so it never drifts.
 pub fn reference_markdown() -> String {
@@ -54,6 +59,8 @@ pub fn reference_markdown() -> String {
     out.push_str(&table(&crd()));
     out.push_str("\n# AppRollout reference (proxyfleet.io/v1alpha1)\n\nGray releases of the application behind a route (docs/app-rollouts.md).\n\n");
     out.push_str(&table(&structural::<AppRollout>()));
+    out.push_str("\n# ProxyFleetPolicy reference (proxyfleet.io/v1alpha1, cluster-scoped)\n\nWhat fleets of the selected namespaces may do through the operator (docs/security.md).\n\n");
+    out.push_str(&table(&structural::<crate::policy::spec::ProxyFleetPolicy>()));
     out
 }
 

@@ -19,6 +19,14 @@ fn checked_in_crds_match_the_code() {
         let on_disk = std::fs::read_to_string(root.join(path)).unwrap_or_default();
         assert!(on_disk == generated, "{path} is out of date: run `make crds`");
     }
+    let generated = proxyfleet_operator::schema::policy_crd_yaml();
+    for path in [
+        "crds/proxyfleetpolicies.proxyfleet.io.yaml",
+        "charts/proxyfleet/crds/proxyfleetpolicies.proxyfleet.io.yaml",
+    ] {
+        let on_disk = std::fs::read_to_string(root.join(path)).unwrap_or_default();
+        assert!(on_disk == generated, "{path} is out of date: run `make crds`");
+    }
 }
 
 #[test]

@@ -24,10 +24,11 @@ use crate::labels;
 /// rollout names (before and after an edit) to `fleets`, after the cache holds it.
 pub fn store(
     client: &Client,
+    settings: &crate::resources::OperatorSettings,
     fleets: UnboundedSender<ObjectRef<ProxyDeployment>>,
 ) -> (Store<AppRollout>, impl std::future::Future<Output = ()>) {
     let (reader, writer) = reflector::store();
-    let api: Api<AppRollout> = Api::all(client.clone());
+    let api: Api<AppRollout> = settings.api(client);
     let task = reflector::reflector(writer, watcher(api, watcher::Config::default()))
         .default_backoff()
         .touched_objects()
@@ -49,11 +50,12 @@ pub async fn run(
 ) {
     let owned = watcher::Config::default().labels(&labels::managed_selector());
     let apps = ctx.apps.clone();
-    Controller::new(Api::<AppRollout>::all(client.clone()), watcher::Config::default())
-        .owns(Api::<Deployment>::all(client.clone()), owned.clone())
-        .owns(Api::<Service>::all(client.clone()), owned)
+    let s = &ctx.settings;
+    Controller::new(s.api::<AppRollout>(&client), watcher::Config::default())
+        .owns(s.api::<Deployment>(&client), owned.clone())
+        .owns(s.api::<Service>(&client), owned)
         // A new template in the team's Deployment starts a rollout.
-        .watches(Api::<Deployment>::all(client), watcher::Config::default(), move |d| {
+        .watches(s.api::<Deployment>(&client), watcher::Config::default(), move |d| {
             releasing(&apps, &d)
         })
         .graceful_shutdown_on(stop)

@@ -72,6 +72,35 @@ fn failure(reason: &str, message: String) -> CertOutcome {
     }
 }
 
+/// Certificates left as the last pass reported them: nothing is issued or requested for a
+/// fleet the platform policy refuses (a certificate is something applied on its behalf).
+pub fn held(pxd: &ProxyDeployment) -> CertOutcome {
+    let status = pxd.status.clone().unwrap_or_default();
+    let previous = status.conditions.iter().find(|c| c.type_ == CERTIFICATES_READY);
+    let condition = match previous {
+        Some(c) => Want::new(
+            CERTIFICATES_READY,
+            c.status == "True",
+            c.reason.clone(),
+            c.message.clone(),
+        ),
+        None => Want::new(
+            CERTIFICATES_READY,
+            false,
+            "PolicyViolation",
+            "not issued while the spec violates the platform policy",
+        ),
+    };
+    CertOutcome {
+        secrets: MountedSecrets::default(),
+        statuses: status.certificates,
+        condition,
+        blocking: None,
+        requeue_after: None,
+        ca_rotation: status.ca_rotation,
+    }
+}
+
 pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
     let Ok(owner) = Owner::of(pxd) else {
         return failure("NotReady", "ProxyDeployment has no name/uid yet".into());

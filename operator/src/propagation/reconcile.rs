@@ -210,6 +210,20 @@ async fn release_from(
     failed
 }
 
+/// Nothing propagated while the platform policy refuses the spec; members keep what they have.
+pub fn held(pxd: &ProxyDeployment, message: &str) -> Outcome {
+    if pxd.spec.placement.is_none() && !has_finalizer(pxd) {
+        return Outcome::none();
+    }
+    let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
+    let mut out = keep(
+        &previous,
+        Want::new(crate::conditions::PROPAGATED, false, "PolicyViolation", message),
+    );
+    out.requeue = None;
+    out
+}
+
 /// Propagates a live (not deleted) hub object.
 pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Outcome {
     let p = &ctx.propagation;

@@ -27,6 +27,22 @@ pub struct OperatorSettings {
     pub propagation_resync: std::time::Duration,
     /// How long a deleted propagated fleet waits for unreachable members.
     pub propagation_cleanup_timeout: std::time::Duration,
+    /// The one namespace this controller instance watches and writes (a namespaced install
+    /// runs one instance per namespace, with Roles only); `None`: every namespace.
+    pub watch_namespace: Option<String>,
+}
+
+impl OperatorSettings {
+    /// The API of a namespaced kind in this instance's scope.
+    pub fn api<K>(&self, client: &kube::Client) -> kube::Api<K>
+    where
+        K: Resource<Scope = k8s_openapi::NamespaceResourceScope, DynamicType = ()>,
+    {
+        match &self.watch_namespace {
+            Some(ns) => kube::Api::namespaced(client.clone(), ns),
+            None => kube::Api::all(client.clone()),
+        }
+    }
 }
 
 impl Default for OperatorSettings {
@@ -38,6 +54,7 @@ impl Default for OperatorSettings {
             argocd_namespace: None,
             propagation_resync: std::time::Duration::from_secs(15),
             propagation_cleanup_timeout: std::time::Duration::from_secs(300),
+            watch_namespace: None,
         }
     }
 }

@@ -1,0 +1,304 @@
+//! Pure: which policies govern a namespace, and what of a fleet's spec they do not allow.
+
+use std::collections::BTreeMap;
+
+use kube::core::{Selector, SelectorExt};
+use kube::ResourceExt;
+
+use super::spec::{ProxyFleetPolicy, ProxyFleetPolicySpec};
+use crate::certs::spec::IssuerKind;
+use crate::crd::ProxyDeploymentSpec;
+
+/// One thing a policy does not allow, naming the field and the policy.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Violation {
+    pub field: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.message)
+    }
+}
+
+/// The policies whose namespace selector matches `labels` (a selector that does not parse
+/// governs every namespace: a broken policy fails closed).
+pub fn governing<'a>(
+    policies: &'a [std::sync::Arc<ProxyFleetPolicy>],
+    labels: &BTreeMap<String, String>,
+) -> Vec<&'a ProxyFleetPolicy> {
+    policies
+        .iter()
+        .filter(|p| match &p.spec.namespace_selector {
+            None => true,
+            Some(s) => Selector::try_from(s.clone()).map_or(true, |s| s.matches(labels)),
+        })
+        .map(|p| p.as_ref())
+        .collect()
+}
+
+/// Every violation of `spec` against every governing policy, in field order.
+pub fn violations(spec: &ProxyDeploymentSpec, policies: &[&ProxyFleetPolicy], default_image: &str) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for p in policies {
+        check(spec, &p.spec, &p.name_any(), default_image, &mut out);
+    }
+    out
+}
+
+fn check(
+    spec: &ProxyDeploymentSpec,
+    p: &ProxyFleetPolicySpec,
+    name: &str,
+    default_image: &str,
+    out: &mut Vec<Violation>,
+) {
+    let mut deny = |field: String, what: String| {
+        out.push(Violation {
+            field,
+            message: format!("{what} (ProxyFleetPolicy {name})"),
+        })
+    };
+    if let Some(max) = p.max_replicas.filter(|max| spec.replicas > *max) {
+        deny(
+            "spec.replicas".into(),
+            format!("{} is more than the {max} allowed", spec.replicas),
+        );
+    }
+    check_image(spec, p, default_image, &mut deny);
+    check_service(spec, p, &mut deny);
+    check_certificates(spec, p, &mut deny);
+    if p.allow_pod_overrides == Some(false) && spec.pod.is_some() {
+        deny("spec.pod".into(), "pod overrides are not allowed".into());
+    }
+    if p.allow_tuning == Some(false) && spec.tuning.is_some() {
+        deny("spec.tuning".into(), "tuning is not allowed".into());
+    }
+    if p.allow_insecure_skip_verify == Some(false) {
+        for (i, u) in spec.upstreams.iter().enumerate() {
+            if u.tls.as_ref().is_some_and(|t| t.insecure_skip_verify) {
+                deny(
+                    format!("spec.upstreams[{i}].tls.insecureSkipVerify"),
+                    "skipping upstream certificate verification is not allowed".into(),
+                );
+            }
+        }
+    }
+    if p.allow_secret_references == Some(false) {
+        let tls_secret = spec.tls.as_ref().and_then(|t| t.secret_name.as_ref());
+        if tls_secret.is_some() {
+            deny(
+                "spec.tls.secretName".into(),
+                "naming Secrets for the pods to mount is not allowed".into(),
+            );
+        }
+        for r in crate::secret_refs::references(spec) {
+            deny(r.field, "naming Secrets for the pods to mount is not allowed".into());
+        }
+    }
+}
+
+/// `image` is `repository`, or `repository:tag`, or `repository@digest`.
+fn in_repository(image: &str, repository: &str) -> bool {
+    let repository = repository.trim_end_matches('/');
+    image
+        .strip_prefix(repository)
+        .is_some_and(|rest| rest.is_empty() || rest.starts_with(':') || rest.starts_with('@'))
+}
+
+fn check_image(
+    spec: &ProxyDeploymentSpec,
+    p: &ProxyFleetPolicySpec,
+    default_image: &str,
+    deny: &mut impl FnMut(String, String),
+) {
+    let (Some(image), Some(allowed)) = (&spec.image, &p.allowed_image_repositories) else {
+        return;
+    };
+    if image != default_image && !allowed.iter().any(|r| in_repository(image, r)) {
+        deny(
+            "spec.image".into(),
+            format!("{image:?} is not in an allowed repository ({})", allowed.join(", ")),
+        );
+    }
+}
+
+fn check_service(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny: &mut impl FnMut(String, String)) {
+    let Some(service) = &spec.service else { return };
+    if let (Some(t), Some(allowed)) = (service.r#type, &p.allowed_service_types) {
+        if !allowed.contains(&t) {
+            deny(
+                "spec.service.type".into(),
+                format!("{t:?} is not an allowed Service type ({allowed:?})"),
+            );
+        }
+    }
+    if p.allow_service_annotations == Some(false) && !service.annotations.is_empty() {
+        deny(
+            "spec.service.annotations".into(),
+            "Service annotations are not allowed".into(),
+        );
+    }
+}
+
+/// `name` is `suffix` or below it; a wildcard name is checked by its parent.
+fn under(name: &str, suffix: &str) -> bool {
+    let (name, suffix) = (
+        name.trim_start_matches("*.").to_ascii_lowercase(),
+        suffix.trim_start_matches('.').to_ascii_lowercase(),
+    );
+    name == suffix || name.ends_with(&format!(".{suffix}"))
+}
+
+fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny: &mut impl FnMut(String, String)) {
+    let Some(tls) = &spec.tls else { return };
+    if let (Some(cm), Some(allowed)) = (&tls.cert_manager, &p.allowed_cluster_issuers) {
+        let issuer = &cm.issuer_ref;
+        if issuer.kind == IssuerKind::ClusterIssuer && !allowed.contains(&issuer.name) {
+            deny(
+                "spec.tls.certManager.issuerRef".into(),
+                format!(
+                    "ClusterIssuer {:?} is not allowed ({})",
+                    issuer.name,
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
+    if let Some(suffixes) = &p.dns_name_suffixes {
+        for (i, n) in tls.dns_names.iter().enumerate() {
+            if !suffixes.iter().any(|s| under(n, s)) {
+                deny(
+                    format!("spec.tls.dnsNames[{i}]"),
+                    format!("{n:?} is not under an allowed suffix ({})", suffixes.join(", ")),
+                );
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn fleet(extra: serde_json::Value) -> ProxyDeploymentSpec {
+        let mut base = serde_json::json!({
+            "replicas": 2,
+            "listeners": [{"name": "https", "port": 8443, "protocol": "HTTPS"}],
+            "routes": [{"name": "all", "upstream": "app"}],
+            "upstreams": [{"name": "app", "endpoints": ["app:8080"]}],
+        });
+        if let (Some(b), Some(e)) = (base.as_object_mut(), extra.as_object()) {
+            b.extend(e.clone());
+        }
+        serde_json::from_value(base).expect("a fleet spec")
+    }
+
+    fn policy(name: &str, spec: serde_json::Value) -> Arc<ProxyFleetPolicy> {
+        let spec: ProxyFleetPolicySpec = serde_json::from_value(spec).expect("a policy");
+        Arc::new(ProxyFleetPolicy::new(name, spec))
+    }
+
+    const DEFAULT: &str = "proxyfleet.local/proxy:0.1.0";
+
+    fn fields(spec: &ProxyDeploymentSpec, p: &Arc<ProxyFleetPolicy>) -> Vec<String> {
+        violations(spec, &[p.as_ref()], DEFAULT)
+            .into_iter()
+            .map(|v| v.field)
+            .collect()
+    }
+
+    #[test]
+    fn an_empty_policy_restricts_nothing() {
+        let everything = fleet(serde_json::json!({
+            "image": "evil.example/miner:1", "service": {"type": "NodePort", "annotations": {"a": "b"}},
+            "pod": {"priorityClassName": "system-cluster-critical"}, "tuning": {"workerThreads": 2},
+        }));
+        assert!(fields(&everything, &policy("open", serde_json::json!({}))).is_empty());
+    }
+
+    #[test]
+    fn each_restriction_names_its_field_and_the_policy() {
+        let p = policy(
+            "tenants",
+            serde_json::json!({
+                "allowedImageRepositories": ["registry.example/proxyfleet/proxy"],
+                "allowedServiceTypes": ["ClusterIP"], "allowServiceAnnotations": false,
+                "allowedClusterIssuers": ["public"], "dnsNameSuffixes": ["team-a.example.com"],
+                "allowPodOverrides": false, "allowTuning": false, "allowInsecureSkipVerify": false,
+                "allowSecretReferences": false, "maxReplicas": 3,
+            }),
+        );
+        let bad = fleet(serde_json::json!({
+            "replicas": 9,
+            "image": "registry.example/proxyfleet/proxy-evil:1",
+            "service": {"type": "LoadBalancer", "annotations": {"lb": "internet"}},
+            "tls": {"certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
+                    "dnsNames": ["api.team-a.example.com", "bank.example.com"]},
+            "pod": {"nodeSelector": {"gpu": "true"}}, "tuning": {"workerThreads": 2},
+            "upstreams": [{"name": "app", "endpoints": ["app:8443"],
+                           "tls": {"insecureSkipVerify": true, "caSecret": "someone-elses"}}],
+        }));
+        let all = violations(&bad, &[p.as_ref()], DEFAULT);
+        let got: Vec<&str> = all.iter().map(|v| v.field.as_str()).collect();
+        assert_eq!(
+            got,
+            [
+                "spec.replicas",
+                "spec.image",
+                "spec.service.type",
+                "spec.service.annotations",
+                "spec.tls.certManager.issuerRef",
+                "spec.tls.dnsNames[1]",
+                "spec.pod",
+                "spec.tuning",
+                "spec.upstreams[0].tls.insecureSkipVerify",
+                "spec.upstreams[0].tls.caSecret",
+            ]
+        );
+        assert!(
+            all.iter().all(|v| v.message.ends_with("(ProxyFleetPolicy tenants)")),
+            "{all:?}"
+        );
+        let good = fleet(serde_json::json!({
+            "image": "registry.example/proxyfleet/proxy@sha256:abcd",
+            "service": {"type": "ClusterIP"},
+            "tls": {"certManager": {"issuerRef": {"name": "public", "kind": "ClusterIssuer"}},
+                    "dnsNames": ["team-a.example.com", "*.api.team-a.example.com"]},
+        }));
+        assert!(fields(&good, &p).is_empty(), "{:?}", fields(&good, &p));
+        let own_issuer = fleet(serde_json::json!({"tls": {"certManager": {"issuerRef": {"name": "mine"}}}}));
+        assert!(
+            fields(&own_issuer, &p).is_empty(),
+            "an Issuer of the namespace is the tenant's own"
+        );
+        let default_image = fleet(serde_json::json!({"image": DEFAULT}));
+        assert!(
+            fields(&default_image, &p).is_empty(),
+            "the operator's own image is always allowed"
+        );
+    }
+
+    #[test]
+    fn selectors_choose_the_governed_namespaces_and_a_broken_one_fails_closed() {
+        let policies = vec![
+            policy("all", serde_json::json!({})),
+            policy(
+                "tenants",
+                serde_json::json!({"namespaceSelector": {"matchLabels": {"tenant": "true"}}}),
+            ),
+            policy(
+                "broken",
+                serde_json::json!({"namespaceSelector": {"matchExpressions": [{"key": "x", "operator": "Bogus"}]}}),
+            ),
+        ];
+        let names = |labels: &[(&str, &str)]| -> Vec<String> {
+            let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            governing(&policies, &labels).iter().map(|p| p.name_any()).collect()
+        };
+        assert_eq!(names(&[("tenant", "true")]), ["all", "tenants", "broken"]);
+        assert_eq!(names(&[]), ["all", "broken"]);
+    }
+}
