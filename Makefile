@@ -23,6 +23,7 @@ lint:
 	lua5.1 e2e/gitops/argocd-health-test.lua charts/proxyfleet/files/argocd-health.lua
 	lua5.1 e2e/gitops/argocd-health-approllout-test.lua charts/proxyfleet/files/argocd-health-approllout.lua
 	bash scripts/check-readme.sh
+	bash scripts/deny.sh
 
 unit:
 	cargo test --workspace --locked

@@ -6,6 +6,7 @@ use futures::channel::mpsc::{unbounded, UnboundedReceiver};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
@@ -57,6 +58,7 @@ impl Caches {
         let (service_accounts, f4) = owned_store::<ServiceAccount>(client, settings);
         let (pdbs, f5) = owned_store::<PodDisruptionBudget>(client, settings);
         let (revisions, f7) = owned_store::<ControllerRevision>(client, settings);
+        let (network_policies, f11) = owned_store::<NetworkPolicy>(client, settings);
         // A namespace's CA Secret is shared by its fleets (no owner reference): any change to
         // it (a rotation step, a rotation request) wakes every fleet of that namespace.
         let (ca_tx, ca_namespaces) = unbounded::<String>();
@@ -90,6 +92,7 @@ impl Caches {
                 f8,
                 f9,
                 f10,
+                f11,
                 futures::future::join_all(cluster_watches)
             );
         }));
@@ -102,6 +105,7 @@ impl Caches {
                 pdbs,
                 secrets,
                 revisions,
+                network_policies,
                 policies,
                 namespaces,
             },
@@ -127,6 +131,7 @@ impl Caches {
             s.pdbs.wait_until_ready(),
             s.secrets.wait_until_ready(),
             s.revisions.wait_until_ready(),
+            s.network_policies.wait_until_ready(),
             self.apps.wait_until_ready(),
             s.policies.wait_until_ready(),
             s.namespaces.wait_until_ready(),

@@ -24,6 +24,7 @@ pub struct Stores {
     pub pdbs: Store<PodDisruptionBudget>,
     pub secrets: Store<Secret>,
     pub revisions: Store<ControllerRevision>,
+    pub network_policies: Store<k8s_openapi::api::networking::v1::NetworkPolicy>,
     /// Every ProxyFleetPolicy (cluster-scoped).
     pub policies: Store<crate::policy::spec::ProxyFleetPolicy>,
     /// Every namespace's metadata: its labels select the policies that govern it.

@@ -253,7 +253,8 @@ async fn roll_out(
         cached_track(ctx, owner, Track::Canary),
     );
     let rollout = canary::rollout::plan(pxd, owner, ctx, rev, stable_now, canary_now, command).await;
-    let mut desired = desired_objects(pxd, &rollout.plans, &certs.secrets).map_err(|e| Error::Metadata(e.0))?;
+    let mut desired = desired_objects(pxd, &rollout.plans, &certs.secrets, &ctx.settings.operator_namespace)
+        .map_err(|e| Error::Metadata(e.0))?;
     desired.deployments.extend(rollout.kept_stable.clone());
     let mut keep_config_maps: Vec<String> = desired
         .config_maps
@@ -476,6 +477,13 @@ async fn apply_owned_set(
             &mut changes,
             "PodDisruptionBudget",
             ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
+        );
+    }
+    if let Some(n) = desired.network_policy.clone() {
+        note(
+            &mut changes,
+            "NetworkPolicy",
+            ctx.applier.apply(n, &ctx.stores.network_policies).await?.0,
         );
     }
     let deleted = delete_orphans(ctx, owner, desired, keep_config_maps).await?;

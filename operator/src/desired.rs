@@ -89,12 +89,14 @@ pub struct DesiredObjects {
     pub deployments: Vec<Deployment>,
     pub services: Vec<Service>,
     pub pdb: Option<PodDisruptionBudget>,
+    pub network_policy: Option<k8s_openapi::api::networking::v1::NetworkPolicy>,
 }
 
 pub fn desired_objects(
     pxd: &ProxyDeployment,
     plans: &[TrackPlan],
     secrets: &MountedSecrets,
+    operator_namespace: &str,
 ) -> Result<DesiredObjects, SpecError> {
     let owner = Owner::of(pxd).map_err(|e| SpecError(e.to_string()))?;
     let spec = &pxd.spec;
@@ -126,6 +128,11 @@ pub fn desired_objects(
         out.services.push(desired_headless_service(&owner, spec));
     }
     out.pdb = desired_pdb(&owner, spec.replicas);
+    out.network_policy = Some(crate::resources::network_policy::desired_network_policy(
+        &owner,
+        spec,
+        operator_namespace,
+    ));
     Ok(out)
 }
 
@@ -182,6 +189,7 @@ mod tests {
                 revision: rev,
             }],
             &secrets(),
+            "proxyfleet-system",
         )
         .unwrap();
         assert_eq!(d.deployments.len(), 1);

@@ -58,7 +58,7 @@ fn golden_owned_objects_of_a_fleet_in_a_canary() {
             revision: rev,
         },
     ];
-    let d = desired_objects(&pxd, &plans, &secrets).expect("desired objects");
+    let d = desired_objects(&pxd, &plans, &secrets, "proxyfleet-system").expect("desired objects");
     let mut out = String::new();
     out += &yaml_stream(&d.service_account.into_iter().collect::<Vec<_>>());
     out += "---\n";
@@ -69,5 +69,7 @@ fn golden_owned_objects_of_a_fleet_in_a_canary() {
     out += &yaml_stream(&d.services);
     out += "---\n";
     out += &yaml_stream(&d.pdb.into_iter().collect::<Vec<_>>());
+    out += "---\n";
+    out += &yaml_stream(&d.network_policy.into_iter().collect::<Vec<_>>());
     check("basic-fleet-in-canary.yaml", &out);
 }

@@ -80,6 +80,7 @@ fn settings_of(args: &Args) -> OperatorSettings {
         argocd_namespace: args.argocd_namespace.clone().filter(|n| !n.is_empty()),
         propagation_resync: args.propagation_resync.get(),
         propagation_cleanup_timeout: args.propagation_cleanup_timeout.get(),
+        operator_namespace: args.lease_namespace.clone(),
         ..Default::default()
     };
     if let Some(img) = &args.default_proxy_image {

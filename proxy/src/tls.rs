@@ -6,6 +6,7 @@ use std::fmt;
 use std::path::Path;
 use std::sync::Arc;
 
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use rustls::server::{ClientHello, ResolvesServerCert, StoresServerSessions, WebPkiClientVerifier};
 use rustls::sign::CertifiedKey;
@@ -48,9 +49,7 @@ fn read(what: &'static str, path: &str) -> Result<Vec<u8>, TlsError> {
 
 pub fn load_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'static>>, TlsError> {
     let pem = read(what, path)?;
-    let certs: Vec<_> = rustls_pemfile::certs(&mut pem.as_slice())
-        .filter_map(Result::ok)
-        .collect();
+    let certs: Vec<_> = CertificateDer::pem_slice_iter(&pem).filter_map(Result::ok).collect();
     if certs.is_empty() {
         return Err(TlsError::Empty {
             what,
@@ -64,10 +63,7 @@ pub fn load_certs(what: &'static str, path: &str) -> Result<Vec<CertificateDer<'
 fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     // The key's bytes never reach a log or an error message: only its path does.
     let pem = read("private key", path)?;
-    rustls_pemfile::private_key(&mut pem.as_slice())
-        .ok()
-        .flatten()
-        .ok_or_else(|| TlsError::Empty {
+    PrivateKeyDer::from_pem_slice(&pem).ok().ok_or_else(|| TlsError::Empty {
             what: "private key",
             path: path.to_string(),
             expected: "PRIVATE KEY",

@@ -14,6 +14,7 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, Issuer, KeyPair};
+use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
 
 pub fn init() {
@@ -52,7 +53,7 @@ impl TestCa {
 
     pub fn roots(&self) -> rustls::RootCertStore {
         let mut roots = rustls::RootCertStore::empty();
-        for c in rustls_pemfile::certs(&mut self.cert_pem.as_bytes()) {
+        for c in CertificateDer::pem_slice_iter(self.cert_pem.as_bytes()) {
             roots.add(c.unwrap()).unwrap();
         }
         roots
@@ -150,10 +151,10 @@ pub async fn upstream_verifying_clients(
     let addr = listener.local_addr().unwrap();
     let stats = Arc::new(UpstreamStats::default());
     let acceptor = tls.map(|(cert, key)| {
-        let certs: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert.as_bytes())
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
             .map(|c| c.unwrap())
             .collect();
-        let key: PrivateKeyDer<'static> = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
+        let key: PrivateKeyDer<'static> = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
         let builder = rustls::ServerConfig::builder();
         let builder = match client_roots {
             Some(roots) => {
@@ -283,10 +284,10 @@ pub async fn tls_connect_as(
     let builder = rustls::ClientConfig::builder().with_root_certificates(ca.roots());
     let mut cfg = match client_cert {
         Some((cert, key)) => {
-            let chain: Vec<CertificateDer<'static>> = rustls_pemfile::certs(&mut cert.as_bytes())
+            let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert.as_bytes())
                 .map(|c| c.unwrap())
                 .collect();
-            let key = rustls_pemfile::private_key(&mut key.as_bytes()).unwrap().unwrap();
+            let key = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
             builder.with_client_auth_cert(chain, key).unwrap()
         }
         None => builder.with_no_client_auth(),

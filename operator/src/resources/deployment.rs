@@ -215,7 +215,7 @@ fn proxy_container(
         // Drain does not depend on readiness: endpoints go when a pod starts terminating.
         readiness_probe: Some(probe("/readyz", 2, 3)),
         liveness_probe: Some(probe("/healthz", 10, 3)),
-        resources: spec.resources.clone(),
+        resources: Some(spec.resources.clone().unwrap_or_else(default_resources)),
         security_context: Some(SecurityContext {
             allow_privilege_escalation: Some(false),
             read_only_root_filesystem: Some(true),
@@ -329,6 +329,22 @@ pub fn desired_deployment(
             ..Default::default()
         }),
         status: None,
+    }
+}
+
+/// Requests when the spec names none: the scheduler accounts for the proxy, and under memory
+/// pressure it is not evicted first (Burstable, not BestEffort). No limits: a CPU limit throttles
+/// a proxy at its busiest moment, and a memory limit is the team's call (docs/security.md).
+fn default_resources() -> k8s_openapi::api::core::v1::ResourceRequirements {
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    k8s_openapi::api::core::v1::ResourceRequirements {
+        requests: Some(
+            [("cpu", "50m"), ("memory", "64Mi")]
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), Quantity(v.to_string())))
+                .collect(),
+        ),
+        ..Default::default()
     }
 }
 

@@ -2,6 +2,7 @@
 
 pub mod config_map;
 pub mod deployment;
+pub mod network_policy;
 pub mod pdb;
 pub mod service;
 pub mod service_account;
@@ -30,6 +31,8 @@ pub struct OperatorSettings {
     /// The one namespace this controller instance watches and writes (a namespaced install
     /// runs one instance per namespace, with Roles only); `None`: every namespace.
     pub watch_namespace: Option<String>,
+    /// The operator's own namespace: its pods may reach the fleets' admin ports.
+    pub operator_namespace: String,
 }
 
 impl OperatorSettings {
@@ -55,6 +58,7 @@ impl Default for OperatorSettings {
             propagation_resync: std::time::Duration::from_secs(15),
             propagation_cleanup_timeout: std::time::Duration::from_secs(300),
             watch_namespace: None,
+            operator_namespace: "proxyfleet-system".into(),
         }
     }
 }

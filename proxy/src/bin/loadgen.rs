@@ -89,7 +89,8 @@ async fn connect(args: &Args, tls: &Option<tokio_rustls::TlsConnector>) -> Resul
 fn tls_connector(path: &str) -> tokio_rustls::TlsConnector {
     let mut roots = rustls::RootCertStore::empty();
     let pem = std::fs::read(path).expect("reading --ca");
-    for c in rustls_pemfile::certs(&mut pem.as_slice()).flatten() {
+    use rustls::pki_types::pem::PemObject;
+    for c in rustls::pki_types::CertificateDer::pem_slice_iter(&pem).flatten() {
         let _ = roots.add(c);
     }
     let cfg = rustls::ClientConfig::builder()
