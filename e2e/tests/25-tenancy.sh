@@ -115,7 +115,7 @@ m3 wait --for=condition=Established crd --all --timeout=60s >/dev/null
 for n in proxyfleet-system team-x team-y; do m3 create ns "$n" >/dev/null; done
 # Everything of the chart but the operator's own pod (a control plane has no kubelet): it runs
 # here as a process, authenticated as the chart's ServiceAccount.
-helm template proxyfleet "$root/charts/proxyfleet" -n proxyfleet-system --set 'watchNamespaces={team-x}' \
+helm template proxyfleet "$root/charts/proxyfleet" -n proxyfleet-system --kube-version "${K8S_VERSION#v}" --set 'watchNamespaces={team-x}' \
   --set policy.admission=false | python3 -c "
 import sys, yaml
 keep = {'ServiceAccount', 'Role', 'RoleBinding', 'ClusterRole', 'ClusterRoleBinding', 'ProxyFleetPolicy'}
