@@ -64,10 +64,10 @@ fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     // The key's bytes never reach a log or an error message: only its path does.
     let pem = read("private key", path)?;
     PrivateKeyDer::from_pem_slice(&pem).ok().ok_or_else(|| TlsError::Empty {
-            what: "private key",
-            path: path.to_string(),
-            expected: "PRIVATE KEY",
-        })
+        what: "private key",
+        path: path.to_string(),
+        expected: "PRIVATE KEY",
+    })
 }
 
 /// ring's suites with AES-128-GCM first, as Go's crypto/tls, BoringSSL and Envoy order them:

@@ -152,6 +152,28 @@ fn under(name: &str, suffix: &str) -> bool {
 }
 
 fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny: &mut impl FnMut(String, String)) {
+    if let Some(suffixes) = &p.dns_name_suffixes {
+        // Every name the fleet's certificate covers (its Service names are always allowed).
+        let hostnames = spec.listeners.iter().enumerate().flat_map(|(i, l)| {
+            l.hostnames
+                .iter()
+                .enumerate()
+                .map(move |(j, n)| (format!("spec.listeners[{i}].hostnames[{j}]"), n))
+        });
+        let extra = spec
+            .tls
+            .iter()
+            .flat_map(|t| t.dns_names.iter().enumerate())
+            .map(|(i, n)| (format!("spec.tls.dnsNames[{i}]"), n));
+        for (field, n) in hostnames.chain(extra) {
+            if !suffixes.iter().any(|s| under(n, s)) {
+                deny(
+                    field,
+                    format!("{n:?} is not under an allowed suffix ({})", suffixes.join(", ")),
+                );
+            }
+        }
+    }
     let Some(tls) = &spec.tls else { return };
     if let (Some(cm), Some(allowed)) = (&tls.cert_manager, &p.allowed_cluster_issuers) {
         let issuer = &cm.issuer_ref;
@@ -164,16 +186,6 @@ fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny
                     allowed.join(", ")
                 ),
             );
-        }
-    }
-    if let Some(suffixes) = &p.dns_name_suffixes {
-        for (i, n) in tls.dns_names.iter().enumerate() {
-            if !suffixes.iter().any(|s| under(n, s)) {
-                deny(
-                    format!("spec.tls.dnsNames[{i}]"),
-                    format!("{n:?} is not under an allowed suffix ({})", suffixes.join(", ")),
-                );
-            }
         }
     }
 }
@@ -233,6 +245,7 @@ mod tests {
         );
         let bad = fleet(serde_json::json!({
             "replicas": 9,
+            "listeners": [{"name": "https", "port": 8443, "protocol": "HTTPS", "hostnames": ["evil.example.org"]}],
             "image": "registry.example/proxyfleet/proxy-evil:1",
             "service": {"type": "LoadBalancer", "annotations": {"lb": "internet"}},
             "tls": {"certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
@@ -250,8 +263,9 @@ mod tests {
                 "spec.image",
                 "spec.service.type",
                 "spec.service.annotations",
-                "spec.tls.certManager.issuerRef",
+                "spec.listeners[0].hostnames[0]",
                 "spec.tls.dnsNames[1]",
+                "spec.tls.certManager.issuerRef",
                 "spec.pod",
                 "spec.tuning",
                 "spec.upstreams[0].tls.insecureSkipVerify",
@@ -263,6 +277,7 @@ mod tests {
             "{all:?}"
         );
         let good = fleet(serde_json::json!({
+            "listeners": [{"name": "https", "port": 8443, "protocol": "HTTPS", "hostnames": ["www.team-a.example.com"]}],
             "image": "registry.example/proxyfleet/proxy@sha256:abcd",
             "service": {"type": "ClusterIP"},
             "tls": {"certManager": {"issuerRef": {"name": "public", "kind": "ClusterIssuer"}},
