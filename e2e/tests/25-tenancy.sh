@@ -30,12 +30,12 @@ expect() { # expect yes|no ACCOUNT VERB RESOURCE [ARGS...]
 
 say "the operator's account (cluster-wide install): what it needs, and nothing that makes it cluster-admin"
 op=system:serviceaccount:proxyfleet-system:proxyfleet-operator
-for check in "create deployments.apps -n $ns" "patch proxydeployments.proxyfleet.io/status -n $ns" \
+for check in "create deployments.apps -n $ns" "patch proxydeployments.proxyfleet.io --subresource=status -n $ns" \
   "list proxyfleetpolicies.proxyfleet.io" "watch namespaces" "update leases.coordination.k8s.io -n proxyfleet-system"; do
   # shellcheck disable=SC2086
   expect yes "$op" $check
 done
-for check in "create pods -n $ns" "create pods/exec -n $ns" "create serviceaccounts/token -n $ns" \
+for check in "create pods -n $ns" "create pods --subresource=exec -n $ns" "create serviceaccounts --subresource=token -n $ns" \
   "create clusterrolebindings" "escalate clusterroles" "bind clusterroles" "impersonate users" \
   "delete namespaces" "update proxyfleetpolicies.proxyfleet.io" "create validatingadmissionpolicies.admissionregistration.k8s.io" \
   "update nodes" "update leases.coordination.k8s.io -n kube-system" "update secrets -n $ns"; do
@@ -90,7 +90,8 @@ refused spec.replicas e2e-tenants '.spec.replicas = 5'
 refused "naming Secrets" e2e-tenants '.spec.tls = {secretName: "someone-elses-certificate"}'
 kubectl apply -n "$ns" --as="$tenant" -f /tmp/e2e-tenant-pxd.json >/dev/null || fail "an allowed fleet was refused"
 kubectl wait -n "$ns" pxd/demo --for=condition=Ready --timeout=180s >/dev/null || fail "the tenant's fleet did not become Ready"
-say "the allowed fleet is Ready"
+retry 60 https_get "$ns" demo /   # the echo upstream starts beside it
+say "the allowed fleet is Ready and serving"
 
 say "the platform tightens the policy: the operator holds the fleet, deletes nothing, says why"
 deployment_uid=$(kubectl get deploy -n "$ns" demo -o jsonpath='{.metadata.uid}')
@@ -134,7 +135,8 @@ expect_m3 no list proxydeployments.proxyfleet.io -A
 say "namespaced RBAC: team-x only; no Secret outside it, no other namespace visible"
 token=$(m3 create token proxyfleet-operator -n proxyfleet-system --duration=1h)
 server=$(m3 config view --minify -o jsonpath='{.clusters[0].cluster.server}')
-m3 config view --raw --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >/tmp/member-3-ca.crt
+m3 config view --raw --flatten --minify -o jsonpath='{.clusters[0].cluster.certificate-authority-data}' | base64 -d >/tmp/member-3-ca.crt
+[ -s /tmp/member-3-ca.crt ] || fail "no CA certificate for member-3's API server"
 cat >/tmp/member-3-operator.kubeconfig <<EOF
 apiVersion: v1
 kind: Config

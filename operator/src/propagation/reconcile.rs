@@ -277,30 +277,11 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             let invalid = objects.as_ref().err().cloned();
             return not_applied(ctx, owner, &selection.targets, &previous, message, invalid, &now).await;
         }
-        (Ok(objects), Ok(ca)) => {
-            let observations = join_all(
-                selection
-                    .targets
-                    .iter()
-                    .zip(objects)
-                    .map(|(c, o)| sync_one(&p.clients, c, owner, o, ca.as_ref())),
-            )
-            .await;
-            let named = selection.targets.iter().map(|c| c.name.as_str()).zip(observations);
-            let unknown = selection
-                .unknown
-                .iter()
-                .map(|n| (n.as_str(), Observation::NotRegistered));
-            let denied = selection
-                .denied
-                .iter()
-                .map(|n| (n.as_str(), Observation::NotAdmitted(owner.namespace.clone())));
-            named
-                .chain(unknown)
-                .chain(denied)
-                .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
-                .collect()
-        }
+        (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, objects, ca.as_ref())
+            .await
+            .into_iter()
+            .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
+            .collect(),
     };
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     announce(ctx, owner, &entries, &previous).await;
@@ -312,6 +293,35 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         clusters: entries,
         requeue: Some(p.resync),
     }
+}
+
+/// Every selected cluster brought to its object (concurrently), plus what is known of the
+/// names that could not be selected.
+async fn sync_selected<'a>(
+    p: &Propagation,
+    owner: &Owner,
+    selection: &'a placement::Selection<'a>,
+    objects: &[MemberObject],
+    ca: Option<&Secret>,
+) -> Vec<(&'a str, Observation)> {
+    let synced = join_all(
+        selection
+            .targets
+            .iter()
+            .zip(objects)
+            .map(|(c, o)| sync_one(&p.clients, c, owner, o, ca)),
+    )
+    .await;
+    let named = selection.targets.iter().map(|c| c.name.as_str()).zip(synced);
+    let unknown = selection
+        .unknown
+        .iter()
+        .map(|n| (n.as_str(), Observation::NotRegistered));
+    let denied = selection
+        .denied
+        .iter()
+        .map(|n| (n.as_str(), Observation::NotAdmitted(owner.namespace.clone())));
+    named.chain(unknown).chain(denied).collect()
 }
 
 async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), String> {
