@@ -13,10 +13,10 @@ if ! [ -x "$deny" ] || ! "$deny" --version | grep -q "${CARGO_DENY_VERSION}"; th
   cargo install --locked -q cargo-deny --version "$CARGO_DENY_VERSION" --root "$tools"
 fi
 cd "$root"
-"$deny" --manifest-path Cargo.toml check --disable-fetch licenses bans sources
+"$deny" --manifest-path Cargo.toml --offline check licenses bans sources
 db=${CARGO_DENY_DB:-$HOME/.cargo/advisory-dbs}
 if compgen -G "$db/*" >/dev/null; then
-  "$deny" --manifest-path Cargo.toml check --disable-fetch advisories
+  "$deny" --manifest-path Cargo.toml --offline check advisories
 else
   echo "cargo deny: advisories skipped: no RustSec database at $db (github.com is not reachable here)" >&2
 fi
