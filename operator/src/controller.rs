@@ -120,11 +120,7 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let written_stable = pass.written_stable.take();
     let stable = written_stable.as_ref().or(stable.as_deref());
     check_progress_deadline(&pxd, &owner, &ctx, stable, &mut pass).await;
-    let propagation = match &refused {
-        None => crate::propagation::reconcile::propagate(&pxd, &owner, &ctx).await,
-        Some((_, message)) => crate::propagation::reconcile::held(&pxd, message),
-    };
-    let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &propagation, &mut pass);
+    let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &mut pass);
     record_history(&pxd, &owner, &ctx, &new_status, stable, &mut pass).await;
     write_status(&pxd, &owner, &ctx, &new_status).await?;
     Ok(pass.finish(&ctx, &owner, &new_status))
@@ -188,12 +184,9 @@ impl Pass {
 
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
 
-/// Members first (per the deletion policy), then the finalizer goes; owned objects follow
-/// through their owner references.
-async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
-    if let Some(again) = crate::propagation::reconcile::finalize(pxd, owner, ctx).await {
-        return Action::requeue(again);
-    }
+/// Owned objects follow through their owner references; nothing to do but forget the status.
+async fn finalize(_pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
+    // Members are the propagation controller's (it holds the finalizer until they are done).
     if let Ok(mut m) = ctx.written_status.lock() {
         m.remove(&owner.reference.uid);
     }
@@ -346,11 +339,9 @@ fn new_status(
     certs: &certs::reconcile::CertOutcome,
     stable: Option<&Deployment>,
     canary: Option<&Deployment>,
-    propagation: &crate::propagation::reconcile::Outcome,
     pass: &mut Pass,
 ) -> crate::crd::ProxyDeploymentStatus {
-    let mut extra_conditions = vec![certs.condition.clone()];
-    extra_conditions.extend(propagation.condition.clone());
+    let extra_conditions = vec![certs.condition.clone()];
     let observed = Observed {
         stable,
         canary,
@@ -359,18 +350,19 @@ fn new_status(
         problem: pass.problem.clone(),
         extra_conditions,
     };
-    if let Some(again) = propagation.requeue {
-        pass.requeue_within(again);
-    }
     let mut s = status::compute(pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     s.certificates = certs.statuses.clone();
     s.ca_rotation = certs.ca_rotation.clone();
     s.canary = pass.canary_status.clone();
-    s.clusters = propagation.clusters.clone();
-    if propagation.condition.is_none() {
-        s.conditions.retain(|c| c.type_ != crate::conditions::PROPAGATED);
-    }
-    s
+    own_part(s)
+}
+
+/// The status this controller writes: everything but what the propagation controller owns
+/// (`clusters` and the `Propagated` condition, under its own field manager).
+fn own_part(mut status: crate::crd::ProxyDeploymentStatus) -> crate::crd::ProxyDeploymentStatus {
+    status.clusters.clear();
+    status.conditions.retain(|c| c.type_ != crate::conditions::PROPAGATED);
+    status
 }
 
 /// A revision every pod runs and serves with is stable: keep it in the history for undo.
@@ -402,7 +394,7 @@ async fn write_status(
     ctx: &Context,
     status: &crate::crd::ProxyDeploymentStatus,
 ) -> Result<(), Error> {
-    if pxd.status.as_ref() == Some(status) {
+    if pxd.status.clone().map(own_part).as_ref() == Some(status) {
         return Ok(());
     }
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
@@ -633,6 +625,15 @@ pub async fn run(
         watcher::Config::default().any_semantic(),
     );
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
+    let (propagation_stop_tx, propagation_stop_rx) = futures::channel::oneshot::channel::<()>();
+    let mut propagation = AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
+        scope.api::<ProxyDeployment>(&client),
+        ctx.clone(),
+        wake.all_fleets,
+        async move {
+            let _ = propagation_stop_rx.await;
+        },
+    )));
     let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
     // Both end with this future: a leader that lost its lease is aborted here and must not
     // leave the caches' watches or the app controller running.
@@ -650,7 +651,6 @@ pub async fn run(
         .owns(scope.api::<Deployment>(&client), owned_cfg.clone())
         .owns(scope.api::<Service>(&client), owned_cfg.clone())
         .owns(scope.api::<Secret>(&client), owned_cfg)
-        .reconcile_all_on(wake.all_fleets)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -661,7 +661,9 @@ pub async fn run(
         })
         .await;
     let _ = app_stop_tx.send(());
+    let _ = propagation_stop_tx.send(());
     app_controller.join().await;
+    propagation.join().await;
     metrics.managed_objects.set(0);
     drop(caches_task);
 }

@@ -283,7 +283,9 @@ pub struct ProxyDeploymentStatus {
     /// Image of the stable pods.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub image: Option<String>,
+    /// Keyed by `type`: the fleet controller and the propagation controller each own theirs.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(extend("x-kubernetes-list-type" = "map", "x-kubernetes-list-map-keys" = ["type"]))]
     pub conditions: Vec<Condition>,
     /// Certificates the fleet serves (issuer, serial, validity, renewal time).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
