@@ -46,30 +46,35 @@ fn current_part(
     (status.clusters, condition)
 }
 
-/// Applies `status.clusters` and the `Propagated` condition when they changed. A fleet that is
-/// not propagated gets an empty sub-tree: server-side apply then removes what we owned.
-async fn write(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, outcome: &Outcome) -> Result<(), Error> {
+/// The status patch this controller owes, or `None` when the fleet already shows it: pure.
+/// A fleet that is not propagated gets an empty sub-tree (server-side apply then removes what
+/// this manager owned).
+pub fn status_patch(pxd: &ProxyDeployment, outcome: &Outcome, now: &Time) -> Option<serde_json::Value> {
     let (clusters, previous) = current_part(pxd);
-    let now = Time(k8s_openapi::jiff::Timestamp::now());
     let condition = outcome.condition.as_ref().and_then(|want| {
         crate::conditions::merge(
             previous.as_slice(),
             std::slice::from_ref(want),
             pxd.metadata.generation,
-            &now,
+            now,
         )
         .into_iter()
         .find(|c| c.type_ == PROPAGATED)
     });
-    let unchanged = clusters == outcome.clusters && condition == previous;
-    if unchanged {
-        return Ok(());
+    if clusters == outcome.clusters && condition == previous {
+        return None;
     }
-    let patch = serde_json::json!({
+    Some(serde_json::json!({
         "apiVersion": "proxyfleet.io/v1alpha1",
         "kind": "ProxyDeployment",
         "status": {"clusters": outcome.clusters, "conditions": condition.into_iter().collect::<Vec<_>>()},
-    });
+    }))
+}
+
+async fn write(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, outcome: &Outcome) -> Result<(), Error> {
+    let Some(patch) = status_patch(pxd, outcome, &Time(k8s_openapi::jiff::Timestamp::now())) else {
+        return Ok(());
+    };
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     api.patch_status(
         &owner.name,
@@ -142,4 +147,77 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::conditions::Want;
+    use crate::propagation::spec::ClusterStatus;
+
+    fn fleet() -> ProxyDeployment {
+        let spec = serde_json::from_value(serde_json::json!({
+            "replicas": 1, "listeners": [], "routes": [{"name": "all", "upstream": "app"}],
+            "upstreams": [{"name": "app", "endpoints": ["app:8080"]}],
+        }))
+        .expect("spec");
+        let mut pxd = ProxyDeployment::new("demo", spec);
+        pxd.metadata.generation = Some(3);
+        pxd
+    }
+
+    fn outcome(applied: bool) -> Outcome {
+        Outcome {
+            condition: Some(Want::new(PROPAGATED, applied, "Propagated", "applied to 1 cluster(s)")),
+            clusters: vec![ClusterStatus {
+                name: "member-1".into(),
+                applied,
+                ..Default::default()
+            }],
+            requeue: None,
+        }
+    }
+
+    #[test]
+    fn writes_only_its_own_sub_tree_and_only_when_it_changed() {
+        let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).expect("time"));
+        let mut pxd = fleet();
+        let patch = status_patch(&pxd, &outcome(true), &now).expect("a first write");
+        let status = patch["status"].as_object().expect("status");
+        assert_eq!(
+            status.keys().collect::<Vec<_>>(),
+            ["clusters", "conditions"],
+            "nothing the fleet controller owns"
+        );
+        assert_eq!(patch["status"]["conditions"][0]["type"], "Propagated");
+        // The fleet now shows it (beside the fleet controller's own conditions): nothing to write.
+        let mut shown: crate::crd::ProxyDeploymentStatus =
+            serde_json::from_value(patch["status"].clone()).expect("status");
+        shown
+            .conditions
+            .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
+                type_: "Ready".into(),
+                status: "True".into(),
+                reason: "Ready".into(),
+                message: String::new(),
+                observed_generation: Some(3),
+                last_transition_time: now.clone(),
+            });
+        pxd.status = Some(shown);
+        let later = Time(k8s_openapi::jiff::Timestamp::from_second(2_000).expect("time"));
+        assert_eq!(
+            status_patch(&pxd, &outcome(true), &later),
+            None,
+            "a quiet resync writes nothing"
+        );
+        let changed = status_patch(&pxd, &outcome(false), &later).expect("a change is written");
+        assert_eq!(changed["status"]["clusters"][0]["applied"], false);
+        let gone = Outcome {
+            condition: None,
+            clusters: Vec::new(),
+            requeue: None,
+        };
+        let cleared = status_patch(&pxd, &gone, &later).expect("placement removed");
+        assert_eq!(cleared["status"]["conditions"], serde_json::json!([]));
+    }
 }
