@@ -120,37 +120,7 @@ pub async fn plan(
     )
     .await;
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
-    let mut out = RolloutPlan {
-        plans: Vec::new(),
-        kept_stable: None,
-        kept_config_map: None,
-        decision: None,
-    };
-    match decision.stable_template {
-        StableTemplate::Desired => out.plans.push(TrackPlan {
-            track: Track::Stable,
-            replicas: decision.stable_replicas,
-            revision: revision.clone(),
-        }),
-        StableTemplate::Current => match stable.as_deref() {
-            Some(d) => {
-                out.kept_stable = Some(keep(d, decision.stable_replicas));
-                out.kept_config_map = config_map_of(d);
-            }
-            None => out.plans.push(TrackPlan {
-                track: Track::Stable,
-                replicas: decision.stable_replicas,
-                revision: revision.clone(),
-            }),
-        },
-    }
-    if let Some(replicas) = decision.canary_replicas {
-        out.plans.push(TrackPlan {
-            track: Track::Canary,
-            replicas,
-            revision,
-        });
-    }
+    let mut out = tracks_of(&decision, revision, stable.as_deref());
     tracing::info!(
         phase = %decision.status.phase,
         step = decision.status.current_step_index,
@@ -168,6 +138,37 @@ pub async fn plan(
         ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
     }
     out.decision = Some(decision);
+    out
+}
+
+/// The tracks a decision asks for: pure. The stable track keeps its current template (and
+/// ConfigMap) while a canary runs, or takes the desired one.
+fn tracks_of(decision: &machine::Decision, revision: RevisionObjects, stable: Option<&Deployment>) -> RolloutPlan {
+    let mut out = RolloutPlan {
+        plans: Vec::new(),
+        kept_stable: None,
+        kept_config_map: None,
+        decision: None,
+    };
+    let desired_stable = |revision: RevisionObjects| TrackPlan {
+        track: Track::Stable,
+        replicas: decision.stable_replicas,
+        revision,
+    };
+    match (decision.stable_template, stable) {
+        (StableTemplate::Current, Some(d)) => {
+            out.kept_stable = Some(keep(d, decision.stable_replicas));
+            out.kept_config_map = config_map_of(d);
+        }
+        _ => out.plans.push(desired_stable(revision.clone())),
+    }
+    if let Some(replicas) = decision.canary_replicas {
+        out.plans.push(TrackPlan {
+            track: Track::Canary,
+            replicas,
+            revision,
+        });
+    }
     out
 }
 
