@@ -451,6 +451,16 @@ pub struct Limits {
     /// proxy buffer. Defaults: 256 streams, 1 MiB per stream and per connection.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub http2: Option<Http2Limits>,
+    /// A client connection is ended gracefully this long after it opened (HTTP/1.1: after the
+    /// response in flight; HTTP/2: GOAWAY, open streams finish), so long-lived clients spread
+    /// over new pods after a scale-out or a rollout. Default: no age limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub max_connection_age: Option<HumanDuration>,
+    /// A client connection is ended gracefully after this many requests (as Envoy's
+    /// max_requests_per_connection). Default: no limit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_requests_per_connection: Option<u32>,
 }
 
 /// HTTP/2 limits per client connection.
@@ -613,6 +623,8 @@ impl Default for Limits {
             max_connections: default_max_client_connections(),
             max_connections_per_client_ip: None,
             http2: None,
+            max_connection_age: None,
+            max_requests_per_connection: None,
         }
     }
 }

@@ -288,6 +288,16 @@ fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
             }
         }
     }
+    if config
+        .limits
+        .max_connection_age
+        .is_some_and(|d| d.get() < std::time::Duration::from_secs(1))
+    {
+        errors.push(err("limits.maxConnectionAge", "must be at least 1s"));
+    }
+    if config.limits.max_requests_per_connection == Some(0) {
+        errors.push(err("limits.maxRequestsPerConnection", "must be at least 1"));
+    }
     if config.limits.header_read_timeout.get().is_zero() {
         errors.push(err("limits.headerReadTimeout", "must be positive"));
     }

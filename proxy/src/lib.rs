@@ -13,6 +13,7 @@ pub mod body;
 pub mod client_slots;
 pub mod config_file;
 pub mod connect;
+pub mod connection_life;
 mod first_byte;
 mod forwarding;
 pub mod grpc;

@@ -11,7 +11,6 @@ use std::time::Duration;
 use arc_swap::ArcSwap;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Semaphore};
 
@@ -19,6 +18,7 @@ use proxyfleet_config::{Listener, ProxyConfig};
 
 use crate::client_slots::ConnectionSlot;
 pub use crate::config_file::{read_config, ConfigFileError};
+use crate::connection_life::{Ending, RequestBudget};
 use crate::forwarding::TlsFacts;
 use crate::handler::{self, ClientInfo};
 use crate::metrics::{ClientHandshakeLabels, ListenerLabels, Metrics};
@@ -139,7 +139,7 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         });
     }
     let (stop_accepting_tx, stop_accepting_rx) = watch::channel(false);
-    let graceful = Arc::new(GracefulShutdown::new());
+    let graceful = Arc::new(crate::connection_life::Drain::default());
     let conn_limit = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut listener_addrs = HashMap::new();
     let mut accept_tasks = Vec::new();
@@ -207,7 +207,7 @@ async fn drain_on_shutdown(
     mut rx: watch::Receiver<bool>,
     stop_accepting_tx: watch::Sender<bool>,
     accept_tasks: Vec<tokio::task::JoinHandle<()>>,
-    graceful: Arc<GracefulShutdown>,
+    graceful: Arc<crate::connection_life::Drain>,
 ) {
     while !*rx.borrow() {
         if rx.changed().await.is_err() {
@@ -222,12 +222,8 @@ async fn drain_on_shutdown(
     for t in accept_tasks {
         let _ = t.await;
     }
-    let Ok(graceful) = Arc::try_unwrap(graceful) else {
-        tracing::warn!("connections still referenced; exiting without waiting");
-        return;
-    };
     tracing::info!(deadline = %drain.deadline, "stopped accepting; waiting for in-flight requests");
-    if tokio::time::timeout(drain.deadline.get(), graceful.shutdown())
+    if tokio::time::timeout(drain.deadline.get(), graceful.drained())
         .await
         .is_err()
     {
@@ -306,6 +302,7 @@ impl ListenerContext {
     fn service(
         &self,
         client: Arc<ClientInfo>,
+        budget: Arc<RequestBudget>,
     ) -> impl hyper::service::Service<
         http::Request<hyper::body::Incoming>,
         Response = http::Response<crate::body::ClientBody>,
@@ -316,6 +313,7 @@ impl ListenerContext {
         let shared = self.shared.clone();
         let redirect = self.https_redirect.clone();
         hyper::service::service_fn(move |req| {
+            budget.count();
             let (shared, client, redirect) = (shared.clone(), client.clone(), redirect.clone());
             async move {
                 match redirect {
@@ -331,13 +329,23 @@ impl ListenerContext {
         self: Arc<Self>,
         stream: tokio::net::TcpStream,
         remote: SocketAddr,
-        watcher: hyper_util::server::graceful::Watcher,
+        drain: watch::Receiver<bool>,
         slot: ConnectionSlot,
     ) {
         self.active.inc();
+        let limits = &self.shared.state.load().config.limits;
+        let (max_age, budget) = (
+            limits.max_connection_age.map(|d| d.get()),
+            Arc::new(RequestBudget::new(limits.max_requests_per_connection)),
+        );
+        let ending = Ending {
+            drain,
+            max_age,
+            budget: &budget,
+        };
         if !self.is_tls {
-            let svc = self.service(self.client(remote, None, slot));
-            serve(&self.builder, false, watcher, stream, svc, self.handshake_timeout).await;
+            let svc = self.service(self.client(remote, None, slot), budget.clone());
+            serve(&self.builder, false, ending, stream, svc, self.handshake_timeout).await;
         } else if let Some((tls_config, certs)) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
             match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
@@ -356,8 +364,8 @@ impl ListenerContext {
                     };
                     // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
                     let h2 = conn.alpn_protocol() == Some(b"h2");
-                    let svc = self.service(self.client(remote, Some(facts), slot));
-                    serve(&self.builder, h2, watcher, tls, svc, self.handshake_timeout).await;
+                    let svc = self.service(self.client(remote, Some(facts), slot), budget.clone());
+                    serve(&self.builder, h2, ending, tls, svc, self.handshake_timeout).await;
                 }
                 _ => {
                     self.handshakes[2].inc();
@@ -372,7 +380,7 @@ async fn accept_loop(
     listener: Listener,
     tcp: TcpListener,
     shared: Arc<Shared>,
-    graceful: Arc<GracefulShutdown>,
+    graceful: Arc<crate::connection_life::Drain>,
     conn_limit: Arc<Semaphore>,
     mut stop_accepting: watch::Receiver<bool>,
 ) {
@@ -474,7 +482,7 @@ const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 async fn serve<I, S>(
     builders: &ConnectionBuilders,
     h2: bool,
-    watcher: hyper_util::server::graceful::Watcher,
+    ending: Ending<'_>,
     io: I,
     svc: S,
     first_byte_timeout: Duration,
@@ -491,10 +499,12 @@ async fn serve<I, S>(
     let (io, seen) = crate::first_byte::FirstByte::new(io);
     let io = TokioIo::new(io);
     if h2 {
-        let served = watcher.watch(builders.h2.serve_connection(io, svc));
+        let conn = builders.h2.serve_connection(io, svc);
+        let served = crate::connection_life::run(conn, ending, |c| c.graceful_shutdown());
         drive(served, &seen, first_byte_timeout).await;
     } else {
-        let served = watcher.watch(builders.auto.serve_connection_with_upgrades(io, svc));
+        let conn = builders.auto.serve_connection_with_upgrades(io, svc);
+        let served = crate::connection_life::run(conn, ending, |c| c.graceful_shutdown());
         drive(served, &seen, first_byte_timeout).await;
     }
 }

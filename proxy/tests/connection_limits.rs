@@ -1,0 +1,144 @@
+//! Integration tests of how client connections end on their own: after
+//! `limits.maxRequestsPerConnection` requests and at `limits.maxConnectionAge`, for HTTP/1.1
+//! (closed after the response in flight) and HTTP/2 (GOAWAY, the open stream finishes). Real
+//! sockets on loopback; bounds are generous (no timing assertions beyond "it ended").
+
+mod support;
+
+use std::time::Duration;
+
+use support::*;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+fn config(upstream: std::net::SocketAddr, limits: &str) -> String {
+    format!(
+        r#"
+listeners:
+  - {{name: http, address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:0"}}
+drain: {{gracePeriod: 100ms, deadline: 5s}}
+limits: {{{limits}}}
+routes:
+  - {{name: all, upstream: u}}
+upstreams:
+  - name: u
+    endpoints: ["{upstream}"]
+"#
+    )
+}
+
+/// Reads one HTTP/1.1 response (head and a Content-Length body) from a kept-alive stream.
+async fn read_response(stream: &mut tokio::net::TcpStream) -> String {
+    let mut got = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf))
+            .await
+            .expect("a response within 5 s")
+            .expect("read");
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&got).to_string();
+        if let Some(head_end) = text.find("\r\n\r\n") {
+            let length = text[..head_end]
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length: ")
+                        .map(|v| v.trim().parse::<usize>().unwrap_or(0))
+                })
+                .unwrap_or(0);
+            if got.len() >= head_end + 4 + length {
+                return text;
+            }
+        }
+    }
+    String::from_utf8_lossy(&got).to_string()
+}
+
+/// True when the peer closes the stream within `within`.
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let mut buf = [0u8; 64];
+    matches!(
+        tokio::time::timeout(within, stream.read(&mut buf)).await,
+        Ok(Ok(0)) | Ok(Err(_))
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_connection_ends_after_its_last_allowed_request() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("max-requests");
+    let proxy = start_proxy(&dir, &config(up.addr, "maxRequestsPerConnection: 2")).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let request = b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n";
+    stream.write_all(request).await.unwrap();
+    let first = read_response(&mut stream).await;
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(!first.to_ascii_lowercase().contains("connection: close"), "{first}");
+    stream.write_all(request).await.unwrap();
+    let second = read_response(&mut stream).await;
+    assert!(
+        second.starts_with("HTTP/1.1 200"),
+        "the last allowed request is answered: {second}"
+    );
+    assert!(
+        second.to_ascii_lowercase().contains("connection: close"),
+        "and says so: {second}"
+    );
+    assert!(
+        closed_within(&mut stream, Duration::from_secs(5)).await,
+        "then the connection is closed"
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_kept_alive_connection_ends_at_its_age() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("max-age");
+    let proxy = start_proxy(&dir, &config(up.addr, "maxConnectionAge: 1s")).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    stream
+        .write_all(b"GET / HTTP/1.1\r\nHost: a.example\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(read_response(&mut stream).await.starts_with("HTTP/1.1 200"));
+    assert!(
+        closed_within(&mut stream, Duration::from_secs(10)).await,
+        "closed once a second old"
+    );
+    // A new connection is served as usual.
+    let (status, _) = get(proxy.addr("http"), "a.example", "/").await;
+    assert_eq!(status, 200);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_connection_gets_goaway_at_its_age() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("max-age-h2");
+    let proxy = start_proxy(&dir, &config(up.addr, "maxConnectionAge: 1s")).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 prior knowledge");
+    let driver = tokio::spawn(conn);
+    let request = || {
+        http::Request::get("http://a.example/")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap()
+    };
+    let response = sender.send_request(request()).await.expect("served");
+    assert_eq!(response.status(), 200);
+    // After GOAWAY the connection ends: the client's connection task completes.
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(ended.is_ok(), "the HTTP/2 connection ended after its age");
+    proxy.running.drain();
+}
