@@ -625,26 +625,10 @@ pub async fn run(
         watcher::Config::default().any_semantic(),
     );
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
-    let (propagation_stop_tx, propagation_stop_rx) = futures::channel::oneshot::channel::<()>();
-    let mut propagation = AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
-        scope.api::<ProxyDeployment>(&client),
-        ctx.clone(),
-        wake.all_fleets,
-        async move {
-            let _ = propagation_stop_rx.await;
-        },
-    )));
-    let (app_stop_tx, app_stop_rx) = futures::channel::oneshot::channel::<()>();
-    // Both end with this future: a leader that lost its lease is aborted here and must not
-    // leave the caches' watches or the app controller running.
+    // They end with this future: a leader that lost its lease is aborted here and must not
+    // leave the caches' watches or the other controllers running.
     let caches_task = task;
-    let mut app_controller = AbortOnDrop(tokio::spawn(crate::app::controller::run(
-        client.clone(),
-        ctx.clone(),
-        async move {
-            let _ = app_stop_rx.await;
-        },
-    )));
+    let mut others = Others::start(&client, &ctx, wake.all_fleets);
     controller
         .reconcile_on(ca_changes)
         .reconcile_on(wake.fleets)
@@ -660,12 +644,67 @@ pub async fn run(
             futures::future::ready(())
         })
         .await;
-    let _ = app_stop_tx.send(());
-    let _ = propagation_stop_tx.send(());
-    app_controller.join().await;
-    propagation.join().await;
+    others.stop().await;
     metrics.managed_objects.set(0);
     drop(caches_task);
+}
+
+/// The controllers beside the fleet controller, over the same caches and context: app
+/// rollouts, propagation to members, and the namespace CAs' rotation.
+struct Others {
+    stop: Vec<futures::channel::oneshot::Sender<()>>,
+    tasks: Vec<AbortOnDrop<()>>,
+}
+
+impl Others {
+    fn start(
+        client: &Client,
+        ctx: &Arc<Context>,
+        clusters_changed: futures::channel::mpsc::UnboundedReceiver<()>,
+    ) -> Self {
+        let mut out = Others {
+            stop: Vec::new(),
+            tasks: Vec::new(),
+        };
+        let mut stopper = || {
+            let (tx, rx) = futures::channel::oneshot::channel::<()>();
+            out.stop.push(tx);
+            async move {
+                let _ = rx.await;
+            }
+        };
+        let (app, propagation, ca) = (stopper(), stopper(), stopper());
+        let scope = &ctx.settings;
+        out.tasks = vec![
+            AbortOnDrop(tokio::spawn(crate::app::controller::run(
+                client.clone(),
+                ctx.clone(),
+                app,
+            ))),
+            AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
+                scope.api::<ProxyDeployment>(client),
+                ctx.clone(),
+                clusters_changed,
+                propagation,
+            ))),
+            AbortOnDrop(tokio::spawn(crate::certs::controller::run(
+                scope.api::<Secret>(client),
+                ctx.clone(),
+                ca,
+            ))),
+        ];
+        out
+    }
+
+    /// Asks each to finish, and waits until they have.
+    async fn stop(&mut self) {
+        for tx in self.stop.drain(..) {
+            let _ = tx.send(());
+        }
+        for t in &mut self.tasks {
+            t.join().await;
+        }
+    }
 }
 
 /// Every fleet of a namespace whose CA Secret changed.

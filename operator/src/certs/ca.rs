@@ -131,7 +131,8 @@ async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
     Ok(written)
 }
 
-/// The namespace's CA, created when missing, with one rotation step taken when one is due.
+/// The namespace's CA, created when missing. Rotation steps are the CA controller's
+/// (`certs::controller`): fleets only read the CA and follow it.
 pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
     let secret = match read_secret(namespace, ctx).await? {
         Some(s) => s,
@@ -142,37 +143,58 @@ pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String
             "Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"
         ));
     };
-    let (secret, step) = match rotate(namespace, &secret, ctx).await {
-        Ok(Some((written, step))) => (written, step),
-        Ok(None) => (secret, None),
-        Err(e) => {
-            tracing::warn!(%namespace, error = %e, "CA rotation step not taken; retrying");
-            (secret, None)
-        }
-    };
-    material(&secret, step)
+    material(&secret)
 }
 
-/// The namespace's CA as it stands, without creating it or taking a rotation step (the fleet's
-/// own certificate reconcile, earlier in the same reconcile, does both).
+/// One pass of the CA controller over a namespace's CA Secret: one rotation step when one is
+/// due, and the progress message kept on the Secret. Returns when to look again.
+pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, String> {
+    let namespace = secret.metadata.namespace.clone().unwrap_or_default();
+    let Some(step) = rotate(&namespace, secret, ctx).await? else {
+        // Nothing to do here (propagated from a hub), or another writer moved first.
+        return Ok(Duration::from_secs(5));
+    };
+    let requeue = if step.state.phase == ca_rotation::STABLE {
+        step.requeue
+    } else {
+        step.requeue.min(Duration::from_secs(5))
+    };
+    if step.write.is_none() && annotation(secret, ca_rotation::MESSAGE_ANNOTATION).unwrap_or_default() != step.message {
+        let patch = serde_json::json!({"metadata": {
+            "resourceVersion": secret.metadata.resource_version,
+            "annotations": {ca_rotation::MESSAGE_ANNOTATION: step.message},
+        }});
+        let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &namespace);
+        match api
+            .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => ctx.metrics.api_write("Secret", "patch"),
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => return Err(format!("writing CA Secret {namespace}/{CA_SECRET}: {e}")),
+        }
+    }
+    Ok(requeue)
+}
+
+/// The namespace's CA as it stands, without creating it.
 pub async fn current(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
     match read_secret(namespace, ctx).await? {
-        Some(secret) => material(&secret, None),
+        Some(secret) => material(&secret),
         None => Err(format!("no CA Secret {namespace}/{CA_SECRET} yet")),
     }
 }
 
-fn material(secret: &Secret, step: Option<ca_rotation::Step>) -> Result<CaMaterial, String> {
+fn material(secret: &Secret) -> Result<CaMaterial, String> {
     let cert_pem = text(secret, "ca.crt").ok_or("CA Secret has no ca.crt")?;
     let key_pem = text(secret, "ca.key").ok_or("CA Secret has no ca.key")?;
     let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
     let bundle = text(secret, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
     let state = state_of(secret);
     let serial_of = |key: &str| text(secret, key).and_then(|p| issue::parse_pem(&p)).map(|i| i.serial);
-    let (message, requeue) = match &step {
-        Some(s) => (s.message.clone(), s.requeue),
-        None => (String::new(), Duration::from_secs(3600)),
-    };
+    // Progress as the CA controller last decided it; fleets look again soon while it moves.
+    let message = annotation(secret, ca_rotation::MESSAGE_ANNOTATION).unwrap_or_default();
+    let requeue = Duration::from_secs(3600);
     let rotating = state.phase != ca_rotation::STABLE;
     let rotation = CaRotationStatus {
         phase: state.phase,
@@ -313,12 +335,9 @@ async fn pods_with_bundle(
     Ok(counts)
 }
 
-/// One step of the rotation machine. `Ok(None)` when nothing was written.
-async fn rotate(
-    namespace: &str,
-    secret: &Secret,
-    ctx: &Context,
-) -> Result<Option<(Secret, Option<ca_rotation::Step>)>, String> {
+/// One step of the rotation machine: the decision taken (written when it has a write), or
+/// `None` when this CA is not ours to rotate or another writer moved it first.
+async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Option<ca_rotation::Step>, String> {
     if annotation(secret, crate::propagation::placement::HUB_OBJECT).is_some() {
         // A CA propagated from a hub cluster is rotated there, never here.
         return Ok(None);
@@ -354,7 +373,7 @@ async fn rotate(
     }
     let step = ca_rotation::decide(&state, &o);
     let Some(write) = step.write.clone() else {
-        return Ok(Some((secret.clone(), Some(step))));
+        return Ok(Some(step));
     };
     let mut annotations = serde_json::Map::from_iter([
         (
@@ -365,6 +384,7 @@ async fn rotate(
             ca_rotation::SINCE_ANNOTATION.to_string(),
             step.state.since.to_string().into(),
         ),
+        (ca_rotation::MESSAGE_ANNOTATION.to_string(), step.message.clone().into()),
     ]);
     let data = rotation_data(
         &write,
@@ -384,10 +404,10 @@ async fn rotate(
         .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
         .await
     {
-        Ok(written) => {
+        Ok(_) => {
             ctx.metrics.api_write("Secret", "patch");
             tracing::info!(%namespace, phase = %step.state.phase, message = %step.message, "CA rotation");
-            Ok(Some((written, Some(step))))
+            Ok(Some(step))
         }
         // Another reconcile moved it first: take the next step from its result next time.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),

@@ -33,6 +33,9 @@ pub const OVERLAP_ANNOTATION: &str = "proxyfleet.io/ca-rotation-overlap";
 /// Annotations on the CA Secret recording the machine's state.
 pub const PHASE_ANNOTATION: &str = "proxyfleet.io/ca-rotation-phase";
 pub const SINCE_ANNOTATION: &str = "proxyfleet.io/ca-rotation-since";
+/// Annotation on the CA Secret: the rotation's progress in words, as the CA controller last
+/// decided it; every fleet of the namespace shows it in `status.caRotation.message`.
+pub const MESSAGE_ANNOTATION: &str = "proxyfleet.io/ca-rotation-message";
 
 /// Default overlap when the CA Secret names none.
 pub const DEFAULT_OVERLAP: Duration = Duration::from_secs(24 * 3600);

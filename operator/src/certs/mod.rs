@@ -2,6 +2,7 @@
 
 pub mod ca;
 pub mod ca_rotation;
+pub mod controller;
 pub mod issue;
 pub mod reconcile;
 pub mod spec;

@@ -1,0 +1,63 @@
+//! The namespace CA and its rotation, in a controller of their own keyed by the CA Secret
+//! (`proxyfleet-ca`, label `proxyfleet.io/ca`). Fleets only create a missing CA and read it;
+//! this controller alone takes rotation steps, so a rotation is no longer kept consistent by
+//! compare-and-swap races between the fleets of a namespace, and a fleet's reconcile never
+//! waits on another namespace's rotation. Every step it writes wakes the namespace's fleets
+//! (they reissue and republish), through the Secret watch the fleet controller already has.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::Api;
+use kube::runtime::controller::{Action, Controller};
+use kube::runtime::watcher;
+use kube::ResourceExt;
+
+use super::ca;
+use crate::context::Context;
+
+#[derive(Debug, thiserror::Error)]
+#[error("CA rotation in namespace {namespace}: {message}")]
+pub struct Error {
+    namespace: String,
+    message: String,
+}
+
+async fn reconcile(secret: Arc<Secret>, ctx: Arc<Context>) -> Result<Action, Error> {
+    if !ca::is_ca_secret(&secret) || secret.metadata.deletion_timestamp.is_some() {
+        return Ok(Action::await_change());
+    }
+    match ca::step(&secret, &ctx).await {
+        Ok(again) => Ok(Action::requeue(again)),
+        Err(message) => Err(Error {
+            namespace: secret.namespace().unwrap_or_default(),
+            message,
+        }),
+    }
+}
+
+fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<Context>) -> Action {
+    tracing::warn!(name = %secret.name_any(), %error, "CA rotation step failed; retrying");
+    Action::requeue(Duration::from_secs(10))
+}
+
+/// Runs until `stop` completes, over the CA Secrets `api` can see.
+pub async fn run(
+    api: Api<Secret>,
+    ctx: Arc<Context>,
+    stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
+) {
+    let selector = format!("{}=true", ca::CA_LABEL);
+    Controller::new(api, watcher::Config::default().labels(&selector))
+        .graceful_shutdown_on(stop)
+        .run(reconcile, error_policy, ctx)
+        .for_each(|res| {
+            if let Err(e) = res {
+                tracing::debug!(error = %e, "CA controller event");
+            }
+            futures::future::ready(())
+        })
+        .await;
+}
