@@ -150,8 +150,12 @@ pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String
 /// due, and the progress message kept on the Secret. Returns when to look again.
 pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, String> {
     let namespace = secret.metadata.namespace.clone().unwrap_or_default();
+    if annotation(secret, crate::propagation::placement::HUB_OBJECT).is_some() {
+        // Propagated from a hub: rotated there; a change to the Secret wakes us anyway.
+        return Ok(Duration::from_secs(3600));
+    }
     let Some(step) = rotate(&namespace, secret, ctx).await? else {
-        // Nothing to do here (propagated from a hub), or another writer moved first.
+        // Another writer moved it first: decide again from what it wrote.
         return Ok(Duration::from_secs(5));
     };
     let requeue = if step.state.phase == ca_rotation::STABLE {
