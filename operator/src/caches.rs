@@ -30,6 +30,8 @@ pub struct Wake {
     pub fleets: UnboundedReceiver<ObjectRef<ProxyDeployment>>,
     /// A member cluster Secret changed: every fleet (placements may select it).
     pub all_fleets: UnboundedReceiver<()>,
+    /// A ProxyFleetPolicy changed: every fleet (the fleet controller enforces them).
+    pub policies: UnboundedReceiver<()>,
 }
 
 pub struct Caches {
@@ -75,9 +77,11 @@ impl Caches {
         });
         let (all_tx, all_fleets) = unbounded::<()>();
         // A policy change may allow or refuse any fleet.
-        let policy_tx = all_tx.clone();
+        let (policy_tx, policies_changed) = unbounded::<()>();
+        let propagation_tx = all_tx.clone();
         let (policies, f10) = store_all(Api::<ProxyFleetPolicy>::all(client.clone()), move |_| {
             let _ = policy_tx.unbounded_send(());
+            let _ = propagation_tx.unbounded_send(());
         });
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
         let task = crate::task::AbortOnDrop(tokio::spawn(async move {
@@ -115,6 +119,7 @@ impl Caches {
                 ca_namespaces,
                 fleets,
                 all_fleets,
+                policies: policies_changed,
             },
             task,
         }

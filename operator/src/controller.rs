@@ -632,6 +632,7 @@ pub async fn run(
     controller
         .reconcile_on(ca_changes)
         .reconcile_on(wake.fleets)
+        .reconcile_all_on(wake.policies)
         .owns(scope.api::<Deployment>(&client), owned_cfg.clone())
         .owns(scope.api::<Service>(&client), owned_cfg.clone())
         .owns(scope.api::<Secret>(&client), owned_cfg)
