@@ -79,10 +79,7 @@ impl Caches {
         // A policy change may allow or refuse any fleet.
         let (policy_tx, policies_changed) = unbounded::<()>();
         let propagation_tx = all_tx.clone();
-        let (policies, f10) = store_all(Api::<ProxyFleetPolicy>::all(client.clone()), move |_| {
-            let _ = policy_tx.unbounded_send(());
-            let _ = propagation_tx.unbounded_send(());
-        });
+        let (policies, f10) = policy_store(client, [policy_tx, propagation_tx]);
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
         let task = crate::task::AbortOnDrop(tokio::spawn(async move {
             tokio::join!(
@@ -181,16 +178,18 @@ fn cluster_secret_stores(
     (stores, watches)
 }
 
-/// A cache of every object of a kind `api` lists, calling `on_touched` after the cache holds it.
+/// A cache of the objects `api` and `config` select, calling `on_touched` for each after the
+/// cache holds it; every cache here is one of these.
 fn store_all<K>(
     api: Api<K>,
+    config: watcher::Config,
     mut on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default().any_semantic()))
+    let stream = reflector::reflector(writer, watcher(api, config))
         .default_backoff()
         .touched_objects()
         .for_each(move |object| {
@@ -202,32 +201,35 @@ where
     (reader, stream)
 }
 
+/// Every ProxyFleetPolicy; each change is sent to every one of `wake`.
+fn policy_store(
+    client: &Client,
+    wake: [futures::channel::mpsc::UnboundedSender<()>; 2],
+) -> (Store<ProxyFleetPolicy>, impl std::future::Future<Output = ()>) {
+    let config = watcher::Config::default().any_semantic();
+    store_all(Api::all(client.clone()), config, move |_| {
+        for tx in &wake {
+            let _ = tx.unbounded_send(());
+        }
+    })
+}
+
 /// Namespaces' metadata (their labels select policies); no spec or status is read. A
 /// namespaced instance reads only its own namespace (RBAC can then name it).
 fn namespace_store(
     client: &Client,
     settings: &OperatorSettings,
-    mut on_touched: impl FnMut(&PartialObjectMeta<Namespace>) + Send + 'static,
+    on_touched: impl FnMut(&PartialObjectMeta<Namespace>) + Send + 'static,
 ) -> (
     Store<PartialObjectMeta<Namespace>>,
     impl std::future::Future<Output = ()>,
 ) {
-    let (reader, writer) = reflector::store();
     let api: Api<PartialObjectMeta<Namespace>> = Api::all(client.clone());
     let mut config = watcher::Config::default().any_semantic();
     if let Some(ns) = &settings.watch_namespace {
         config = config.fields(&format!("metadata.name={ns}"));
     }
-    let stream = reflector::reflector(writer, watcher(api, config))
-        .default_backoff()
-        .touched_objects()
-        .for_each(move |object| {
-            if let Ok(object) = object {
-                on_touched(&object);
-            }
-            futures::future::ready(())
-        });
-    (reader, stream)
+    store_all(api, config, on_touched)
 }
 
 /// A cache of one owned kind, limited to objects we manage, kept by a background task.
@@ -249,7 +251,7 @@ where
 pub fn owned_store_with<K>(
     client: &Client,
     settings: &OperatorSettings,
-    mut on_touched: impl FnMut(&K) + Send + 'static,
+    on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
     K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
@@ -260,24 +262,8 @@ where
         + Sync
         + 'static,
 {
-    let api: Api<K> = settings.api(client);
-    let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(
-        writer,
-        watcher(
-            api,
-            watcher::Config::default()
-                .labels(&labels::managed_selector())
-                .any_semantic(),
-        ),
-    )
-    .default_backoff()
-    .touched_objects()
-    .for_each(move |object| {
-        if let Ok(object) = object {
-            on_touched(&object);
-        }
-        futures::future::ready(())
-    });
-    (reader, stream)
+    let config = watcher::Config::default()
+        .labels(&labels::managed_selector())
+        .any_semantic();
+    store_all(settings.api(client), config, on_touched)
 }
