@@ -282,6 +282,61 @@ mod tests {
         server.await.expect("mock server");
     }
 
+    /// Orphan collection against a mocked API server: a cache that has listed nothing deletes
+    /// nothing; from a listed cache only what carries our label and a controller reference to
+    /// this owner goes; a failed delete stops the pass and says which object.
+    #[tokio::test]
+    async fn orphans_are_only_ours_and_a_failed_delete_stops_the_pass() {
+        use kube::client::Body;
+        use kube::runtime::watcher::Event;
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let applier = Applier::new(Client::new(mock, "default"), std::sync::Arc::new(Metrics::new()));
+        let (not_synced, _unused) = kube::runtime::reflector::store::<ConfigMap>();
+        let deleted = applier.delete_orphans(&not_synced, "team-a", "u1", &[]).await;
+        assert!(deleted.expect("no calls").is_empty());
+
+        let (cache, mut writer) = kube::runtime::reflector::store::<ConfigMap>();
+        writer.apply_watcher_event(&Event::Init);
+        for (name, labelled, uid) in [
+            ("orphan", true, "u1"),
+            ("kept", true, "u1"),
+            ("theirs", true, "u2"),
+            ("bare", false, "u1"),
+        ] {
+            let mut o = cm(labelled, uid);
+            o.metadata.name = Some(name.into());
+            o.metadata.namespace = Some("team-a".into());
+            writer.apply_watcher_event(&Event::InitApply(o));
+        }
+        writer.apply_watcher_event(&Event::InitDone);
+        let server = tokio::spawn(async move {
+            for code in [200u16, 500] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                assert_eq!(request.method(), http::Method::DELETE);
+                assert!(request.uri().path().ends_with("/namespaces/team-a/configmaps/orphan"));
+                let status = serde_json::json!({"kind": "Status", "apiVersion": "v1",
+                    "status": if code == 200 { "Success" } else { "Failure" }, "message": "m", "code": code});
+                let body = Body::from(serde_json::to_vec(&status).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+            }
+            // Nothing else was asked for: the kept, foreign and unlabelled objects stay.
+            assert!(handle.next_request().await.is_none());
+        });
+        let keep = vec!["kept".to_string()];
+        let deleted = applier
+            .delete_orphans(&cache, "team-a", "u1", &keep)
+            .await
+            .expect("deleted");
+        assert_eq!(deleted, vec!["orphan".to_string()]);
+        let failed = applier
+            .delete_orphans(&cache, "team-a", "u1", &keep)
+            .await
+            .expect_err("500");
+        assert!(failed.to_string().contains("team-a/orphan"), "{failed}");
+        drop(applier);
+        server.await.expect("mock server");
+    }
+
     #[test]
     fn hash_is_deterministic() {
         assert_eq!(desired_hash(&cm(true, "a")), desired_hash(&cm(true, "a")));

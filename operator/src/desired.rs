@@ -18,6 +18,33 @@ use crate::resources::{OperatorSettings, Owner};
 
 pub use crate::spec_check::SpecError;
 
+/// Everything of the pod template the spec shapes, hashed as JSON into the revision: a field
+/// added here changes every revision, a field left out never rolls the pods.
+#[derive(serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+struct RevisionInputs<'a> {
+    image: &'a str,
+    config_hash: &'a str,
+    pod: &'a Option<crate::crd::PodOverrides>,
+    resources: &'a Option<k8s_openapi::api::core::v1::ResourceRequirements>,
+    tuning: &'a Option<crate::crd::Tuning>,
+    image_pull_policy: &'a Option<PullPolicy>,
+    serving_secret: Option<&'a str>,
+    client_secret: Option<&'a str>,
+}
+
+impl RevisionInputs<'_> {
+    /// The short revision hash shown in status and on the pods.
+    fn revision(&self) -> String {
+        let bytes = serde_json::to_vec(self).unwrap_or_default();
+        Sha256::digest(&bytes)
+            .iter()
+            .take(4)
+            .map(|b| format!("{b:02x}"))
+            .collect()
+    }
+}
+
 /// One revision of the fleet's pods with its ConfigMap.
 #[derive(Clone, Debug)]
 pub struct RevisionObjects {
@@ -52,16 +79,17 @@ pub fn desired_revision(
     let yaml = config.to_yaml();
     let hash = config_hash(&yaml);
     let image = proxy_image(spec, settings);
-    // The revision covers everything in the pod template that the spec shapes.
-    let mut h = Sha256::new();
-    h.update(image.as_bytes());
-    h.update(hash.as_bytes());
-    h.update(serde_json::to_vec(&spec.pod).unwrap_or_default());
-    h.update(serde_json::to_vec(&spec.resources).unwrap_or_default());
-    h.update(serde_json::to_vec(&spec.tuning).unwrap_or_default());
-    h.update(serde_json::to_vec(&spec.image_pull_policy).unwrap_or_default());
-    h.update(format!("{secrets:?}").as_bytes());
-    let revision: String = h.finalize().iter().take(4).map(|b| format!("{b:02x}")).collect();
+    let revision = RevisionInputs {
+        image: &image,
+        config_hash: &hash,
+        pod: &spec.pod,
+        resources: &spec.resources,
+        tuning: &spec.tuning,
+        image_pull_policy: &spec.image_pull_policy,
+        serving_secret: secrets.serving.as_deref(),
+        client_secret: secrets.client.as_deref(),
+    }
+    .revision();
     Ok(RevisionObjects {
         pod: PodRevision {
             image,

@@ -144,36 +144,47 @@ pub fn record(owner: &Owner, spec: &ProxyDeploymentSpec, revision_hash: &str, nu
     }
 }
 
+/// Why an undo has nothing to go back to.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UndoError {
+    #[error("no kept revision {0}; `kubectl proxyfleet history NAME` lists them")]
+    NoSuchRevision(i64),
+    #[error("no earlier stable revision is kept to go back to")]
+    NoEarlier,
+    #[error("the kept revision {0} has no spec data")]
+    NoSpecData(i64),
+}
+
 /// Pure: which record an undo goes back to. Without `to`, the newest record of a revision
 /// other than `current_hash` (the previous stable revision); with `to`, that record number.
 pub fn undo_target<'a>(
     kept: &'a [ControllerRevision],
     current_hash: Option<&str>,
     to: Option<i64>,
-) -> Result<&'a ControllerRevision, String> {
+) -> Result<&'a ControllerRevision, UndoError> {
     if let Some(n) = to {
         return kept
             .iter()
             .find(|c| c.revision == n)
-            .ok_or_else(|| format!("no kept revision {n}; `kubectl proxyfleet history NAME` lists them"));
+            .ok_or(UndoError::NoSuchRevision(n));
     }
     let mut sorted: Vec<&ControllerRevision> = kept.iter().collect();
     sorted.sort_by_key(|c| std::cmp::Reverse(c.revision));
     sorted
         .into_iter()
         .find(|c| Kept::of(c).map(|k| k.revision_hash).as_deref() != current_hash)
-        .ok_or_else(|| "no earlier stable revision is kept to go back to".to_string())
+        .ok_or(UndoError::NoEarlier)
 }
 
 /// Pure: the JSON merge patch that writes `target`'s template fields back into the spec;
 /// fields the target did not set are removed, so the result equals that revision.
-pub fn undo_patch(target: &ControllerRevision) -> Result<Value, String> {
+pub fn undo_patch(target: &ControllerRevision) -> Result<Value, UndoError> {
     let template = target
         .data
         .as_ref()
         .and_then(|d| d.0.get("spec"))
         .and_then(Value::as_object)
-        .ok_or("the kept revision has no spec data")?;
+        .ok_or(UndoError::NoSpecData(target.revision))?;
     let mut spec = serde_json::Map::new();
     for field in TEMPLATE_FIELDS {
         spec.insert(
@@ -320,9 +331,10 @@ mod tests {
         // record that differs from what the spec asks for.
         assert_eq!(undo_target(&kept, Some("dddd"), None).unwrap().revision, 3);
         assert_eq!(undo_target(&kept, Some("cccc"), Some(1)).unwrap().revision, 1);
-        assert!(undo_target(&kept, Some("cccc"), Some(9))
-            .unwrap_err()
-            .contains("no kept revision 9"));
+        assert_eq!(
+            undo_target(&kept, Some("cccc"), Some(9)).unwrap_err(),
+            UndoError::NoSuchRevision(9)
+        );
         assert!(undo_target(&kept[..1], Some("aaaa"), None).is_err());
     }
 

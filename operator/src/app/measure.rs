@@ -12,7 +12,7 @@ use super::render::{track_name, AppTrack};
 use crate::canary::analysis::Window;
 use crate::canary::machine::Measurement;
 use crate::canary::rollout::{judge, prometheus_pair, Subject};
-use crate::canary::source::{parse_proxy_metrics_of, Snapshot};
+use crate::canary::source::{parse_proxy_metrics_of, MeasureError, Snapshot};
 use crate::canary::spec::Analysis;
 use crate::context::Context;
 use crate::labels;
@@ -40,12 +40,16 @@ pub fn selector(owner: &AppOwner, fleet: &str, track: AppTrack) -> String {
 }
 
 /// The IPs of a fleet's running proxy pods.
-pub async fn proxy_pod_ips(ctx: &Context, namespace: &str, fleet: &str) -> Result<Vec<(String, String)>, String> {
+pub async fn proxy_pod_ips(ctx: &Context, namespace: &str, fleet: &str) -> Result<Vec<(String, String)>, MeasureError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("{}={fleet}", labels::INSTANCE)))
         .await
-        .map_err(|e| format!("listing the proxy pods of {fleet}: {e}"))?;
+        .map_err(|source| MeasureError::ListPods {
+            namespace: namespace.to_string(),
+            fleet: fleet.to_string(),
+            source,
+        })?;
     Ok(list
         .items
         .into_iter()
@@ -59,7 +63,7 @@ async fn direct_windows(
     owner: &AppOwner,
     fleet: &str,
     window_secs: i64,
-) -> Result<Option<(Window, Window, i64)>, String> {
+) -> Result<Option<(Window, Window, i64)>, MeasureError> {
     let (canary, stable) = (
         track_name(&owner.name, AppTrack::Canary),
         track_name(&owner.name, AppTrack::Stable),
@@ -82,7 +86,10 @@ async fn direct_windows(
         }
     }
     if scraped == 0 {
-        return Err(format!("no proxy pod of {fleet} could be scraped"));
+        return Err(MeasureError::NoPodScraped {
+            namespace: owner.namespace.clone(),
+            fleet: fleet.to_string(),
+        });
     }
     Ok(ctx.snapshots.push(&snapshot_key(owner), snap, window_secs))
 }

@@ -169,8 +169,8 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
     let (pxd, kept) = with_revisions(api, name).await?;
     let current = pxd.status.and_then(|s| s.revision);
-    let target = undo_target(&kept, current.as_deref(), to)?;
-    let patch = undo_patch(target)?;
+    let target = undo_target(&kept, current.as_deref(), to).map_err(|e| e.to_string())?;
+    let patch = undo_patch(target).map_err(|e| e.to_string())?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| format!("{name}: {e}"))?;

@@ -250,7 +250,7 @@ async fn measure(owner: &Owner, ctx: &Context, analysis: &Analysis, revisions: &
     let window_secs = analysis.window.get().as_secs().max(1) as i64;
     let taken_at = now();
     let builtin = analysis.metrics.iter().any(|m| m.prometheus.is_none());
-    let windows: Result<Option<(Window, Window, i64)>, String> = if !builtin {
+    let windows: Result<Option<(Window, Window, i64)>, source::MeasureError> = if !builtin {
         Ok(None)
     } else if let Some(p) = &analysis.source.prometheus {
         prometheus_windows(ctx, &p.address, owner, revisions, window_secs)
@@ -282,7 +282,7 @@ pub async fn judge(
     ctx: &Context,
     analysis: &Analysis,
     subject: &Subject<'_>,
-    windows: Result<Option<(Window, Window, i64)>, String>,
+    windows: Result<Option<(Window, Window, i64)>, source::MeasureError>,
     taken_at: i64,
 ) -> Measurement {
     let window_secs = analysis.window.get().as_secs().max(1) as i64;
@@ -301,7 +301,7 @@ pub async fn judge(
                     None => Verdict::Error(format!("cannot evaluate successCondition {:?}", q.success_condition)),
                 },
                 Ok(None) => Verdict::Inconclusive("query returned no data".into()),
-                Err(e) => Verdict::Error(e),
+                Err(e) => Verdict::Error(e.to_string()),
             }
         } else {
             match &windows {
@@ -309,7 +309,7 @@ pub async fn judge(
                     judge_builtin(m, canary, Some(stable), analysis.min_requests, analysis.on_no_data)
                 }
                 Ok(None) => Verdict::Inconclusive("baseline taken; the next measurement has a window".into()),
-                Err(e) => Verdict::Error(e.clone()),
+                Err(e) => Verdict::Error(e.to_string()),
             }
         };
         if let Verdict::Success(v) | Verdict::Failure(v) = verdict {
@@ -343,7 +343,7 @@ pub async fn prometheus_pair(
     address: &str,
     selectors: [&str; 2],
     window_secs: i64,
-) -> Result<(Window, Window), String> {
+) -> Result<(Window, Window), source::MeasureError> {
     let mut out = Vec::new();
     for selector in selectors {
         let [requests, errors, p99] = source::builtin_queries(selector, window_secs);
@@ -372,7 +372,7 @@ async fn prometheus_windows(
     owner: &Owner,
     revisions: &Revisions<'_>,
     window_secs: i64,
-) -> Result<(Window, Window), String> {
+) -> Result<(Window, Window), source::MeasureError> {
     let (canary, stable) = (revisions.selector(owner, "canary"), revisions.selector(owner, "stable"));
     prometheus_pair(ctx, address, [&canary, &stable], window_secs).await
 }
@@ -382,12 +382,16 @@ async fn direct_windows(
     ctx: &Context,
     owner: &Owner,
     window_secs: i64,
-) -> Result<Option<(Window, Window, i64)>, String> {
+) -> Result<Option<(Window, Window, i64)>, source::MeasureError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("{}={}", labels::INSTANCE, owner.name)))
         .await
-        .map_err(|e| format!("listing proxy pods: {e}"))?;
+        .map_err(|source| source::MeasureError::ListPods {
+            namespace: owner.namespace.clone(),
+            fleet: owner.name.clone(),
+            source,
+        })?;
     let mut snap = Snapshot {
         at: now(),
         canary: HashMap::new(),
@@ -420,7 +424,10 @@ async fn direct_windows(
         }
     }
     if scraped == 0 {
-        return Err("no proxy pod could be scraped".into());
+        return Err(source::MeasureError::NoPodScraped {
+            namespace: owner.namespace.clone(),
+            fleet: owner.name.clone(),
+        });
     }
     Ok(ctx
         .snapshots

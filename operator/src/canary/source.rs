@@ -13,6 +13,45 @@ use hyper_util::rt::TokioExecutor;
 
 use super::analysis::Window;
 
+/// An HTTP call to a pod or to Prometheus that did not give a usable answer.
+#[derive(Debug, thiserror::Error)]
+#[error("{url}: {failure}")]
+pub struct HttpError {
+    pub url: String,
+    pub failure: HttpFailure,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpFailure {
+    #[error("not a URL: {0}")]
+    BadUrl(String),
+    #[error("timed out")]
+    TimedOut,
+    #[error("{0}")]
+    Transport(String),
+    #[error("HTTP {0}: {1}")]
+    Status(http::StatusCode, String),
+    #[error("body: {0} (at most {MAX_BODY_BYTES} bytes are read)")]
+    Body(String),
+}
+
+/// Why a measurement could not be taken: the window is then inconclusive, never a pass.
+#[derive(Debug, thiserror::Error)]
+pub enum MeasureError {
+    #[error(transparent)]
+    Http(#[from] HttpError),
+    #[error("listing the proxy pods of {namespace}/{fleet}: {source}")]
+    ListPods {
+        namespace: String,
+        fleet: String,
+        source: kube::Error,
+    },
+    #[error("Prometheus at {address}: {problem}")]
+    Prometheus { address: String, problem: String },
+    #[error("no proxy pod of {namespace}/{fleet} could be scraped")]
+    NoPodScraped { namespace: String, fleet: String },
+}
+
 /// Counters of one pod, as scraped.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct PodCounters {
@@ -186,16 +225,20 @@ impl Default for HttpGetter {
 
 impl HttpGetter {
     /// PUTs `body` with a bearer token; Ok on a 2xx, else the status and the answer's text.
-    pub async fn put(&self, url: &str, token: &str, body: String) -> Result<(), String> {
+    pub async fn put(&self, url: &str, token: &str, body: String) -> Result<(), HttpError> {
+        let fail = |failure| HttpError {
+            url: url.to_string(),
+            failure,
+        };
         let req = http::Request::put(url)
             .header(http::header::AUTHORIZATION, format!("Bearer {token}"))
             .header(http::header::CONTENT_TYPE, "application/json")
             .body(Full::new(Bytes::from(body)))
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|e| fail(HttpFailure::BadUrl(e.to_string())))?;
         let resp = tokio::time::timeout(Duration::from_secs(3), self.writer.request(req))
             .await
-            .map_err(|_| format!("{url}: timed out"))?
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|_| fail(HttpFailure::TimedOut))?
+            .map_err(|e| fail(HttpFailure::Transport(e.to_string())))?;
         let status = resp.status();
         if status.is_success() {
             return Ok(());
@@ -205,25 +248,31 @@ impl HttpGetter {
             Ok(Ok(b)) => String::from_utf8_lossy(&b.to_bytes()).trim().to_string(),
             _ => String::new(),
         };
-        Err(format!("{url}: HTTP {status}: {text}"))
+        Err(fail(HttpFailure::Status(status, text)))
     }
 
-    pub async fn get(&self, url: &str) -> Result<String, String> {
-        let uri: http::Uri = url.parse().map_err(|e| format!("{url}: {e}"))?;
+    pub async fn get(&self, url: &str) -> Result<String, HttpError> {
+        let fail = |failure| HttpError {
+            url: url.to_string(),
+            failure,
+        };
+        let uri: http::Uri = url
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| fail(HttpFailure::BadUrl(e.to_string())))?;
         let resp = tokio::time::timeout(Duration::from_secs(3), self.client.get(uri))
             .await
-            .map_err(|_| format!("{url}: timed out"))?
-            .map_err(|e| format!("{url}: {e}"))?;
+            .map_err(|_| fail(HttpFailure::TimedOut))?
+            .map_err(|e| fail(HttpFailure::Transport(e.to_string())))?;
         let status = resp.status();
         // A pod's image is the tenant's: a body without end must not exhaust the operator.
         let limited = http_body_util::Limited::new(resp.into_body(), MAX_BODY_BYTES);
         let body = tokio::time::timeout(Duration::from_secs(3), limited.collect())
             .await
-            .map_err(|_| format!("{url}: body timed out"))?
-            .map_err(|e| format!("{url}: {e} (at most {MAX_BODY_BYTES} bytes are read)"))?
+            .map_err(|_| fail(HttpFailure::Body("timed out".into())))?
+            .map_err(|e| fail(HttpFailure::Body(e.to_string())))?
             .to_bytes();
         if !status.is_success() {
-            return Err(format!("{url}: HTTP {status}"));
+            return Err(fail(HttpFailure::Status(status, String::new())));
         }
         Ok(String::from_utf8_lossy(&body).into_owned())
     }
@@ -242,17 +291,21 @@ pub fn url_encode(s: &str) -> String {
 }
 
 /// Runs an instant PromQL query and returns its single scalar result.
-pub async fn prometheus_scalar(http: &HttpGetter, address: &str, query: &str) -> Result<Option<f64>, String> {
+pub async fn prometheus_scalar(http: &HttpGetter, address: &str, query: &str) -> Result<Option<f64>, MeasureError> {
     let url = format!(
         "{}/api/v1/query?query={}",
         address.trim_end_matches('/'),
         url_encode(query)
     );
     let body = http.get(&url).await?;
+    let problem = |problem: String| MeasureError::Prometheus {
+        address: address.to_string(),
+        problem,
+    };
     let v: serde_json::Value =
-        serde_json::from_str(&body).map_err(|e| format!("Prometheus answer is not JSON: {e}"))?;
+        serde_json::from_str(&body).map_err(|e| problem(format!("the answer is not JSON: {e}")))?;
     if v["status"] != "success" {
-        return Err(format!("Prometheus error: {}", v["error"]));
+        return Err(problem(format!("error: {}", v["error"])));
     }
     let Some(first) = v["data"]["result"].as_array().and_then(|r| r.first()) else {
         return Ok(None);
@@ -400,7 +453,7 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
             .get(&format!("http://{addr}/metrics"))
             .await
             .unwrap_err();
-        assert!(err.contains("at most"), "{err}");
+        assert!(err.to_string().contains("at most"), "{err}");
     }
 
     #[test]

@@ -23,6 +23,30 @@ use crate::labels;
 use crate::resources::config_map::ADMIN_PORT;
 
 pub const CA_SECRET: &str = "proxyfleet-ca";
+
+/// What went wrong with a namespace's CA, and where.
+#[derive(Debug, thiserror::Error)]
+pub enum CaError {
+    #[error("reading CA Secret {namespace}/{CA_SECRET}: {source}")]
+    Read { namespace: String, source: kube::Error },
+    #[error("{what} CA Secret {namespace}/{CA_SECRET}: {source}")]
+    Write {
+        what: &'static str,
+        namespace: String,
+        source: kube::Error,
+    },
+    #[error("listing proxy pods of namespace {namespace}: {source}")]
+    ListPods { namespace: String, source: kube::Error },
+    #[error("generating a CA for namespace {namespace}: {source}")]
+    Generate {
+        namespace: String,
+        source: issue::IssueError,
+    },
+    #[error("Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA ({problem}); not touching it")]
+    NotOurs { namespace: String, problem: &'static str },
+    #[error("no CA Secret {namespace}/{CA_SECRET} yet")]
+    Missing { namespace: String },
+}
 /// The label every namespace CA Secret carries (ours and those propagated from a hub).
 pub const CA_LABEL: &str = "proxyfleet.io/ca";
 
@@ -83,21 +107,27 @@ pub fn sha256_hex(s: &str) -> String {
         .collect()
 }
 
-async fn read_secret(namespace: &str, ctx: &Context) -> Result<Option<Secret>, String> {
+async fn read_secret(namespace: &str, ctx: &Context) -> Result<Option<Secret>, CaError> {
     if let Some(s) = ctx.stores.secrets.get(&ObjectRef::new(CA_SECRET).within(namespace)) {
         return Ok(Some((*s).clone()));
     }
     // Not in the cache: ask the API server before creating one, so a lagging cache never
     // replaces a CA.
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    api.get_opt(CA_SECRET)
-        .await
-        .map_err(|e| format!("reading CA Secret: {e}"))
+    api.get_opt(CA_SECRET).await.map_err(|source| CaError::Read {
+        namespace: namespace.into(),
+        source,
+    })
 }
 
-async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
-    let ca = issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration)
-        .map_err(|e| e.to_string())?;
+async fn create(namespace: &str, ctx: &Context) -> Result<Secret, CaError> {
+    let ca =
+        issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration).map_err(|source| {
+            CaError::Generate {
+                namespace: namespace.into(),
+                source,
+            }
+        })?;
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(CA_SECRET.into()),
@@ -125,7 +155,11 @@ async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
             &Patch::Apply(&secret),
         )
         .await
-        .map_err(|e| format!("creating CA Secret: {e}"))?;
+        .map_err(|source| CaError::Write {
+            what: "creating",
+            namespace: namespace.into(),
+            source,
+        })?;
     ctx.metrics.api_write("Secret", "apply");
     tracing::info!(%namespace, "created managed CA");
     Ok(written)
@@ -133,22 +167,17 @@ async fn create(namespace: &str, ctx: &Context) -> Result<Secret, String> {
 
 /// The namespace's CA, created when missing. Rotation steps are the CA controller's
 /// (`certs::controller`): fleets only read the CA and follow it.
-pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
+pub async fn ensure(namespace: &str, ctx: &Context) -> Result<CaMaterial, CaError> {
     let secret = match read_secret(namespace, ctx).await? {
         Some(s) => s,
         None => create(namespace, ctx).await?,
-    };
-    let (Some(_), Some(_)) = (text(&secret, "ca.crt"), text(&secret, "ca.key")) else {
-        return Err(format!(
-            "Secret {namespace}/{CA_SECRET} exists but is not a proxyfleet CA; not touching it"
-        ));
     };
     material(&secret)
 }
 
 /// One pass of the CA controller over a namespace's CA Secret: one rotation step when one is
 /// due, and the progress message kept on the Secret. Returns when to look again.
-pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, String> {
+pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, CaError> {
     let namespace = secret.metadata.namespace.clone().unwrap_or_default();
     if annotation(secret, crate::propagation::placement::HUB_OBJECT).is_some() {
         // Propagated from a hub: rotated there; a change to the Secret wakes us anyway.
@@ -175,24 +204,39 @@ pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, String> {
         {
             Ok(_) => ctx.metrics.api_write("Secret", "patch"),
             Err(kube::Error::Api(s)) if s.code == 409 => {}
-            Err(e) => return Err(format!("writing CA Secret {namespace}/{CA_SECRET}: {e}")),
+            Err(source) => {
+                return Err(CaError::Write {
+                    what: "annotating",
+                    namespace,
+                    source,
+                })
+            }
         }
     }
     Ok(requeue)
 }
 
 /// The namespace's CA as it stands, without creating it.
-pub async fn current(namespace: &str, ctx: &Context) -> Result<CaMaterial, String> {
+pub async fn current(namespace: &str, ctx: &Context) -> Result<CaMaterial, CaError> {
     match read_secret(namespace, ctx).await? {
         Some(secret) => material(&secret),
-        None => Err(format!("no CA Secret {namespace}/{CA_SECRET} yet")),
+        None => Err(CaError::Missing {
+            namespace: namespace.into(),
+        }),
     }
 }
 
-fn material(secret: &Secret) -> Result<CaMaterial, String> {
-    let cert_pem = text(secret, "ca.crt").ok_or("CA Secret has no ca.crt")?;
-    let key_pem = text(secret, "ca.key").ok_or("CA Secret has no ca.key")?;
-    let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
+fn not_ours(secret: &Secret, problem: &'static str) -> CaError {
+    CaError::NotOurs {
+        namespace: secret.metadata.namespace.clone().unwrap_or_default(),
+        problem,
+    }
+}
+
+fn material(secret: &Secret) -> Result<CaMaterial, CaError> {
+    let cert_pem = text(secret, "ca.crt").ok_or_else(|| not_ours(secret, "no ca.crt"))?;
+    let key_pem = text(secret, "ca.key").ok_or_else(|| not_ours(secret, "no ca.key"))?;
+    let info = issue::parse_pem(&cert_pem).ok_or_else(|| not_ours(secret, "ca.crt does not parse"))?;
     let bundle = text(secret, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
     let state = state_of(secret);
     let serial_of = |key: &str| text(secret, key).and_then(|p| issue::parse_pem(&p)).map(|i| i.serial);
@@ -301,13 +345,16 @@ async fn pods_with_bundle(
     sha: &str,
     current_serials: &[String],
     ctx: &Context,
-) -> Result<(usize, usize, usize), String> {
+) -> Result<(usize, usize, usize), CaError> {
     let api: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let selector = format!("{}={}", labels::APP_NAME, labels::PROXY_APP);
     let pods = api
         .list(&ListParams::default().labels(&selector))
         .await
-        .map_err(|e| format!("listing proxy pods: {e}"))?;
+        .map_err(|source| CaError::ListPods {
+            namespace: namespace.into(),
+            source,
+        })?;
     let mut counts = (0, 0, 0);
     for pod in pods.items {
         let running = pod.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
@@ -341,14 +388,14 @@ async fn pods_with_bundle(
 
 /// One step of the rotation machine: the decision taken (written when it has a write), or
 /// `None` when this CA is not ours to rotate or another writer moved it first.
-async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Option<ca_rotation::Step>, String> {
+async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Option<ca_rotation::Step>, CaError> {
     if annotation(secret, crate::propagation::placement::HUB_OBJECT).is_some() {
         // A CA propagated from a hub cluster is rotated there, never here.
         return Ok(None);
     }
     let state = state_of(secret);
     let cert_pem = text(secret, "ca.crt").unwrap_or_default();
-    let info = issue::parse_pem(&cert_pem).ok_or("CA Secret holds no parsable ca.crt")?;
+    let info = issue::parse_pem(&cert_pem).ok_or_else(|| not_ours(secret, "ca.crt does not parse"))?;
     let bundle = text(secret, "bundle.crt").unwrap_or_else(|| cert_pem.clone());
     let mut o = Observations {
         now: now(),
@@ -379,17 +426,7 @@ async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Optio
     let Some(write) = step.write.clone() else {
         return Ok(Some(step));
     };
-    let mut annotations = serde_json::Map::from_iter([
-        (
-            ca_rotation::PHASE_ANNOTATION.to_string(),
-            step.state.phase.as_str().into(),
-        ),
-        (
-            ca_rotation::SINCE_ANNOTATION.to_string(),
-            step.state.since.to_string().into(),
-        ),
-        (ca_rotation::MESSAGE_ANNOTATION.to_string(), step.message.clone().into()),
-    ]);
+    let mut annotations = step_annotations(&step);
     let data = rotation_data(
         &write,
         namespace,
@@ -415,8 +452,27 @@ async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Optio
         }
         // Another reconcile moved it first: take the next step from its result next time.
         Err(kube::Error::Api(s)) if s.code == 409 => Ok(None),
-        Err(e) => Err(format!("writing CA Secret: {e}")),
+        Err(source) => Err(CaError::Write {
+            what: "rotating",
+            namespace: namespace.into(),
+            source,
+        }),
     }
+}
+
+/// The annotations every rotation step writes: phase, since when, and the progress message.
+fn step_annotations(step: &ca_rotation::Step) -> serde_json::Map<String, serde_json::Value> {
+    serde_json::Map::from_iter([
+        (
+            ca_rotation::PHASE_ANNOTATION.to_string(),
+            step.state.phase.as_str().into(),
+        ),
+        (
+            ca_rotation::SINCE_ANNOTATION.to_string(),
+            step.state.since.to_string().into(),
+        ),
+        (ca_rotation::MESSAGE_ANNOTATION.to_string(), step.message.clone().into()),
+    ])
 }
 
 /// The CA Secret's data changes a rotation step writes (a new CA, the swap, dropping the old
@@ -429,13 +485,18 @@ fn rotation_data(
     now: i64,
     ca_duration: std::time::Duration,
     annotations: &mut serde_json::Map<String, serde_json::Value>,
-) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+) -> Result<serde_json::Map<String, serde_json::Value>, CaError> {
     let mut data = serde_json::Map::new();
     match write {
         Write::StartRotation => {
             let stamp = issue::rfc3339(now);
-            let next = issue::new_ca(&format!("proxyfleet CA {namespace} {stamp}"), now, ca_duration)
-                .map_err(|e| e.to_string())?;
+            let next =
+                issue::new_ca(&format!("proxyfleet CA {namespace} {stamp}"), now, ca_duration).map_err(|source| {
+                    CaError::Generate {
+                        namespace: namespace.into(),
+                        source,
+                    }
+                })?;
             data.insert("next.crt".into(), b64(&next.cert_pem).into());
             data.insert("next.key".into(), b64(&next.key_pem).into());
             data.insert(
@@ -445,8 +506,8 @@ fn rotation_data(
             annotations.insert(ca_rotation::ROTATE_ANNOTATION.into(), serde_json::Value::Null);
         }
         Write::SwapToNext => {
-            let next_crt = text(secret, "next.crt").ok_or("no next.crt to swap to")?;
-            let next_key = text(secret, "next.key").ok_or("no next.key to swap to")?;
+            let next_crt = text(secret, "next.crt").ok_or_else(|| not_ours(secret, "no next.crt to swap to"))?;
+            let next_key = text(secret, "next.key").ok_or_else(|| not_ours(secret, "no next.key to swap to"))?;
             data.insert("ca.crt".into(), b64(&next_crt).into());
             data.insert("ca.key".into(), b64(&next_key).into());
             data.insert("previous.crt".into(), b64(cert_pem).into());

@@ -19,23 +19,14 @@ use super::ca;
 use crate::context::Context;
 
 #[derive(Debug, thiserror::Error)]
-#[error("CA rotation in namespace {namespace}: {message}")]
-pub struct Error {
-    namespace: String,
-    message: String,
-}
+#[error("CA rotation: {0}")]
+pub struct Error(#[from] ca::CaError);
 
 async fn reconcile(secret: Arc<Secret>, ctx: Arc<Context>) -> Result<Action, Error> {
     if !ca::is_ca_secret(&secret) || secret.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    match ca::step(&secret, &ctx).await {
-        Ok(again) => Ok(Action::requeue(again)),
-        Err(message) => Err(Error {
-            namespace: secret.namespace().unwrap_or_default(),
-            message,
-        }),
-    }
+    Ok(Action::requeue(ca::step(&secret, &ctx).await?))
 }
 
 fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<Context>) -> Action {

@@ -300,7 +300,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
     }
     let material = match super::ca::ensure(&owner.namespace, ctx).await {
         Ok(x) => x,
-        Err(e) => return failure("CAUnavailable", e),
+        Err(e) => return failure("CAUnavailable", e.to_string()),
     };
     let (ca, ca_info, bundle) = (&material.ca, &material.info, &material.bundle);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();

@@ -235,6 +235,54 @@ mod tests {
         }
     }
 
+    /// The member shell against a mocked member API server: a transport error, a 5xx and no
+    /// answer at all are `Unreachable` (the member keeps its state, the wave waits); a 4xx is
+    /// `Refused` with the member's own words.
+    #[tokio::test(start_paused = true)]
+    async fn members_that_fail_are_unreachable_members_that_refuse_are_refused() {
+        use kube::client::Body;
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(mock, "default");
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.expect("request 1");
+            send.send_error(std::io::Error::new(
+                std::io::ErrorKind::ConnectionRefused,
+                "connection refused",
+            ));
+            for code in [503u16, 403] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                assert!(request
+                    .uri()
+                    .path()
+                    .ends_with("/namespaces/team-a/proxydeployments/demo"));
+                let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": format!("answered {code}"), "reason": "Forbidden", "code": code});
+                let body = Body::from(serde_json::to_vec(&status).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+            }
+            // The fourth call is never answered: the bound gives up after CALL_TIMEOUT.
+            let (_, _never) = handle.next_request().await.expect("request 4");
+            tokio::time::sleep(CALL_TIMEOUT * 2).await;
+        });
+        let refused = observe(&client, "team-a", "demo")
+            .await
+            .expect_err("refused connection");
+        assert!(matches!(refused, MemberError::Unreachable(_)), "{refused}");
+        let five = observe(&client, "team-a", "demo").await.expect_err("503");
+        assert!(matches!(five, MemberError::Unreachable(_)), "{five}");
+        let four = observe(&client, "team-a", "demo").await.expect_err("403");
+        assert!(
+            matches!(&four, MemberError::Refused(m) if m.contains("answered 403")),
+            "{four}"
+        );
+        let silent = observe(&client, "team-a", "demo").await.expect_err("no answer");
+        assert!(
+            matches!(&silent, MemberError::Unreachable(m) if m.contains("no answer")),
+            "{silent}"
+        );
+        server.await.expect("mock server");
+    }
+
     #[test]
     fn only_a_copy_of_this_hubs_ca_is_overwritten() {
         let ours = Secret {

@@ -41,19 +41,19 @@ pub struct Selection<'a> {
     pub denied: Vec<String>,
 }
 
+/// `spec.placement.clusterSelector` is not a selector.
+#[derive(Debug, thiserror::Error)]
+#[error("spec.placement.clusterSelector: {0}")]
+pub struct BadSelector(#[from] kube::core::ParseExpressionError);
+
 /// The clusters `placement` selects for a fleet in `namespace`: only clusters whose Secret
 /// admits that namespace (`proxyfleet.io/allowed-namespaces`, deny by default).
 pub fn select<'a>(
     placement: &Placement,
     namespace: &str,
     clusters: &'a [MemberCluster],
-) -> Result<Selection<'a>, String> {
-    let selector = placement
-        .cluster_selector
-        .clone()
-        .map(Selector::try_from)
-        .transpose()
-        .map_err(|e| format!("spec.placement.clusterSelector: {e}"))?;
+) -> Result<Selection<'a>, BadSelector> {
+    let selector = placement.cluster_selector.clone().map(Selector::try_from).transpose()?;
     let mut selection = Selection::default();
     for c in clusters {
         let named = placement.clusters.iter().any(|n| n == &c.name);
@@ -78,6 +78,16 @@ pub fn select<'a>(
     Ok(selection)
 }
 
+/// Why the hub's object could not be made for a cluster: nothing is written anywhere then.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("spec.placement.overrides{} for cluster {cluster}: {problem}", index.map(|i| format!("[{i}]")).unwrap_or_default())]
+pub struct OverrideError {
+    /// The override at fault; `None` when only their combined result is invalid.
+    pub index: Option<usize>,
+    pub cluster: String,
+    pub problem: String,
+}
+
 fn override_applies(o: &ClusterOverride, cluster: &MemberCluster) -> Result<bool, String> {
     if let Some(n) = &o.cluster_name {
         return Ok(n == &cluster.name);
@@ -85,7 +95,7 @@ fn override_applies(o: &ClusterOverride, cluster: &MemberCluster) -> Result<bool
     match &o.cluster_selector {
         Some(sel) => Selector::try_from(sel.clone())
             .map(|s| s.matches(&cluster.labels))
-            .map_err(|e| format!("an override's clusterSelector: {e}")),
+            .map_err(|e| format!("its clusterSelector: {e}")),
         None => Ok(false),
     }
 }
@@ -118,6 +128,16 @@ fn to_rfc6902(ops: &[JsonPatchOperation]) -> Result<json_patch::Patch, String> {
     serde_json::from_value(Value::Array(raw)).map_err(|e| format!("not a JSON patch: {e}"))
 }
 
+/// One override applied to `doc` when it matches `cluster`.
+fn apply_override(doc: &mut Value, o: &ClusterOverride, cluster: &MemberCluster) -> Result<(), String> {
+    if !override_applies(o, cluster)? {
+        return Ok(());
+    }
+    o.patches.iter().try_for_each(check_path)?;
+    let patch = to_rfc6902(&o.patches)?;
+    json_patch::patch(doc, &patch).map_err(|e| e.to_string())
+}
+
 /// What one member cluster gets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberObject {
@@ -135,27 +155,24 @@ pub fn member_object(
     hub_uid: &str,
     spec: &ProxyDeploymentSpec,
     cluster: &MemberCluster,
-) -> Result<MemberObject, String> {
+) -> Result<MemberObject, OverrideError> {
     let placement = spec.placement.clone().unwrap_or_default();
     let mut doc = serde_json::json!({ "spec": spec });
     if let Some(s) = doc.get_mut("spec").and_then(Value::as_object_mut) {
         s.remove("placement");
     }
+    let error = |index: Option<usize>, problem: String| OverrideError {
+        index,
+        cluster: cluster.name.clone(),
+        problem,
+    };
     for (i, o) in placement.overrides.iter().enumerate() {
-        if !override_applies(o, cluster)? {
-            continue;
-        }
-        for op in &o.patches {
-            check_path(op).map_err(|e| format!("spec.placement.overrides[{i}]: {e}"))?;
-        }
-        let patch = to_rfc6902(&o.patches).map_err(|e| format!("spec.placement.overrides[{i}]: {e}"))?;
-        json_patch::patch(&mut doc, &patch)
-            .map_err(|e| format!("spec.placement.overrides[{i}] on {}: {e}", cluster.name))?;
+        apply_override(&mut doc, o, cluster).map_err(|p| error(Some(i), p))?;
     }
     // The result must still be a valid spec (the member's admission checks the CEL rules too).
     let patched: ProxyDeploymentSpec = serde_json::from_value(doc["spec"].clone())
-        .map_err(|e| format!("overrides for cluster {} make an invalid spec: {e}", cluster.name))?;
-    let mut spec_value = serde_json::to_value(&patched).map_err(|e| e.to_string())?;
+        .map_err(|e| error(None, format!("together they make an invalid spec: {e}")))?;
+    let mut spec_value = serde_json::to_value(&patched).map_err(|e| error(None, e.to_string()))?;
     let mut ignored = Value::Null;
     for pointer in &placement.ignore_fields {
         remove_pointer(&mut spec_value, pointer.strip_prefix("/spec").unwrap_or(pointer));
@@ -342,7 +359,9 @@ mod tests {
                 }],
                 ..Default::default()
             });
-            member_object("ns", "demo", "u", &s, &cluster("eu-1", "eu")).unwrap_err()
+            member_object("ns", "demo", "u", &s, &cluster("eu-1", "eu"))
+                .unwrap_err()
+                .to_string()
         };
         let e = bad(vec![replace("/spec/placement/clusters", serde_json::json!([]))]);
         assert!(e.contains("overrides[0]") && e.contains("placement"), "{e}");

@@ -49,16 +49,31 @@ impl Outcome {
     }
 }
 
+/// Why propagation could not look at or write the hub side.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("the cluster Secrets are not loaded yet")]
+    ClustersNotLoaded,
+    #[error("updating the finalizers of ProxyDeployment {namespace}/{name}: {source}")]
+    Finalizers {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("the CA members share: {0}")]
+    Ca(#[from] certs::ca::CaError),
+}
+
 fn has_finalizer(pxd: &ProxyDeployment) -> bool {
     pxd.finalizers().iter().any(|f| f == FINALIZER)
 }
 
 /// Every registered member cluster, or an error when any cluster list is not loaded yet.
-fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, String> {
+fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, HubError> {
     let mut out = Vec::new();
     for store in &p.cluster_secrets {
         if store.wait_until_ready().now_or_never().is_none() {
-            return Err("the cluster Secrets are not loaded yet".into());
+            return Err(HubError::ClustersNotLoaded);
         }
         out.extend(store.state().iter().filter_map(|s| clusters::from_secret(s)));
     }
@@ -66,7 +81,7 @@ fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, String> {
     Ok(out)
 }
 
-async fn set_finalizers(pxd: &ProxyDeployment, ctx: &Context, finalizers: Vec<String>) -> Result<(), String> {
+async fn set_finalizers(pxd: &ProxyDeployment, ctx: &Context, finalizers: Vec<String>) -> Result<(), HubError> {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &pxd.namespace().unwrap_or_default());
     // The resourceVersion makes this a compare-and-swap: a concurrent change fails it, we retry.
     let patch = serde_json::json!({"metadata": {
@@ -76,12 +91,16 @@ async fn set_finalizers(pxd: &ProxyDeployment, ctx: &Context, finalizers: Vec<St
     api.patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map(|_| ctx.metrics.api_write("ProxyDeployment", "patch"))
-        .map_err(|e| format!("updating finalizers: {e}"))
+        .map_err(|source| HubError::Finalizers {
+            namespace: pxd.namespace().unwrap_or_default(),
+            name: pxd.name_any(),
+            source,
+        })
 }
 
 /// The CA Secret members get when the fleet uses the managed issuer: the hub's namespace CA,
 /// so a client trusts one root whichever cluster answers (see docs/multicluster.md).
-async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Result<Option<Secret>, String> {
+async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Result<Option<Secret>, HubError> {
     if !certs::reconcile::uses_managed_ca(&pxd.spec) {
         return Ok(None);
     }
@@ -236,7 +255,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
                 crate::conditions::PROPAGATED,
                 false,
                 "ClusterListUnavailable",
-                m,
+                m.to_string(),
             ))
         }
     };
@@ -248,13 +267,18 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
 
     if let Err(e) = ensure_finalizer(pxd, ctx).await {
         // Without the finalizer a deletion could leave members behind: do not propagate yet.
-        return keep_previous(Want::new(crate::conditions::PROPAGATED, false, "FinalizerNotSet", e));
+        return keep_previous(Want::new(
+            crate::conditions::PROPAGATED,
+            false,
+            "FinalizerNotSet",
+            e.to_string(),
+        ));
     }
 
     let selection = match placement::select(placement, &owner.namespace, &registered) {
         Ok(s) => s,
         Err(m) => {
-            let mut out = keep_previous(status::condition(&[], Some(&m)));
+            let mut out = keep_previous(status::condition(&[], Some(&m.to_string())));
             out.requeue = None;
             return out;
         }
@@ -263,7 +287,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
 
     // Every cluster's object first; one bad override and nothing is written anywhere.
-    let objects: Result<Vec<MemberObject>, String> = selection
+    let objects: Result<Vec<MemberObject>, placement::OverrideError> = selection
         .targets
         .iter()
         .map(|c| placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c))
@@ -273,9 +297,13 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         Err(_) => Ok(None),
     };
     let mut entries: Vec<ClusterStatus> = match (&objects, &ca) {
-        (Err(message), _) | (_, Err(message)) => {
-            let invalid = objects.as_ref().err().cloned();
-            return not_applied(ctx, owner, &selection.targets, &previous, message, invalid, &now).await;
+        (Err(invalid), _) => {
+            let message = invalid.to_string();
+            return not_applied(ctx, owner, &selection.targets, &previous, &message, true, &now).await;
+        }
+        (_, Err(e)) => {
+            let message = e.to_string();
+            return not_applied(ctx, owner, &selection.targets, &previous, &message, false, &now).await;
         }
         (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, objects, ca.as_ref())
             .await
@@ -324,7 +352,7 @@ async fn sync_selected<'a>(
     named.chain(unknown).chain(denied).collect()
 }
 
-async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), String> {
+async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), HubError> {
     if has_finalizer(pxd) {
         return Ok(());
     }
@@ -378,14 +406,15 @@ async fn release_everywhere(
     )
 }
 
-/// Nothing written anywhere: an override is invalid (`invalid`) or the shared CA is unavailable.
+/// Nothing written anywhere: an override is invalid (`invalid_override`) or the shared CA is
+/// unavailable.
 async fn not_applied(
     ctx: &Context,
     owner: &Owner,
     targets: &[&MemberCluster],
     previous: &[ClusterStatus],
     message: &str,
-    invalid: Option<String>,
+    invalid_override: bool,
     now: &str,
 ) -> Outcome {
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
@@ -400,12 +429,12 @@ async fn not_applied(
             )
         })
         .collect();
-    let condition = match invalid {
-        Some(m) => {
-            ctx.warn(owner, "InvalidOverride", &m).await;
-            status::condition(&entries, Some(&m))
+    let condition = match invalid_override {
+        true => {
+            ctx.warn(owner, "InvalidOverride", message).await;
+            status::condition(&entries, Some(message))
         }
-        None => Want::new(
+        false => Want::new(
             crate::conditions::PROPAGATED,
             false,
             "CAUnavailable",
@@ -475,7 +504,7 @@ pub async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Op
                 .map(|(n, e)| format!("{n}: {e}"))
                 .collect()
         }
-        Err(m) => vec![m],
+        Err(m) => vec![m.to_string()],
     };
     if !failed.is_empty() && !timed_out {
         tracing::info!(pending = %failed.join("; "), "waiting for member clean-up");
@@ -505,8 +534,34 @@ pub async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Op
 
 #[cfg(test)]
 mod tests {
-    use super::contains;
+    use super::{contains, registered, HubError, Propagation};
+    use k8s_openapi::api::core::v1::Secret;
+    use kube::runtime::watcher::Event;
     use serde_json::json;
+
+    /// A cluster list that has not finished its first list is an error, never "no clusters":
+    /// "no clusters" would release the fleet everywhere.
+    #[test]
+    fn cluster_secrets_not_loaded_are_an_error_not_an_empty_list() {
+        let (ours, mut ours_writer) = kube::runtime::reflector::store::<Secret>();
+        let (argocd, mut argocd_writer) = kube::runtime::reflector::store::<Secret>();
+        let p = Propagation {
+            cluster_secrets: vec![ours, argocd],
+            clients: Default::default(),
+            resync: std::time::Duration::from_secs(15),
+            cleanup_timeout: std::time::Duration::from_secs(60),
+        };
+        assert!(matches!(registered(&p), Err(HubError::ClustersNotLoaded)));
+        ours_writer.apply_watcher_event(&Event::Init);
+        ours_writer.apply_watcher_event(&Event::InitDone);
+        assert!(
+            matches!(registered(&p), Err(HubError::ClustersNotLoaded)),
+            "one of two loaded"
+        );
+        argocd_writer.apply_watcher_event(&Event::Init);
+        argocd_writer.apply_watcher_event(&Event::InitDone);
+        assert!(registered(&p).expect("both loaded").is_empty());
+    }
 
     #[test]
     fn contains_tolerates_member_defaults_but_not_edits() {
