@@ -299,6 +299,9 @@ pub struct ProxyDeploymentStatus {
     /// Per member cluster propagation state (hub only).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub clusters: Vec<crate::propagation::spec::ClusterStatus>,
+    /// Rollout across waves of member clusters (hub only; `spec.placement.waves`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub waves: Option<crate::propagation::spec::WaveStatus>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]

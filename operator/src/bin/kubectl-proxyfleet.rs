@@ -21,6 +21,7 @@ use proxyfleet_operator::canary::spec::CanaryPhase;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
 use proxyfleet_operator::history::{undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;
+use proxyfleet_operator::propagation::waves_shell::WAVE_COMMAND;
 
 #[derive(Parser)]
 #[command(name = "kubectl-proxyfleet", version, about = "Watch and steer proxyfleet rollouts")]
@@ -115,7 +116,23 @@ async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), Str
     Ok(())
 }
 
+/// On a fleet whose placement has waves the verbs steer the rollout across clusters
+/// (`retry` is `resume` there); otherwise the fleet's own canary.
 async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<(), String> {
+    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
+    if pxd.spec.placement.as_ref().is_some_and(|p| !p.waves.is_empty()) {
+        let verb = match cmd {
+            "retry" => "resume",
+            "promote-full" => "promote",
+            other => other,
+        };
+        let patch = serde_json::json!({"metadata": {"annotations": {WAVE_COMMAND: verb}}});
+        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+            .map_err(|e| format!("{name}: {e}"))?;
+        println!("proxydeployment/{name}: {verb} requested for the rollout across waves");
+        return Ok(());
+    }
     let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: cmd}}});
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
@@ -203,6 +220,12 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
     if let Some(canary) = &st.canary {
         let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.as_ref());
         out.push_str(&proxyfleet_operator::canary::tree::render(strategy, canary));
+    }
+    if let Some(waves) = &st.waves {
+        out.push_str(&proxyfleet_operator::propagation::wave_tree::render(
+            waves,
+            &st.clusters,
+        ));
     }
     for c in &st.certificates {
         out.push_str(&format!(

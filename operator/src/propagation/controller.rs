@@ -51,6 +51,13 @@ fn current_part(
 /// this manager owned).
 pub fn status_patch(pxd: &ProxyDeployment, outcome: &Outcome, now: &Time) -> Option<serde_json::Value> {
     let (clusters, previous) = current_part(pxd);
+    let shown_waves = pxd.status.as_ref().and_then(|s| s.waves.clone());
+    let has_waves = pxd.spec.placement.as_ref().is_some_and(|p| !p.waves.is_empty());
+    let waves = match &outcome.waves {
+        Some(w) => Some(w.clone()),
+        None if has_waves => shown_waves.clone(),
+        None => None,
+    };
     let condition = outcome.condition.as_ref().and_then(|want| {
         crate::conditions::merge(
             previous.as_slice(),
@@ -61,13 +68,18 @@ pub fn status_patch(pxd: &ProxyDeployment, outcome: &Outcome, now: &Time) -> Opt
         .into_iter()
         .find(|c| c.type_ == PROPAGATED)
     });
-    if clusters == outcome.clusters && condition == previous {
+    if clusters == outcome.clusters && condition == previous && waves == shown_waves {
         return None;
+    }
+    let mut status =
+        serde_json::json!({"clusters": outcome.clusters, "conditions": condition.into_iter().collect::<Vec<_>>()});
+    if let Some(w) = waves {
+        status["waves"] = serde_json::to_value(w).unwrap_or_default();
     }
     Some(serde_json::json!({
         "apiVersion": "proxyfleet.io/v1alpha1",
         "kind": "ProxyDeployment",
-        "status": {"clusters": outcome.clusters, "conditions": condition.into_iter().collect::<Vec<_>>()},
+        "status": status,
     }))
 }
 
@@ -129,15 +141,18 @@ fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> 
 }
 
 /// Runs until `stop` completes. `clusters_changed` fires when a member cluster Secret changes
-/// (every placement may select it).
+/// (every placement may select it); a change to a member's copy wakes its hub object.
 pub async fn run(
     api: Api<ProxyDeployment>,
     ctx: Arc<Context>,
     clusters_changed: impl futures::Stream<Item = ()> + Send + 'static,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
+    let (wake, woken) = futures::channel::mpsc::channel(256);
+    let _members = crate::task::AbortOnDrop(tokio::spawn(super::member_watch::run(ctx.clone(), wake)));
     Controller::new(api, watcher::Config::default().any_semantic())
         .reconcile_all_on(clusters_changed)
+        .reconcile_on(woken)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -175,6 +190,7 @@ mod tests {
                 ..Default::default()
             }],
             requeue: None,
+            waves: None,
         }
     }
 
@@ -216,6 +232,7 @@ mod tests {
             condition: None,
             clusters: Vec::new(),
             requeue: None,
+            waves: None,
         };
         let cleared = status_patch(&pxd, &gone, &later).expect("placement removed");
         assert_eq!(cleared["status"]["conditions"], serde_json::json!([]));

@@ -3,8 +3,15 @@
 pub mod clusters;
 pub mod controller;
 pub mod member;
+pub mod member_watch;
 pub mod placement;
 pub mod reconcile;
 pub mod spec;
 pub mod state;
 pub mod status;
+pub mod sync;
+pub mod wave_tree;
+pub mod waves;
+#[cfg(test)]
+mod waves_props;
+pub mod waves_shell;

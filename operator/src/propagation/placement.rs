@@ -26,6 +26,8 @@ pub const DELETION_POLICY: &str = "proxyfleet.io/deletion-policy";
 /// Annotation on a member's CA Secret: the uid of the hub CA Secret it is a copy of. A CA
 /// Secret in the member without it (the member's own CA, another hub's) is never overwritten.
 pub const HUB_CA: &str = "proxyfleet.io/hub-ca";
+/// Annotation: the hub revision (spec without placement) the copy carries; waves judge by it.
+pub const HUB_REVISION: &str = "proxyfleet.io/hub-revision";
 /// Field manager of every write to a member.
 pub const FIELD_MANAGER: &str = "proxyfleet-propagation";
 
@@ -138,6 +140,64 @@ fn apply_override(doc: &mut Value, o: &ClusterOverride, cluster: &MemberCluster)
     json_patch::patch(doc, &patch).map_err(|e| e.to_string())
 }
 
+/// The hub revision of a spec: a hash of it without its placement (the same for every cluster;
+/// overrides are the placement's, not the revision's).
+pub fn spec_revision(spec: &ProxyDeploymentSpec) -> String {
+    let mut v = serde_json::to_value(spec).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("placement");
+    }
+    let bytes = serde_json::to_vec(&v).unwrap_or_default();
+    Sha256::digest(&bytes)
+        .iter()
+        .take(4)
+        .map(|b| format!("{b:02x}"))
+        .collect()
+}
+
+/// The spec without its placement, as waves keep it for a rollback.
+pub fn spec_without_placement(spec: &ProxyDeploymentSpec) -> Value {
+    let mut v = serde_json::to_value(spec).unwrap_or_default();
+    if let Some(o) = v.as_object_mut() {
+        o.remove("placement");
+    }
+    v
+}
+
+/// The waves of `placement` over `targets`: (name, batch limit) in order, and each target's
+/// wave index. A target in no wave is in an implicit last wave `rest`.
+pub fn assign_waves(placement: &Placement, targets: &[&MemberCluster]) -> (Vec<(String, Option<u32>)>, Vec<usize>) {
+    let mut waves: Vec<(String, Option<u32>)> = placement
+        .waves
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            (
+                w.name.clone().unwrap_or_else(|| format!("wave-{i}")),
+                w.max_unavailable_clusters,
+            )
+        })
+        .collect();
+    let selectors: Vec<Option<Selector>> = placement
+        .waves
+        .iter()
+        .map(|w| w.cluster_selector.clone().and_then(|s| Selector::try_from(s).ok()))
+        .collect();
+    let in_wave = |i: usize, c: &MemberCluster| {
+        placement.waves[i].clusters.iter().any(|n| n == &c.name)
+            || selectors[i].as_ref().is_some_and(|s| s.matches(&c.labels))
+    };
+    let rest = waves.len();
+    let index: Vec<usize> = targets
+        .iter()
+        .map(|c| (0..rest).find(|&i| in_wave(i, c)).unwrap_or(rest))
+        .collect();
+    if index.contains(&rest) {
+        waves.push(("rest".into(), None));
+    }
+    (waves, index)
+}
+
 /// What one member cluster gets.
 #[derive(Clone, Debug, PartialEq)]
 pub struct MemberObject {
@@ -179,7 +239,8 @@ pub fn member_object(
         ignored = Value::Bool(true);
     }
     let hash = {
-        let bytes = serde_json::to_vec(&(&spec_value, &ignored, &placement.deletion_policy)).unwrap_or_default();
+        let bytes = serde_json::to_vec(&(&spec_value, &ignored, &placement.deletion_policy, spec_revision(spec)))
+            .unwrap_or_default();
         Sha256::digest(&bytes)
             .iter()
             .take(8)
@@ -194,6 +255,7 @@ pub fn member_object(
     let annotations = BTreeMap::from([
         (HUB_OBJECT.to_string(), format!("{namespace}/{name}")),
         (PROPAGATED_HASH.to_string(), hash.clone()),
+        (HUB_REVISION.to_string(), spec_revision(spec)),
         (DELETION_POLICY.to_string(), policy),
     ]);
     let object = serde_json::json!({

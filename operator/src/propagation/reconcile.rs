@@ -15,8 +15,8 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
 
 use super::clusters::{self, MemberCluster};
-use super::member::{self, MemberClients, MemberError, Released};
-use super::placement::{self, MemberObject, HUB_CA, HUB_OBJECT, HUB_UID};
+use super::member::{self, MemberError, Released};
+use super::placement::{self, MemberObject, HUB_CA, HUB_OBJECT};
 use super::spec::ClusterStatus;
 use super::status::{self, Observation};
 use crate::certs;
@@ -37,6 +37,9 @@ pub struct Outcome {
     pub condition: Option<Want>,
     pub clusters: Vec<ClusterStatus>,
     pub requeue: Option<Duration>,
+    /// The wave rollout as this pass decided it; `None` keeps what the status shows while the
+    /// placement has waves (a pass that could not judge them changes nothing there).
+    pub waves: Option<super::spec::WaveStatus>,
 }
 
 impl Outcome {
@@ -45,6 +48,7 @@ impl Outcome {
             condition: None,
             clusters: Vec::new(),
             requeue: None,
+            waves: None,
         }
     }
 }
@@ -69,7 +73,7 @@ fn has_finalizer(pxd: &ProxyDeployment) -> bool {
 }
 
 /// Every registered member cluster, or an error when any cluster list is not loaded yet.
-fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, HubError> {
+pub(super) fn registered(p: &Propagation) -> Result<Vec<MemberCluster>, HubError> {
     let mut out = Vec::new();
     for store in &p.cluster_secrets {
         if store.wait_until_ready().now_or_never().is_none() {
@@ -134,59 +138,6 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
     }))
 }
 
-/// `desired` ⊆ `actual`: every field we set has our value (the member may add defaults).
-fn contains(actual: &serde_json::Value, desired: &serde_json::Value) -> bool {
-    use serde_json::Value;
-    match (actual, desired) {
-        (Value::Object(a), Value::Object(d)) => d.iter().all(|(k, dv)| a.get(k).is_some_and(|av| contains(av, dv))),
-        (Value::Array(a), Value::Array(d)) => a.len() == d.len() && a.iter().zip(d).all(|(av, dv)| contains(av, dv)),
-        (a, d) => a == d,
-    }
-}
-
-/// Brings one member to its object. Does not take over an object propagated from elsewhere.
-async fn sync_one(
-    clients: &MemberClients,
-    cluster: &MemberCluster,
-    owner: &Owner,
-    desired: &MemberObject,
-    ca: Option<&Secret>,
-) -> Observation {
-    let run = async {
-        let client = clients.client(cluster).await?;
-        let current = member::observe(&client, &owner.namespace, &owner.name).await?;
-        if let Some(current) = current {
-            let labels = current.metadata.labels.clone().unwrap_or_default();
-            if labels.get(HUB_UID) != Some(&owner.reference.uid) {
-                return Err(MemberError::Refused(format!(
-                    "{}/{} exists there and was not propagated from this object; not taking it over",
-                    owner.namespace, owner.name
-                )));
-            }
-            let hash_matches = current
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(placement::PROPAGATED_HASH))
-                == Some(&desired.hash);
-            let spec_matches =
-                serde_json::to_value(&current.spec).is_ok_and(|actual| contains(&actual, &desired.object["spec"]));
-            if hash_matches && spec_matches {
-                return Ok(current);
-            }
-            tracing::info!(cluster = %cluster.name, drift = hash_matches, "applying to member");
-        }
-        member::apply(&client, &owner.namespace, &owner.name, &desired.object, ca).await
-    };
-    match run.await {
-        Ok(m) => Observation::Synced {
-            member: Box::new(m),
-            desired_hash: desired.hash.clone(),
-        },
-        Err(e) => Observation::Failed(e),
-    }
-}
-
 /// Releases the fleet from `clusters` (delete or orphan, per the policy recorded on each copy).
 /// Returns the clusters where that could not be done, with why.
 async fn release_from(
@@ -243,6 +194,10 @@ pub fn held(pxd: &ProxyDeployment, message: &str) -> Outcome {
     out
 }
 
+fn not_propagated(reason: &str, message: String) -> Want {
+    Want::new(crate::conditions::PROPAGATED, false, reason, message)
+}
+
 /// Propagates a live (not deleted) hub object.
 pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Outcome {
     let p = &ctx.propagation;
@@ -250,14 +205,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     let keep_previous = |condition: Want| keep(&previous, condition);
     let registered = match registered(p) {
         Ok(r) => r,
-        Err(m) => {
-            return keep_previous(Want::new(
-                crate::conditions::PROPAGATED,
-                false,
-                "ClusterListUnavailable",
-                m.to_string(),
-            ))
-        }
+        Err(m) => return keep_previous(not_propagated("ClusterListUnavailable", m.to_string())),
     };
     p.clients.retain(&registered);
 
@@ -267,12 +215,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
 
     if let Err(e) = ensure_finalizer(pxd, ctx).await {
         // Without the finalizer a deletion could leave members behind: do not propagate yet.
-        return keep_previous(Want::new(
-            crate::conditions::PROPAGATED,
-            false,
-            "FinalizerNotSet",
-            e.to_string(),
-        ));
+        return keep_previous(not_propagated("FinalizerNotSet", e.to_string()));
     }
 
     let selection = match placement::select(placement, &owner.namespace, &registered) {
@@ -296,6 +239,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         Ok(_) => shared_ca(pxd, &owner.namespace, ctx).await,
         Err(_) => Ok(None),
     };
+    let (mut waves, mut requeue) = (None, p.resync);
     let mut entries: Vec<ClusterStatus> = match (&objects, &ca) {
         (Err(invalid), _) => {
             let message = invalid.to_string();
@@ -304,6 +248,11 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         (_, Err(e)) => {
             let message = e.to_string();
             return not_applied(ctx, owner, &selection.targets, &previous, &message, false, &now).await;
+        }
+        (Ok(objects), Ok(ca)) if !placement.waves.is_empty() => {
+            let (entries, status, due) = rolled_entries(pxd, owner, ctx, &selection, objects, ca.as_ref(), &now).await;
+            (waves, requeue) = (Some(status), due);
+            entries
         }
         (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, objects, ca.as_ref())
             .await
@@ -319,8 +268,41 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     Outcome {
         condition: Some(status::condition(&entries, None)),
         clusters: entries,
-        requeue: Some(p.resync),
+        requeue: Some(requeue),
+        waves,
     }
+}
+
+/// The status entries of a pass over the waves (`waves_shell::roll`), the waves' status and
+/// when to look again.
+async fn rolled_entries(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    selection: &placement::Selection<'_>,
+    objects: &[MemberObject],
+    ca: Option<&Secret>,
+    now: &str,
+) -> (Vec<ClusterStatus>, super::spec::WaveStatus, Duration) {
+    let placement = pxd.spec.placement.clone().unwrap_or_default();
+    let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
+    let prev = |name: &str| previous.iter().find(|c| c.name == name);
+    let rolled = super::waves_shell::roll(pxd, owner, ctx, &placement, selection, objects, ca).await;
+    let mut entries: Vec<ClusterStatus> = rolled
+        .observations
+        .into_iter()
+        .map(|(n, o, wave)| ClusterStatus {
+            wave: Some(wave),
+            ..status::cluster_status(n, &o, prev(n), now)
+        })
+        .collect();
+    let unselectable = unselectable(owner, selection);
+    entries.extend(
+        unselectable
+            .iter()
+            .map(|(n, o)| status::cluster_status(n, o, prev(n), now)),
+    );
+    (entries, rolled.status, rolled.due)
 }
 
 /// Every selected cluster brought to its object (concurrently), plus what is known of the
@@ -337,10 +319,15 @@ async fn sync_selected<'a>(
             .targets
             .iter()
             .zip(objects)
-            .map(|(c, o)| sync_one(&p.clients, c, owner, o, ca)),
+            .map(|(c, o)| super::sync::sync_one(&p.clients, c, owner, o, ca)),
     )
     .await;
     let named = selection.targets.iter().map(|c| c.name.as_str()).zip(synced);
+    named.chain(unselectable(owner, selection)).collect()
+}
+
+/// What is known of the names the placement lists that could not be selected.
+fn unselectable<'a>(owner: &Owner, selection: &'a placement::Selection<'a>) -> Vec<(&'a str, Observation)> {
     let unknown = selection
         .unknown
         .iter()
@@ -349,7 +336,7 @@ async fn sync_selected<'a>(
         .denied
         .iter()
         .map(|n| (n.as_str(), Observation::NotAdmitted(owner.namespace.clone())));
-    named.chain(unknown).chain(denied).collect()
+    unknown.chain(denied).collect()
 }
 
 async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), HubError> {
@@ -367,6 +354,7 @@ fn keep(previous: &[ClusterStatus], condition: Want) -> Outcome {
         condition: Some(condition),
         clusters: previous.to_vec(),
         requeue: Some(Duration::from_secs(10)),
+        waves: None,
     }
 }
 
@@ -445,6 +433,7 @@ async fn not_applied(
         condition: Some(condition),
         clusters: entries,
         requeue: Some(ctx.propagation.resync),
+        waves: None,
     }
 }
 
@@ -534,10 +523,9 @@ pub async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Op
 
 #[cfg(test)]
 mod tests {
-    use super::{contains, registered, HubError, Propagation};
+    use super::{registered, HubError, Propagation};
     use k8s_openapi::api::core::v1::Secret;
     use kube::runtime::watcher::Event;
-    use serde_json::json;
 
     /// A cluster list that has not finished its first list is an error, never "no clusters":
     /// "no clusters" would release the fleet everywhere.
@@ -561,16 +549,5 @@ mod tests {
         argocd_writer.apply_watcher_event(&Event::Init);
         argocd_writer.apply_watcher_event(&Event::InitDone);
         assert!(registered(&p).expect("both loaded").is_empty());
-    }
-
-    #[test]
-    fn contains_tolerates_member_defaults_but_not_edits() {
-        let desired = json!({"replicas": 2, "routes": [{"name": "a"}]});
-        assert!(contains(
-            &json!({"replicas": 2, "routes": [{"name": "a", "timeout": "15s"}], "x": 1}),
-            &desired
-        ));
-        assert!(!contains(&json!({"replicas": 7, "routes": [{"name": "a"}]}), &desired));
-        assert!(!contains(&json!({"replicas": 2, "routes": []}), &desired));
     }
 }

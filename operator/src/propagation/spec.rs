@@ -2,6 +2,7 @@
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::KubeSchema;
+use proxyfleet_config::HumanDuration;
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +28,119 @@ pub struct Placement {
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 32))]
     pub ignore_fields: Vec<String>,
+    /// Ordered waves of the selected clusters. A new revision reaches wave N+1 only when every
+    /// cluster of wave N reports its own canary for it Completed and its fleet Ready, and
+    /// `soakTime` passed; clusters in no wave form the last wave. Empty: every cluster at once.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 16))]
+    pub waves: Vec<Wave>,
+    /// How long a completed wave is watched before the next one starts. Default 0s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_time: Option<HumanDuration>,
+    /// How long one wave may take (a member that does not finish, or cannot be reached) before
+    /// the rollout aborts. Default 30m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave_timeout: Option<HumanDuration>,
+    /// What an aborted wave rollout does to the clusters already on the new revision: Hold (keep
+    /// it; each member's own canary has already gone back to its stable pods) or Rollback (send
+    /// them the last completed spec). Default Hold.
+    #[serde(default)]
+    pub on_failure: WaveFailurePolicy,
+}
+
+/// One wave: clusters by name or by the labels of their Secrets.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct Wave {
+    /// Shown in status and events; default `wave-<index>`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = 63))]
+    pub name: Option<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 256))]
+    pub clusters: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster_selector: Option<LabelSelector>,
+    /// How many clusters of this wave may be taking the new revision at once. Default: all.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub max_unavailable_clusters: Option<u32>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WaveFailurePolicy {
+    #[default]
+    Hold,
+    Rollback,
+}
+
+/// Where a rollout across waves stands (hub only). Everything needed to go on after an
+/// operator restart or a leader change lives here.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveStatus {
+    /// The revision being rolled out: a hash of the spec without its placement.
+    pub revision: String,
+    /// The last revision every cluster completed; `None` before the first completed rollout.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stable_revision: Option<String>,
+    pub phase: WavePhase,
+    /// Index of the wave that is rolling (or soaking).
+    #[serde(default)]
+    pub current_wave: u32,
+    /// Waves in order with their clusters, as last computed.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub waves: Vec<WaveEntry>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave_started_at: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub soak_started_at: Option<String>,
+    /// Retries of this revision after an abort (`kubectl proxyfleet resume`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub attempt: u32,
+    /// Why the rollout waits, or what it did last.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub abort_reason: Option<String>,
+    /// The spec (without placement) of `stableRevision`: what `onFailure: Rollback` sends back.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(schema_with = "any_value")]
+    pub stable_spec: Option<serde_json::Value>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WaveEntry {
+    pub name: String,
+    #[serde(default)]
+    pub clusters: Vec<String>,
+}
+
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
+pub enum WavePhase {
+    #[default]
+    Progressing,
+    Soaking,
+    Paused,
+    Completed,
+    Aborted,
+}
+
+impl WavePhase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Progressing => "Progressing",
+            Self::Soaking => "Soaking",
+            Self::Paused => "Paused",
+            Self::Completed => "Completed",
+            Self::Aborted => "Aborted",
+        }
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -90,6 +204,19 @@ pub struct ClusterStatus {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub last_sync_time: Option<String>,
+    /// The wave this cluster is in (when the placement has waves).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub wave: Option<u32>,
+    /// The hub revision the member's copy carries.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    /// The member's own canary: phase, step index and weight, as it reports them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_phase: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_step: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_weight: Option<i32>,
 }
 
 /// Any JSON value (a JSON patch's `value`).

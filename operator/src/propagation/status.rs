@@ -21,6 +21,70 @@ pub enum Observation {
     Failed(MemberError),
     /// Overrides could not be applied; nothing was written anywhere.
     NotApplied(String),
+    /// Not sent this pass (its wave has not come): the member as found, and why.
+    Held {
+        member: Option<Box<ProxyDeployment>>,
+        desired_hash: String,
+        why: String,
+    },
+}
+
+/// The hub revision a member's copy carries.
+pub fn member_revision(member: &ProxyDeployment) -> Option<String> {
+    member
+        .metadata
+        .annotations
+        .as_ref()?
+        .get(super::placement::HUB_REVISION)
+        .cloned()
+}
+
+/// What a member's own operator reports about the revision its copy carries (waves read it).
+pub fn progress(member: &ProxyDeployment) -> super::waves::Progress {
+    use super::waves::Progress;
+    use crate::canary::spec::CanaryPhase;
+    let Some(status) = &member.status else {
+        return Progress::Running;
+    };
+    if status.observed_generation.unwrap_or(0) < member.metadata.generation.unwrap_or(0) {
+        return Progress::Running;
+    }
+    match status.canary.as_ref().map(|c| c.phase) {
+        Some(CanaryPhase::Aborted) => {
+            let c = status.canary.as_ref();
+            let why = c
+                .and_then(|c| c.abort_reason.clone().or(c.message.clone()))
+                .unwrap_or_else(|| "no reason given".into());
+            return Progress::Failed(format!("its canary aborted: {why}"));
+        }
+        Some(CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting) => {
+            return Progress::Running;
+        }
+        _ => {}
+    }
+    let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t && c.status == "True");
+    // A member that refuses or cannot run the spec (a missing Secret, pods that never become
+    // ready) failed it, even while its old pods still serve.
+    if let Some(d) = condition(crate::conditions::DEGRADED) {
+        return Progress::Failed(format!("its fleet is degraded: {}: {}", d.reason, d.message));
+    }
+    if condition(crate::conditions::READY).is_some() {
+        Progress::Done
+    } else {
+        Progress::Running
+    }
+}
+
+/// The member's own canary as it reports it: (phase, step, weight).
+fn canary_of(member: &ProxyDeployment) -> (Option<String>, Option<i32>, Option<i32>) {
+    match member.status.as_ref().and_then(|s| s.canary.as_ref()) {
+        Some(c) => (
+            Some(c.phase.as_str().to_string()),
+            Some(c.current_step_index),
+            Some(c.weight),
+        ),
+        None => (None, None, None),
+    }
 }
 
 fn member_summary(member: &ProxyDeployment) -> (Option<i64>, Option<String>, Option<bool>, Option<String>) {
@@ -71,42 +135,33 @@ pub fn cluster_status(
                 super::clusters::ALLOWED_NAMESPACES
             ));
         }
-        Observation::Synced { member, desired_hash } => {
-            entry.reachable = true;
-            let applied_hash = member
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(super::placement::PROPAGATED_HASH));
-            entry.applied = applied_hash == Some(desired_hash);
-            let member_generation = member.metadata.generation;
-            let (observed, phase, ready, message) = member_summary(member);
-            // The member's status is about the current spec only once it observed its generation.
-            entry.observed_generation = observed;
-            entry.phase = phase;
-            entry.ready = ready;
-            entry.message = match (observed, member_generation) {
-                (Some(o), Some(g)) if o < g => Some("the member's operator has not caught up with the spec yet".into()),
-                _ => message,
-            };
+        Observation::Synced { member, desired_hash } => synced(&mut entry, member, desired_hash),
+        Observation::Held {
+            member,
+            desired_hash,
+            why,
+        } => {
+            match member {
+                Some(m) => synced(&mut entry, m, desired_hash),
+                None => entry.reachable = true,
+            }
+            if !entry.applied {
+                entry.message = Some(why.clone());
+            }
         }
         Observation::Failed(e) => {
             entry.reachable = !matches!(e, MemberError::Unreachable(_) | MemberError::BadCredentials(_));
             entry.message = Some(e.to_string());
             // What we knew of the member's state stays: it keeps serving with it.
             if let Some(p) = previous {
-                entry.observed_generation = p.observed_generation;
-                entry.phase = p.phase.clone();
-                entry.ready = p.ready;
+                keep_known(&mut entry, p);
             }
         }
         Observation::NotApplied(message) => {
             entry.reachable = previous.is_some_and(|p| p.reachable);
             entry.message = Some(message.clone());
             if let Some(p) = previous {
-                entry.observed_generation = p.observed_generation;
-                entry.phase = p.phase.clone();
-                entry.ready = p.ready;
+                keep_known(&mut entry, p);
             }
         }
     }
@@ -115,6 +170,39 @@ pub fn cluster_status(
         _ => Some(now.to_string()),
     };
     entry
+}
+
+/// What was last known of a member that could not be read now.
+fn keep_known(entry: &mut ClusterStatus, p: &ClusterStatus) {
+    entry.observed_generation = p.observed_generation;
+    entry.phase = p.phase.clone();
+    entry.ready = p.ready;
+    entry.revision = p.revision.clone();
+    (entry.canary_phase, entry.canary_step, entry.canary_weight) =
+        (p.canary_phase.clone(), p.canary_step, p.canary_weight);
+}
+
+/// An entry from the member's copy as it stands.
+fn synced(entry: &mut ClusterStatus, member: &ProxyDeployment, desired_hash: &str) {
+    entry.reachable = true;
+    let applied_hash = member
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(super::placement::PROPAGATED_HASH));
+    entry.applied = applied_hash.map(String::as_str) == Some(desired_hash);
+    let member_generation = member.metadata.generation;
+    let (observed, phase, ready, message) = member_summary(member);
+    // The member's status is about the current spec only once it observed its generation.
+    entry.observed_generation = observed;
+    entry.phase = phase;
+    entry.ready = ready;
+    entry.message = match (observed, member_generation) {
+        (Some(o), Some(g)) if o < g => Some("the member's operator has not caught up with the spec yet".into()),
+        _ => message,
+    };
+    entry.revision = member_revision(member);
+    (entry.canary_phase, entry.canary_step, entry.canary_weight) = canary_of(member);
 }
 
 fn same_but_time(a: &ClusterStatus, b: &ClusterStatus) -> bool {
@@ -202,6 +290,26 @@ mod tests {
             hash.to_string(),
         )]));
         m
+    }
+
+    #[test]
+    fn a_degraded_member_failed_the_spec_even_while_ready() {
+        use super::super::waves::Progress;
+        let mut m = member("h1", 3, 3);
+        assert_eq!(progress(&m), Progress::Done);
+        let degraded: k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition =
+            serde_json::from_value(serde_json::json!({
+            "type": "Degraded", "status": "True", "reason": "SecretNotFound",
+            "message": "spec.tls.secretName: Secret x not found", "lastTransitionTime": "2026-01-01T00:00:00Z"}))
+            .unwrap();
+        m.status.as_mut().unwrap().conditions.push(degraded);
+        assert!(matches!(progress(&m), Progress::Failed(w) if w.contains("SecretNotFound")));
+        m.metadata.generation = Some(4);
+        assert_eq!(
+            progress(&m),
+            Progress::Running,
+            "not judged before it looked at the spec"
+        );
     }
 
     #[test]

@@ -1,0 +1,83 @@
+//! Pure: the waves of a hub fleet as a tree, for `kubectl proxyfleet get pxd NAME`.
+
+use super::spec::{ClusterStatus, WaveStatus};
+
+pub fn render(waves: &WaveStatus, clusters: &[ClusterStatus]) -> String {
+    let mut out = format!(
+        "├─ waves {}  revision={} stable={}  wave {}/{}{}\n",
+        waves.phase.as_str(),
+        waves.revision,
+        waves.stable_revision.as_deref().unwrap_or("-"),
+        waves.current_wave + 1,
+        waves.waves.len().max(1),
+        waves.message.as_deref().map(|m| format!("  ({m})")).unwrap_or_default()
+    );
+    for (i, w) in waves.waves.iter().enumerate() {
+        let mark = if i as u32 == waves.current_wave { "▶ " } else { "" };
+        let (branch, indent) = if i + 1 == waves.waves.len() {
+            ("└─", " ")
+        } else {
+            ("├─", "│")
+        };
+        out.push_str(&format!("│  {branch} {mark}{}\n", w.name));
+        for (j, name) in w.clusters.iter().enumerate() {
+            let leaf = if j + 1 == w.clusters.len() { "└─" } else { "├─" };
+            let c = clusters.iter().find(|c| &c.name == name);
+            let field = |f: Option<String>| f.unwrap_or_else(|| "-".into());
+            out.push_str(&format!(
+                "│  {indent}   {leaf} {name}  revision={} canary={} step={} weight={} ready={}{}\n",
+                field(c.and_then(|c| c.revision.clone())),
+                field(c.and_then(|c| c.canary_phase.clone())),
+                field(c.and_then(|c| c.canary_step).map(|s| s.to_string())),
+                field(c.and_then(|c| c.canary_weight).map(|s| s.to_string())),
+                field(c.and_then(|c| c.ready).map(|s| s.to_string())),
+                if c.is_some_and(|c| !c.reachable) {
+                    "  UNREACHABLE"
+                } else {
+                    ""
+                }
+            ));
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::propagation::spec::{WaveEntry, WavePhase};
+
+    #[test]
+    fn shows_the_current_wave_and_each_members_canary() {
+        let w = WaveStatus {
+            revision: "ab12".into(),
+            phase: WavePhase::Soaking,
+            current_wave: 1,
+            waves: vec![
+                WaveEntry {
+                    name: "first".into(),
+                    clusters: vec!["m1".into()],
+                },
+                WaveEntry {
+                    name: "rest".into(),
+                    clusters: vec!["m2".into()],
+                },
+            ],
+            ..Default::default()
+        };
+        let clusters = [ClusterStatus {
+            name: "m2".into(),
+            reachable: false,
+            revision: Some("ab12".into()),
+            canary_phase: Some("Analyzing".into()),
+            canary_step: Some(2),
+            ..Default::default()
+        }];
+        let text = render(&w, &clusters);
+        assert!(text.contains("waves Soaking  revision=ab12"), "{text}");
+        assert!(text.contains("wave 2/2"), "{text}");
+        assert!(text.contains("▶ rest"), "{text}");
+        assert!(text.contains("m2  revision=ab12 canary=Analyzing step=2"), "{text}");
+        assert!(text.contains("UNREACHABLE"), "{text}");
+    }
+}

@@ -1,0 +1,419 @@
+//! Pure: a rollout across waves of member clusters. Status and observations in, what each
+//! cluster is sent and the new status out; no I/O, no clock (`now` is an input).
+//!
+//! Safety rules (property-tested in `waves_props`):
+//! - a wave starts only when every cluster of every earlier wave runs the revision, reports its
+//!   own canary done and its fleet Ready, is reachable, and the soak passed;
+//! - a member whose canary aborted on the revision aborts the whole rollout: no later cluster
+//!   is sent it, and the abort is never lost (only a new revision or `resume` clears it);
+//! - an unreachable member never counts as done; a wave that does not finish within its
+//!   timeout aborts;
+//! - everything lives in the status, so deciding again from the written status repeats no
+//!   transition (events come only from transitions).
+
+use super::spec::{WaveEntry, WaveFailurePolicy, WavePhase, WaveStatus};
+
+/// What a member reports about the revision its copy carries.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Progress {
+    /// Its operator has not caught up, or its canary is still running.
+    Running,
+    /// Its canary completed (or there was none) and its fleet is Ready.
+    Done,
+    /// Its canary aborted: the reason.
+    Failed(String),
+}
+
+/// One selected cluster as this pass saw it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Member {
+    pub name: String,
+    /// Index into `Observed::waves`.
+    pub wave: usize,
+    pub reachable: bool,
+    /// The hub revision its copy carries; `None`: no copy (or not known).
+    pub revision: Option<String>,
+    pub progress: Progress,
+}
+
+/// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Command {
+    /// Skips the rest of a soak or a pause. Never skips an unfinished or failing wave.
+    Promote,
+    Abort,
+    Pause,
+    /// Un-pauses, or retries the current wave of an aborted rollout.
+    Resume,
+}
+
+impl Command {
+    pub fn parse(s: &str) -> Option<Self> {
+        match s.trim() {
+            "promote" => Some(Self::Promote),
+            "abort" => Some(Self::Abort),
+            "pause" => Some(Self::Pause),
+            "resume" => Some(Self::Resume),
+            _ => None,
+        }
+    }
+}
+
+/// Everything a decision needs besides the previous status.
+#[derive(Clone, Debug)]
+pub struct Observed {
+    /// The revision the spec asks for, and the spec itself (kept as the stable one on completion).
+    pub revision: String,
+    pub spec: serde_json::Value,
+    /// Waves in order: (name, at most how many clusters take the revision at once).
+    pub waves: Vec<(String, Option<u32>)>,
+    pub members: Vec<Member>,
+    pub soak_secs: i64,
+    pub timeout_secs: i64,
+    pub on_failure: WaveFailurePolicy,
+    pub command: Option<Command>,
+    /// Unix seconds.
+    pub now: i64,
+}
+
+/// What a cluster is sent this pass.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Send {
+    /// The spec's revision.
+    Revision,
+    /// The last completed spec (`onFailure: Rollback`).
+    Stable,
+    /// Nothing: it keeps what it has.
+    Nothing,
+}
+
+/// One wave transition, for an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transition {
+    pub reason: &'static str,
+    pub message: String,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub status: WaveStatus,
+    /// Per member, in `Observed::members` order.
+    pub send: Vec<Send>,
+    pub transition: Option<Transition>,
+    /// Seconds until something is due (a soak ends, a timeout); `None`: on change only.
+    pub due_in: Option<i64>,
+}
+
+fn rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .unwrap_or_default()
+        .to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+fn secs(t: &Option<String>) -> Option<i64> {
+    chrono::DateTime::parse_from_rfc3339(t.as_deref()?)
+        .ok()
+        .map(|d| d.timestamp())
+}
+
+fn entries(o: &Observed) -> Vec<WaveEntry> {
+    o.waves
+        .iter()
+        .enumerate()
+        .map(|(i, (name, _))| WaveEntry {
+            name: name.clone(),
+            clusters: o
+                .members
+                .iter()
+                .filter(|m| m.wave == i)
+                .map(|m| m.name.clone())
+                .collect(),
+        })
+        .collect()
+}
+
+fn on_revision(m: &Member, o: &Observed) -> bool {
+    m.revision.as_deref() == Some(o.revision.as_str())
+}
+
+/// Done for this rollout: reachable, on the revision, its canary done and fleet Ready.
+pub fn done(m: &Member, o: &Observed) -> bool {
+    m.reachable && on_revision(m, o) && m.progress == Progress::Done
+}
+
+fn wave_done(o: &Observed, wave: usize) -> bool {
+    o.members.iter().filter(|m| m.wave == wave).all(|m| done(m, o))
+}
+
+/// A new rollout of `o.revision`, after `previous` (if any).
+fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition) {
+    let (stable_revision, stable_spec) = match previous {
+        Some(p) if p.phase == WavePhase::Completed => (Some(p.revision.clone()), p.stable_spec.clone()),
+        Some(p) => (p.stable_revision.clone(), p.stable_spec.clone()),
+        None => (None, None),
+    };
+    let status = WaveStatus {
+        revision: o.revision.clone(),
+        stable_revision,
+        phase: WavePhase::Progressing,
+        current_wave: 0,
+        waves: entries(o),
+        wave_started_at: Some(rfc3339(o.now)),
+        soak_started_at: None,
+        attempt: 0,
+        message: None,
+        abort_reason: None,
+        stable_spec,
+    };
+    let first = o.waves.first().map(|w| w.0.as_str()).unwrap_or("-");
+    let transition = Transition {
+        reason: "WaveRolloutStarted",
+        message: format!("revision {} starts in wave {first}", o.revision),
+    };
+    (status, transition)
+}
+
+/// The first failure among clusters on the revision, if any.
+fn failure(o: &Observed) -> Option<String> {
+    o.members.iter().find_map(|m| match &m.progress {
+        Progress::Failed(why) if on_revision(m, o) => Some(format!("cluster {}: {why}", m.name)),
+        _ => None,
+    })
+}
+
+fn abort(s: &mut WaveStatus, reason: String) -> Transition {
+    s.phase = WavePhase::Aborted;
+    s.soak_started_at = None;
+    s.message = Some(format!(
+        "aborted: {reason}; no further wave gets revision {}",
+        s.revision
+    ));
+    s.abort_reason = Some(reason.clone());
+    Transition {
+        reason: "WaveRolloutAborted",
+        message: reason,
+    }
+}
+
+/// Applies a manual command; returns the transition it made.
+fn command(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
+    let say = |reason, message: String| Some(Transition { reason, message });
+    match (o.command?, s.phase) {
+        (Command::Abort, WavePhase::Progressing | WavePhase::Soaking | WavePhase::Paused) => {
+            Some(abort(s, "aborted by kubectl proxyfleet abort".into()))
+        }
+        (Command::Pause, WavePhase::Progressing | WavePhase::Soaking) => {
+            // A soak's clock is kept: resuming goes back to it.
+            s.phase = WavePhase::Paused;
+            say(
+                "WaveRolloutPaused",
+                "paused: no further cluster gets the revision".into(),
+            )
+        }
+        (Command::Resume | Command::Promote, WavePhase::Paused) => {
+            s.phase = match s.soak_started_at {
+                Some(_) => WavePhase::Soaking,
+                None => WavePhase::Progressing,
+            };
+            s.wave_started_at = Some(rfc3339(o.now));
+            say("WaveRolloutResumed", format!("resumed in wave {}", s.current_wave))
+        }
+        (Command::Resume, WavePhase::Aborted) => {
+            s.phase = WavePhase::Progressing;
+            s.attempt += 1;
+            s.abort_reason = None;
+            s.wave_started_at = Some(rfc3339(o.now));
+            say(
+                "WaveRolloutRetried",
+                format!("retrying wave {} (attempt {})", s.current_wave, s.attempt + 1),
+            )
+        }
+        (Command::Promote, WavePhase::Soaking) => {
+            // The soak ends now; the wave must still be done (checked by `advance`).
+            s.soak_started_at = Some(rfc3339(o.now - o.soak_secs - 1));
+            None
+        }
+        _ => None,
+    }
+}
+
+/// The wave after `s.current_wave` starts, or the rollout completes.
+fn advance(s: &mut WaveStatus, o: &Observed) -> Transition {
+    let finished = s.current_wave as usize;
+    let name = |i: usize| o.waves.get(i).map(|w| w.0.clone()).unwrap_or_default();
+    s.soak_started_at = None;
+    if finished + 1 >= o.waves.len() {
+        s.phase = WavePhase::Completed;
+        s.stable_revision = Some(o.revision.clone());
+        s.stable_spec = Some(o.spec.clone());
+        s.message = Some(format!("every wave runs revision {}", o.revision));
+        return Transition {
+            reason: "WaveRolloutCompleted",
+            message: format!("revision {} completed in every wave", o.revision),
+        };
+    }
+    s.current_wave += 1;
+    s.phase = WavePhase::Progressing;
+    s.wave_started_at = Some(rfc3339(o.now));
+    Transition {
+        reason: "WaveStarted",
+        message: format!(
+            "wave {} done; revision {} starts in wave {}",
+            name(finished),
+            o.revision,
+            name(finished + 1)
+        ),
+    }
+}
+
+/// Progressing or soaking: judge the current wave.
+fn progress(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
+    let wave = s.current_wave as usize;
+    let started = secs(&s.wave_started_at).unwrap_or(o.now);
+    if !wave_done(o, wave) || (0..wave).any(|w| !wave_done(o, w)) {
+        // A soak that loses a member keeps its clock; the next wave still waits for all.
+        s.message = Some(hold_reason(o, wave));
+        if o.now - started >= o.timeout_secs {
+            let why = format!(
+                "wave {} did not finish within {}s: {}",
+                wave_name(o, wave),
+                o.timeout_secs,
+                hold_reason(o, wave)
+            );
+            return Some(abort(s, why));
+        }
+        return None;
+    }
+    let empty = !o.members.iter().any(|m| m.wave == wave);
+    if o.soak_secs > 0 && !empty {
+        let soak_from = match secs(&s.soak_started_at) {
+            Some(t) => t,
+            None => {
+                s.phase = WavePhase::Soaking;
+                s.soak_started_at = Some(rfc3339(o.now));
+                s.message = Some(format!("wave {} done; soaking {}s", wave_name(o, wave), o.soak_secs));
+                return Some(Transition {
+                    reason: "WaveSoaking",
+                    message: format!("wave {} done; soaking {}s", wave_name(o, wave), o.soak_secs),
+                });
+            }
+        };
+        // Times are whole seconds: strictly more than the soak, so it is never a second short.
+        if o.now - soak_from <= o.soak_secs {
+            return None;
+        }
+    }
+    Some(advance(s, o))
+}
+
+fn wave_name(o: &Observed, wave: usize) -> String {
+    o.waves
+        .get(wave)
+        .map(|w| w.0.clone())
+        .unwrap_or_else(|| wave.to_string())
+}
+
+/// Why the wave is not done yet, naming the clusters.
+fn hold_reason(o: &Observed, wave: usize) -> String {
+    let waiting: Vec<String> = o
+        .members
+        .iter()
+        .filter(|m| m.wave <= wave && !done(m, o))
+        .map(|m| {
+            let why = if !m.reachable {
+                "unreachable"
+            } else if !on_revision(m, o) {
+                "not on the revision yet"
+            } else {
+                "canary running or fleet not Ready"
+            };
+            format!("{} ({why})", m.name)
+        })
+        .collect();
+    format!("wave {} waits for {}", wave_name(o, wave), waiting.join(", "))
+}
+
+/// What each member is sent, given the (new) status.
+fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
+    let wave = s.current_wave as usize;
+    let limit = o
+        .waves
+        .get(wave)
+        .and_then(|w| w.1)
+        .map(|n| n as usize)
+        .unwrap_or(usize::MAX);
+    let in_wave = |m: &Member| m.wave == wave;
+    // A cluster new to the revision is sent it only while every earlier wave is still done.
+    let earlier_done = (0..wave).all(|w| wave_done(o, w));
+    // Clusters of the current wave taking the revision and not done yet (an unreachable one
+    // that was sent it counts: it may hold it).
+    let mut busy = o
+        .members
+        .iter()
+        .filter(|m| in_wave(m) && on_revision(m, o) && !done(m, o))
+        .count();
+    o.members
+        .iter()
+        .map(|m| match s.phase {
+            WavePhase::Completed => Send::Revision,
+            WavePhase::Aborted
+                if on_revision(m, o) && o.on_failure == WaveFailurePolicy::Rollback && s.stable_spec.is_some() =>
+            {
+                Send::Stable
+            }
+            WavePhase::Aborted => Send::Nothing,
+            _ if m.wave < wave || on_revision(m, o) && m.wave <= wave => Send::Revision,
+            WavePhase::Progressing if in_wave(m) && earlier_done && busy < limit => {
+                busy += 1;
+                Send::Revision
+            }
+            _ => Send::Nothing,
+        })
+        .collect()
+}
+
+/// When to look again without a change: the soak's end or the wave's timeout.
+fn due_in(s: &WaveStatus, o: &Observed) -> Option<i64> {
+    match s.phase {
+        WavePhase::Soaking => secs(&s.soak_started_at).map(|t| (t + o.soak_secs + 1 - o.now).max(1)),
+        WavePhase::Progressing => secs(&s.wave_started_at).map(|t| (t + o.timeout_secs - o.now).max(1)),
+        _ => None,
+    }
+}
+
+/// One decision.
+pub fn decide(previous: Option<&WaveStatus>, o: &Observed) -> Plan {
+    let (mut status, mut transition) = match previous {
+        Some(p) if p.revision == o.revision => (p.clone(), None),
+        _ => {
+            let (s, t) = start(previous, o);
+            (s, Some(t))
+        }
+    };
+    status.waves = entries(o);
+    if status.current_wave as usize >= o.waves.len() {
+        status.current_wave = o.waves.len().saturating_sub(1) as u32;
+    }
+    if let Some(t) = command(&mut status, o) {
+        transition = Some(t);
+    }
+    let active = matches!(
+        status.phase,
+        WavePhase::Progressing | WavePhase::Soaking | WavePhase::Paused
+    );
+    if active {
+        if let Some(why) = failure(o) {
+            transition = Some(abort(&mut status, why));
+        }
+    }
+    if matches!(status.phase, WavePhase::Progressing | WavePhase::Soaking) && transition.is_none() {
+        transition = progress(&mut status, o);
+    }
+    let send = sends(&status, o);
+    Plan {
+        due_in: due_in(&status, o),
+        status,
+        send,
+        transition,
+    }
+}

@@ -1,0 +1,415 @@
+//! Property tests of the wave machine over random fleets of members, waves, batch limits,
+//! soak times, timeouts, reachability, member canaries that pass or abort, manual commands,
+//! new revisions and operator restarts (the status goes through JSON, as it does through the
+//! API server). An oracle checks every decision against what the machine was shown.
+
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+
+use super::spec::{WaveFailurePolicy, WavePhase, WaveStatus};
+use super::waves::*;
+
+#[derive(Clone, Debug)]
+enum Op {
+    /// Time passes; members move on.
+    Tick(i64),
+    Flip(usize),
+    Command(u8),
+    NewRevision,
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        6 => (1i64..40).prop_map(Op::Tick),
+        2 => (0usize..6).prop_map(Op::Flip),
+        1 => (0u8..4).prop_map(Op::Command),
+        1 => Just(Op::NewRevision),
+        1 => Just(Op::Restart),
+    ]
+}
+
+/// A member cluster of the simulated world.
+#[derive(Clone, Debug)]
+struct World {
+    reachable: bool,
+    /// Its canary aborts any revision (a bad cluster).
+    bad: bool,
+    revision: Option<String>,
+    progress: Progress,
+}
+
+#[derive(Clone, Debug)]
+struct Case {
+    waves: Vec<Option<u32>>,
+    members: Vec<(usize, bool)>,
+    soak: i64,
+    timeout: i64,
+    rollback: bool,
+    ops: Vec<Op>,
+}
+
+fn case() -> impl Strategy<Value = Case> {
+    (1usize..4).prop_flat_map(|n_waves| {
+        (
+            proptest::collection::vec(proptest::option::of(1u32..3), n_waves),
+            proptest::collection::vec((0..n_waves, proptest::bool::weighted(0.2)), 1..6),
+            prop_oneof![Just(0i64), 10i64..60],
+            60i64..400,
+            any::<bool>(),
+            proptest::collection::vec(op(), 1..80),
+        )
+            .prop_map(|(waves, members, soak, timeout, rollback, ops)| Case {
+                waves,
+                members,
+                soak,
+                timeout,
+                rollback,
+                ops,
+            })
+    })
+}
+
+fn observed(c: &Case, world: &[World], revision: &str, now: i64, command: Option<Command>) -> Observed {
+    Observed {
+        revision: revision.to_string(),
+        spec: serde_json::json!({"revision": revision}),
+        waves: c.waves.iter().enumerate().map(|(i, l)| (format!("w{i}"), *l)).collect(),
+        members: world
+            .iter()
+            .zip(&c.members)
+            .enumerate()
+            .map(|(i, (w, (wave, _)))| Member {
+                name: format!("m{i}"),
+                wave: *wave,
+                reachable: w.reachable,
+                revision: w.revision.clone(),
+                progress: w.progress.clone(),
+            })
+            .collect(),
+        soak_secs: c.soak,
+        timeout_secs: c.timeout,
+        on_failure: if c.rollback {
+            WaveFailurePolicy::Rollback
+        } else {
+            WaveFailurePolicy::Hold
+        },
+        command,
+        now,
+    }
+}
+
+fn secs(t: &Option<String>) -> i64 {
+    chrono::DateTime::parse_from_rfc3339(t.as_deref().unwrap_or_default())
+        .map(|d| d.timestamp())
+        .unwrap_or(i64::MIN)
+}
+
+/// A cluster new to the revision is sent it only where the status allows.
+fn check_sends(o: &Observed, plan: &Plan) -> Result<(), TestCaseError> {
+    let s = &plan.status;
+    let all_done_through = |wave: usize| o.members.iter().filter(|m| m.wave <= wave).all(|m| done(m, o));
+    // A cluster new to the revision is sent it only up to the current wave (an earlier wave's
+    // cluster again after a rollback and `resume`), in the current wave only while every
+    // earlier wave is done, and never once the rollout aborted.
+    for (m, send) in o.members.iter().zip(&plan.send) {
+        let new_to_it = m.revision.as_deref() != Some(o.revision.as_str());
+        if *send == Send::Revision && new_to_it && s.phase != WavePhase::Completed {
+            prop_assert_ne!(
+                s.phase,
+                WavePhase::Aborted,
+                "{} sent the revision after an abort",
+                m.name
+            );
+            prop_assert!(m.wave <= s.current_wave as usize, "{} is in a later wave", m.name);
+            if m.wave == s.current_wave as usize {
+                prop_assert_eq!(s.phase, WavePhase::Progressing, "{} sent while {:?}", m.name, s.phase);
+                prop_assert!(
+                    m.wave == 0 || all_done_through(m.wave - 1),
+                    "{} sent before earlier waves are done",
+                    m.name
+                );
+            }
+        }
+        if *send == Send::Stable {
+            prop_assert_eq!(s.phase, WavePhase::Aborted);
+        }
+    }
+    Ok(())
+}
+
+/// Every safety rule, for one decision.
+fn check(
+    prev: Option<&WaveStatus>,
+    o: &Observed,
+    plan: &Plan,
+    seen: &mut HashSet<String>,
+) -> Result<(), TestCaseError> {
+    let s = &plan.status;
+    let same = prev.filter(|p| p.revision == o.revision);
+    let all_done_through = |wave: usize| o.members.iter().filter(|m| m.wave <= wave).all(|m| done(m, o));
+    check_sends(o, plan)?;
+    if let Some(p) = same {
+        // A wave starts only when the ones before it are done and the soak passed (or promote).
+        if s.current_wave > p.current_wave || (s.phase == WavePhase::Completed && p.phase != WavePhase::Completed) {
+            prop_assert!(
+                all_done_through(p.current_wave as usize),
+                "advanced past an unfinished wave"
+            );
+            let wave_empty = !o.members.iter().any(|m| m.wave == p.current_wave as usize);
+            let soaked = o.soak_secs == 0
+                || wave_empty
+                || o.command == Some(Command::Promote)
+                || o.now - secs(&p.soak_started_at) >= o.soak_secs;
+            prop_assert!(soaked, "advanced before the soak ended");
+        }
+        // A failure on the revision is never lost.
+        let failed = o
+            .members
+            .iter()
+            .any(|m| m.revision.as_deref() == Some(o.revision.as_str()) && matches!(m.progress, Progress::Failed(_)));
+        let active = matches!(p.phase, WavePhase::Progressing | WavePhase::Soaking | WavePhase::Paused);
+        if failed && active {
+            prop_assert_eq!(s.phase, WavePhase::Aborted, "a member's abort was lost");
+        }
+        // An abort stays until `resume` or a new revision.
+        if p.phase == WavePhase::Aborted && o.command != Some(Command::Resume) {
+            prop_assert_eq!(s.phase, WavePhase::Aborted);
+        }
+        if p.phase == WavePhase::Completed {
+            prop_assert_eq!(s.phase, WavePhase::Completed, "a completed revision went back");
+        }
+        prop_assert!(s.current_wave >= p.current_wave, "a wave went back");
+    }
+    if s.phase == WavePhase::Completed && same.is_none_or(|p| p.phase != WavePhase::Completed) {
+        prop_assert!(o.members.iter().all(|m| done(m, o)), "completed with a member not done");
+    }
+    // No transition twice (restarts included).
+    if let Some(t) = &plan.transition {
+        if matches!(
+            t.reason,
+            "WaveStarted" | "WaveSoaking" | "WaveRolloutCompleted" | "WaveRolloutAborted"
+        ) {
+            let key = format!("{}/{}/{}/{}", s.revision, s.attempt, t.reason, s.current_wave);
+            prop_assert!(seen.insert(key.clone()), "transition repeated: {}", key);
+        }
+    }
+    Ok(())
+}
+
+/// The world answers what it was sent.
+fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str>) {
+    for (w, send) in world.iter_mut().zip(&plan.send) {
+        if !w.reachable {
+            continue;
+        }
+        let to = match send {
+            Send::Revision => revision,
+            Send::Stable => stable.unwrap_or(revision),
+            Send::Nothing => continue,
+        };
+        if w.revision.as_deref() != Some(to) {
+            w.revision = Some(to.to_string());
+            w.progress = Progress::Running;
+        }
+    }
+}
+
+fn settle(world: &mut [World], step: usize) {
+    for (i, w) in world.iter_mut().enumerate() {
+        if w.reachable && w.progress == Progress::Running && (step + i).is_multiple_of(2) {
+            w.progress = if w.bad {
+                Progress::Failed("canary aborted: 5xx rate".into())
+            } else {
+                Progress::Done
+            };
+        }
+    }
+}
+
+fn run(c: &Case) -> Result<(), TestCaseError> {
+    let mut world: Vec<World> = c
+        .members
+        .iter()
+        .map(|(_, bad)| World {
+            reachable: true,
+            bad: *bad,
+            revision: Some("r0".into()),
+            progress: Progress::Done,
+        })
+        .collect();
+    let (mut revision, mut n, mut now) = ("r1".to_string(), 1, 1_000_000i64);
+    let mut status: Option<WaveStatus> = None;
+    let mut seen = HashSet::new();
+    for (step, op) in c.ops.iter().enumerate() {
+        let mut command = None;
+        match op {
+            Op::Tick(dt) => {
+                now += dt;
+                settle(&mut world, step);
+            }
+            Op::Flip(i) => {
+                if let Some(w) = world.get_mut(*i) {
+                    w.reachable = !w.reachable;
+                }
+            }
+            Op::Command(k) => {
+                command = Some([Command::Promote, Command::Abort, Command::Pause, Command::Resume][*k as usize])
+            }
+            Op::NewRevision => {
+                n += 1;
+                revision = format!("r{n}");
+            }
+            Op::Restart => {
+                let json = serde_json::to_string(&status).map_err(|e| TestCaseError::fail(e.to_string()))?;
+                status = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(e.to_string()))?;
+            }
+        }
+        let o = observed(c, &world, &revision, now, command);
+        let plan = decide(status.as_ref(), &o);
+        check(status.as_ref(), &o, &plan, &mut seen)?;
+        // Deciding again from what was written, with nothing new, changes nothing.
+        let again = decide(Some(&plan.status), &observed(c, &world, &revision, now, None));
+        if plan.transition.is_none() {
+            prop_assert_eq!(&again.status, &plan.status, "a repeated decision moved");
+        }
+        deliver(&mut world, &plan, &revision, plan.status.stable_revision.as_deref());
+        status = Some(plan.status);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    #[test]
+    fn waves_never_skip_lose_an_abort_or_repeat(c in case()) {
+        run(&c)?;
+    }
+}
+
+#[test]
+fn a_healthy_revision_walks_the_waves_in_order() {
+    let c = Case {
+        waves: vec![None, Some(1)],
+        members: vec![(0, false), (1, false), (1, false)],
+        soak: 30,
+        timeout: 600,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let mut world: Vec<World> = (0..3)
+        .map(|_| World {
+            reachable: true,
+            bad: false,
+            revision: None,
+            progress: Progress::Done,
+        })
+        .collect();
+    let mut status: Option<WaveStatus> = None;
+    let mut reasons = Vec::new();
+    for t in 0..40 {
+        let o = observed(&c, &world, "r1", 1_000 + t * 10, None);
+        let plan = decide(status.as_ref(), &o);
+        if let Some(tr) = &plan.transition {
+            reasons.push(tr.reason);
+        }
+        deliver(&mut world, &plan, "r1", None);
+        settle(&mut world, 0);
+        settle(&mut world, 1);
+        status = Some(plan.status);
+    }
+    let s = status.expect("status");
+    assert_eq!(s.phase, WavePhase::Completed);
+    assert_eq!(
+        reasons,
+        [
+            "WaveRolloutStarted",
+            "WaveSoaking",
+            "WaveStarted",
+            "WaveSoaking",
+            "WaveRolloutCompleted"
+        ]
+    );
+    assert_eq!(s.stable_revision.as_deref(), Some("r1"));
+}
+
+#[test]
+fn an_abort_in_the_first_wave_never_reaches_the_second() {
+    let c = Case {
+        waves: vec![None, None],
+        members: vec![(0, true), (1, false)],
+        soak: 0,
+        timeout: 600,
+        rollback: true,
+        ops: Vec::new(),
+    };
+    let mut world: Vec<World> = c
+        .members
+        .iter()
+        .map(|(_, bad)| World {
+            reachable: true,
+            bad: *bad,
+            revision: Some("r0".into()),
+            progress: Progress::Done,
+        })
+        .collect();
+    let mut status = Some(WaveStatus {
+        revision: "r0".into(),
+        phase: WavePhase::Completed,
+        stable_spec: Some(serde_json::json!({"revision": "r0"})),
+        ..Default::default()
+    });
+    for t in 0..10 {
+        let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
+        deliver(&mut world, &plan, "r1", Some("r0"));
+        settle(&mut world, 0);
+        settle(&mut world, 1);
+        status = Some(plan.status);
+    }
+    let s = status.expect("status");
+    assert_eq!(s.phase, WavePhase::Aborted);
+    assert!(s.abort_reason.as_deref().unwrap_or_default().contains("m0"));
+    assert_eq!(world[1].revision.as_deref(), Some("r0"), "wave 2 never got r1");
+    assert_eq!(world[0].revision.as_deref(), Some("r0"), "rolled back");
+}
+
+#[test]
+fn an_unreachable_member_holds_its_wave_then_times_out() {
+    let c = Case {
+        waves: vec![None, None],
+        members: vec![(0, false), (1, false)],
+        soak: 0,
+        timeout: 100,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let mut world: Vec<World> = (0..2)
+        .map(|_| World {
+            reachable: true,
+            bad: false,
+            revision: Some("r0".into()),
+            progress: Progress::Done,
+        })
+        .collect();
+    world[0].reachable = false;
+    let first = decide(None, &observed(&c, &world, "r1", 1_000, None));
+    let held = decide(Some(&first.status), &observed(&c, &world, "r1", 1_050, None));
+    assert_eq!(held.status.phase, WavePhase::Progressing);
+    assert!(held
+        .status
+        .message
+        .as_deref()
+        .unwrap_or_default()
+        .contains("m0 (unreachable)"));
+    assert_eq!(held.send[1], Send::Nothing);
+    let timed_out = decide(Some(&held.status), &observed(&c, &world, "r1", 1_101, None));
+    assert_eq!(timed_out.status.phase, WavePhase::Aborted);
+    assert!(timed_out
+        .status
+        .abort_reason
+        .as_deref()
+        .unwrap_or_default()
+        .contains("within 100s"));
+}

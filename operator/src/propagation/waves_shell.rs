@@ -1,0 +1,191 @@
+//! The I/O around the wave machine (`waves::decide`): read every selected member's copy, let
+//! the machine say what each one is sent, send it, and report transitions as events. Members
+//! outside the current wave are read, never written.
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Secret;
+use kube::api::{Api, Patch, PatchParams};
+use kube::{Client, ResourceExt};
+
+use super::clusters::MemberCluster;
+use super::member::MemberError;
+use super::placement::{self, MemberObject, Selection};
+use super::spec::{ClusterStatus, Placement, WaveStatus};
+use super::status::{self, Observation};
+use super::sync;
+use super::waves::{self, Command, Member, Observed, Progress, Send};
+use crate::context::Context;
+use crate::crd::{ProxyDeployment, ProxyDeploymentSpec};
+use crate::resources::Owner;
+
+/// Annotation on the hub object: a manual command for the wave rollout
+/// (`kubectl proxyfleet promote|abort|pause|resume` on a fleet with waves).
+pub const WAVE_COMMAND: &str = "proxyfleet.io/wave-command";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// What a pass over the waves did.
+pub struct Rolled<'a> {
+    /// Per selected cluster: what was seen or done, and its wave.
+    pub observations: Vec<(&'a str, Observation, u32)>,
+    pub status: WaveStatus,
+    /// When to look again at the latest.
+    pub due: Duration,
+}
+
+type Seen = Result<(Client, Option<ProxyDeployment>), MemberError>;
+
+fn member_view(c: &MemberCluster, seen: &Seen, wave: usize, previous: Option<&ClusterStatus>) -> Member {
+    let (reachable, revision, progress) = match seen {
+        Ok((_, Some(copy))) => (true, status::member_revision(copy), status::progress(copy)),
+        Ok((_, None)) => (true, None, Progress::Running),
+        // Not readable now: what it last carried, never done.
+        Err(_) => (false, previous.and_then(|p| p.revision.clone()), Progress::Running),
+    };
+    Member {
+        name: c.name.clone(),
+        wave,
+        reachable,
+        revision,
+        progress,
+    }
+}
+
+fn observed(pxd: &ProxyDeployment, placement: &Placement, targets: &[&MemberCluster], seen: &[Seen]) -> Observed {
+    let (waves, index) = placement::assign_waves(placement, targets);
+    let previous = |name: &str| {
+        pxd.status
+            .as_ref()
+            .and_then(|s| s.clusters.iter().find(|c| c.name == name))
+    };
+    let members = targets
+        .iter()
+        .zip(seen)
+        .zip(&index)
+        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name)))
+        .collect();
+    Observed {
+        revision: placement::spec_revision(&pxd.spec),
+        spec: placement::spec_without_placement(&pxd.spec),
+        waves,
+        members,
+        soak_secs: placement
+            .soak_time
+            .as_ref()
+            .map(|d| d.get().as_secs() as i64)
+            .unwrap_or(0),
+        timeout_secs: placement
+            .wave_timeout
+            .as_ref()
+            .map(|d| d.get())
+            .unwrap_or(DEFAULT_TIMEOUT)
+            .as_secs() as i64,
+        on_failure: placement.on_failure,
+        command: pxd.annotations().get(WAVE_COMMAND).and_then(|c| Command::parse(c)),
+        now: chrono::Utc::now().timestamp(),
+    }
+}
+
+/// The member object of the last completed spec for `cluster` (the placement of today).
+fn stable_object(
+    status: &WaveStatus,
+    placement: &Placement,
+    owner: &Owner,
+    cluster: &MemberCluster,
+) -> Option<MemberObject> {
+    let mut spec: ProxyDeploymentSpec = serde_json::from_value(status.stable_spec.clone()?).ok()?;
+    spec.placement = Some(placement.clone());
+    placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster).ok()
+}
+
+/// One pass over the waves of `placement`.
+pub async fn roll<'a>(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    placement: &Placement,
+    selection: &'a Selection<'a>,
+    objects: &[MemberObject],
+    ca: Option<&Secret>,
+) -> Rolled<'a> {
+    let targets = &selection.targets;
+    let clients = &ctx.propagation.clients;
+    let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
+    let o = observed(pxd, placement, targets, &seen);
+    let plan = waves::decide(pxd.status.as_ref().and_then(|s| s.waves.as_ref()), &o);
+    announce(ctx, owner, &plan).await;
+    if o.command.is_some() {
+        clear_command(pxd, owner, ctx).await;
+    }
+    let why = plan
+        .status
+        .message
+        .clone()
+        .unwrap_or_else(|| "waiting for its wave".into());
+    let sends = seen
+        .into_iter()
+        .zip(&plan.send)
+        .zip(targets.iter().zip(objects))
+        .map(|((s, send), (c, desired))| {
+            let stable = (*send == Send::Stable)
+                .then(|| stable_object(&plan.status, placement, owner, c))
+                .flatten();
+            let why = why.clone();
+            async move {
+                let (client, current) = match s {
+                    Ok(x) => x,
+                    Err(e) => return Observation::Failed(e),
+                };
+                match (send, stable) {
+                    (Send::Revision, _) => sync::bring(&client, current, c, owner, desired, ca).await,
+                    (Send::Stable, Some(back)) => sync::bring(&client, current, c, owner, &back, ca).await,
+                    _ => Observation::Held {
+                        member: current.map(Box::new),
+                        desired_hash: desired.hash.clone(),
+                        why,
+                    },
+                }
+            }
+        });
+    let results = join_all(sends).await;
+    let observations = targets
+        .iter()
+        .zip(results)
+        .zip(&o.members)
+        .map(|((c, r), m)| (c.name.as_str(), r, m.wave as u32))
+        .collect();
+    let due = match (&plan.transition, plan.due_in) {
+        (Some(_), _) => Duration::from_secs(1),
+        (None, Some(s)) => Duration::from_secs(s.max(1) as u64),
+        (None, None) => ctx.propagation.resync,
+    };
+    Rolled {
+        observations,
+        status: plan.status,
+        due: due.min(ctx.propagation.resync),
+    }
+}
+
+async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
+    let Some(t) = &plan.transition else { return };
+    tracing::info!(fleet = %owner.name, reason = t.reason, message = %t.message, "wave rollout");
+    if t.reason == "WaveRolloutAborted" {
+        ctx.warn(owner, t.reason, &t.message).await;
+    } else {
+        ctx.record(owner, t.reason, &t.message).await;
+    }
+}
+
+/// A command is acted on once: the annotation goes once decided.
+async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) {
+    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let patch = serde_json::json!({"metadata": {"annotations": {WAVE_COMMAND: null}}});
+    match api
+        .patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+    {
+        Ok(_) => ctx.metrics.api_write("ProxyDeployment", "patch"),
+        Err(e) => tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command"),
+    }
+}
