@@ -461,6 +461,41 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_requests_per_connection: Option<u32>,
+    /// An HTTP/2 client connection with no request in flight is ended gracefully (GOAWAY)
+    /// after this long, even while it answers PINGs (nginx's `http2_idle_timeout`, Envoy's
+    /// `idle_timeout`). Default 3m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub idle_timeout: Option<HumanDuration>,
+    /// Longest wait between two reads of a request body (nginx's `client_body_timeout`): a
+    /// body that trickles slower is cut off and, when no response has started, answered 408.
+    /// Default 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub client_body_timeout: Option<HumanDuration>,
+    /// Longest a write to a client may stay blocked (nginx's `send_timeout`): a client that
+    /// stops reading its response is disconnected, so it holds no buffers or upstream
+    /// connections. Default 60s.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub send_timeout: Option<HumanDuration>,
+}
+
+impl Limits {
+    /// `idleTimeout`, defaulted.
+    pub fn idle_timeout(&self) -> std::time::Duration {
+        self.idle_timeout
+            .map_or(std::time::Duration::from_secs(180), |d| d.get())
+    }
+
+    /// `clientBodyTimeout`, defaulted.
+    pub fn client_body_timeout(&self) -> std::time::Duration {
+        self.client_body_timeout
+            .map_or(std::time::Duration::from_secs(60), |d| d.get())
+    }
+
+    /// `sendTimeout`, defaulted.
+    pub fn send_timeout(&self) -> std::time::Duration {
+        self.send_timeout
+            .map_or(std::time::Duration::from_secs(60), |d| d.get())
+    }
 }
 
 /// HTTP/2 limits per client connection.
@@ -625,6 +660,9 @@ impl Default for Limits {
             http2: None,
             max_connection_age: None,
             max_requests_per_connection: None,
+            idle_timeout: None,
+            client_body_timeout: None,
+            send_timeout: None,
         }
     }
 }

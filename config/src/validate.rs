@@ -298,6 +298,15 @@ fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     if config.limits.max_requests_per_connection == Some(0) {
         errors.push(err("limits.maxRequestsPerConnection", "must be at least 1"));
     }
+    for (field, d) in [
+        ("limits.idleTimeout", config.limits.idle_timeout),
+        ("limits.clientBodyTimeout", config.limits.client_body_timeout),
+        ("limits.sendTimeout", config.limits.send_timeout),
+    ] {
+        if d.is_some_and(|d| d.get() < std::time::Duration::from_secs(1)) {
+            errors.push(err(field, "must be at least 1s"));
+        }
+    }
     if config.limits.header_read_timeout.get().is_zero() {
         errors.push(err("limits.headerReadTimeout", "must be positive"));
     }

@@ -3,6 +3,7 @@
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -20,24 +21,39 @@ pub struct BodyTooLarge {
 #[error("reading the client's request body: {0}")]
 pub struct ClientBodyError(#[source] pub hyper::Error);
 
+/// The client's request body sent nothing for `limits.clientBodyTimeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the client's request body sent nothing for {0:?}")]
+pub struct BodyTimedOut(pub Duration);
+
+/// What bounds a client's request body as it streams.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyRules {
+    /// `limits.maxRequestBodyBytes`.
+    pub max_bytes: u64,
+    /// `limits.clientBodyTimeout`: the longest wait for the next part of it.
+    pub read_timeout: Duration,
+}
+
 pin_project_lite::pin_project! {
     #[project = UpstreamBodyProj]
     /// What is sent upstream: nothing (so the request can be retried), or the client's body,
-    /// counted against the body-size limit as it streams.
+    /// counted against the body-size limit and timed between reads as it streams.
     pub enum UpstreamBody {
         Empty,
-        Streaming { #[pin] inner: Incoming, remaining: u64, limit: u64 },
+        Streaming { #[pin] inner: Incoming, remaining: u64, rules: BodyRules, wait: crate::stall::Wait },
         /// A small body read whole first (a mirrored request's: both copies send it).
         Buffered { data: Option<Bytes> },
     }
 }
 
 impl UpstreamBody {
-    pub fn streaming(inner: Incoming, limit: u64) -> Self {
+    pub fn streaming(inner: Incoming, rules: BodyRules) -> Self {
         Self::Streaming {
             inner,
-            remaining: limit,
-            limit,
+            remaining: rules.max_bytes,
+            rules,
+            wait: crate::stall::Wait::default(),
         }
     }
 }
@@ -53,13 +69,15 @@ impl Body for UpstreamBody {
             UpstreamBodyProj::Streaming {
                 inner,
                 remaining,
-                limit,
+                rules,
+                wait,
             } => match inner.poll_frame(cx) {
                 Poll::Ready(Some(Ok(frame))) => {
+                    wait.progressed();
                     if let Some(data) = frame.data_ref() {
                         let len = data.len() as u64;
                         if len > *remaining {
-                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: *limit }))));
+                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: rules.max_bytes }))));
                         }
                         *remaining -= len;
                     }
@@ -67,6 +85,9 @@ impl Body for UpstreamBody {
                 }
                 Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(ClientBodyError(e))))),
                 Poll::Ready(None) => Poll::Ready(None),
+                Poll::Pending if wait.expired(cx, rules.read_timeout) => {
+                    Poll::Ready(Some(Err(Box::new(BodyTimedOut(rules.read_timeout)))))
+                }
                 Poll::Pending => Poll::Pending,
             },
         }

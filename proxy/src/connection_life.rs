@@ -1,15 +1,18 @@
 //! How a client connection ends gracefully: on drain (SIGTERM), at `limits.maxConnectionAge`,
-//! or after `limits.maxRequestsPerConnection` requests. Each ends it the same way hyper does
+//! after `limits.maxRequestsPerConnection` requests, or `limits.idleTimeout` after its last
+//! request ended with none in flight. Each ends it the same way hyper does
 //! for a drain: HTTP/1.1 closes after the response in flight, HTTP/2 sends GOAWAY and lets
 //! open streams finish. Our own small replacement for hyper-util's `GracefulShutdown`, whose
 //! connection trait is sealed: it cannot be told to end one connection early.
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{watch, Notify};
+use tokio::time::Instant;
 
 /// The drain signal every connection watches; `drained` completes once all have ended.
 pub struct Drain {
@@ -37,28 +40,71 @@ impl Drain {
     }
 }
 
-/// One connection's request budget; the service counts, the connection task listens.
-#[derive(Default)]
+/// One connection's requests: the budget, and what is in flight since when (for the idle
+/// timeout). The service counts, the connection task listens.
 pub struct RequestBudget {
     max: Option<u32>,
     used: AtomicU32,
     spent: Notify,
+    in_flight: AtomicU32,
+    /// Milliseconds from `opened` to the end of the last request.
+    last_end_ms: AtomicU64,
+    opened: Instant,
 }
 
 impl RequestBudget {
     pub fn new(max: Option<u32>) -> Self {
         Self {
             max,
-            ..Default::default()
+            used: AtomicU32::new(0),
+            spent: Notify::new(),
+            in_flight: AtomicU32::new(0),
+            last_end_ms: AtomicU64::new(0),
+            opened: Instant::now(),
         }
     }
 
-    /// Counts one request; when it is the last one allowed, the connection is told to end.
-    pub fn count(&self) {
-        let Some(max) = self.max else { return };
-        if self.used.fetch_add(1, Ordering::Relaxed) + 1 == max {
-            self.spent.notify_one();
+    /// Counts one request, in flight until the guard drops; when it is the last one allowed,
+    /// the connection is told to end.
+    pub fn count(self: &Arc<Self>) -> InFlight {
+        self.in_flight.fetch_add(1, Ordering::Relaxed);
+        if let Some(max) = self.max {
+            if self.used.fetch_add(1, Ordering::Relaxed) + 1 == max {
+                self.spent.notify_one();
+            }
         }
+        InFlight(self.clone())
+    }
+
+    /// When the connection has been idle for `idle`: `None` while a request is in flight.
+    fn idle_at(&self, idle: Duration) -> Option<Instant> {
+        if self.in_flight.load(Ordering::Acquire) > 0 {
+            return None;
+        }
+        Some(self.opened + Duration::from_millis(self.last_end_ms.load(Ordering::Acquire)) + idle)
+    }
+
+    /// Completes once no request has been in flight for `idle`.
+    async fn idled(&self, idle: Duration) {
+        loop {
+            match self.idle_at(idle) {
+                Some(at) if at <= Instant::now() => return,
+                Some(at) => tokio::time::sleep_until(at).await,
+                None => tokio::time::sleep(idle).await,
+            }
+        }
+    }
+}
+
+/// A request in flight on its connection (the service future holds it until it answers).
+pub struct InFlight(Arc<RequestBudget>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let b = &self.0;
+        let ms = b.opened.elapsed().as_millis() as u64;
+        b.last_end_ms.fetch_max(ms, Ordering::Release);
+        b.in_flight.fetch_sub(1, Ordering::Release);
     }
 }
 
@@ -67,6 +113,8 @@ pub struct Ending<'a> {
     pub drain: watch::Receiver<bool>,
     pub max_age: Option<Duration>,
     pub budget: &'a RequestBudget,
+    /// `limits.idleTimeout`; `None`: never for idleness.
+    pub idle: Option<Duration>,
 }
 
 impl Ending<'_> {
@@ -85,9 +133,16 @@ impl Ending<'_> {
                 }
             }
         };
+        let idle = async {
+            match self.idle {
+                Some(d) => self.budget.idled(d).await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             _ = age => {}
             _ = drain => {}
+            _ = idle => {}
             _ = self.budget.spent.notified() => {}
         }
     }
@@ -128,17 +183,18 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_last_allowed_request_ends_the_connection() {
         let drain = Drain::default();
-        let budget = RequestBudget::new(Some(2));
+        let budget = Arc::new(RequestBudget::new(Some(2)));
         let ending = Ending {
             drain: drain.watcher(),
             max_age: Some(Duration::from_secs(60)),
             budget: &budget,
+            idle: None,
         };
         let counting = async {
             tokio::time::sleep(Duration::from_secs(1)).await;
-            budget.count();
+            drop(budget.count());
             tokio::time::sleep(Duration::from_secs(1)).await;
-            budget.count();
+            drop(budget.count());
         };
         let (took, ()) = tokio::join!(serve(ending), counting);
         assert_eq!(took, Duration::from_secs(2), "ended by the second request, not the age");
@@ -147,12 +203,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn an_old_connection_ends_at_its_age() {
         let drain = Drain::default();
-        let budget = RequestBudget::new(None);
-        budget.count();
+        let budget = Arc::new(RequestBudget::new(None));
+        drop(budget.count());
         let ending = Ending {
             drain: drain.watcher(),
             max_age: Some(Duration::from_secs(60)),
             budget: &budget,
+            idle: None,
         };
         assert_eq!(serve(ending).await, Duration::from_secs(60));
     }
@@ -160,11 +217,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_drain_ends_every_connection_and_waits_for_them() {
         let drain = Drain::default();
-        let budget = RequestBudget::new(None);
+        let budget = Arc::new(RequestBudget::new(None));
         let ending = Ending {
             drain: drain.watcher(),
             max_age: None,
             budget: &budget,
+            idle: None,
         };
         let draining = async {
             tokio::time::sleep(Duration::from_secs(5)).await;
@@ -176,6 +234,31 @@ mod tests {
         assert!(
             drained_at.elapsed() < Duration::from_millis(1),
             "the drain returned once the connection ended"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_ends_after_its_last_request_not_during_one() {
+        let drain = Drain::default();
+        let budget = Arc::new(RequestBudget::new(None));
+        let ending = Ending {
+            drain: drain.watcher(),
+            max_age: None,
+            budget: &budget,
+            idle: Some(Duration::from_secs(10)),
+        };
+        let requests = async {
+            tokio::time::sleep(Duration::from_secs(4)).await;
+            let slow = budget.count();
+            // In flight far longer than the idle timeout: the connection stays.
+            tokio::time::sleep(Duration::from_secs(30)).await;
+            drop(slow);
+        };
+        let (took, ()) = tokio::join!(serve(ending), requests);
+        assert_eq!(
+            took,
+            Duration::from_secs(44),
+            "10 s after the request that ended at 34 s"
         );
     }
 }

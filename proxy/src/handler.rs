@@ -156,7 +156,10 @@ async fn handle_request(
     let ctx = RequestContext {
         client,
         trusted: &state.trusted_proxies,
-        body_limit: limits.max_request_body_bytes,
+        body_rules: body::BodyRules {
+            max_bytes: limits.max_request_body_bytes,
+            read_timeout: limits.client_body_timeout(),
+        },
         started,
     };
     routed(shared, route, req, ctx).instrument(span).await
@@ -166,7 +169,7 @@ async fn handle_request(
 struct RequestContext<'a> {
     client: Arc<ClientInfo>,
     trusted: &'a [proxyfleet_config::Cidr],
-    body_limit: u64,
+    body_rules: body::BodyRules,
     started: Instant,
 }
 
@@ -255,7 +258,7 @@ async fn routed(
     let RequestContext {
         client,
         trusted,
-        body_limit,
+        body_rules,
         started,
     } = ctx;
     let log_wanted = req.extensions().get::<LogWanted>().is_some();
@@ -290,7 +293,7 @@ async fn routed(
     let mut resp = if is_websocket_upgrade(&req) {
         crate::upgrade::tunnel(target, req, client, trusted, upstream_started).await
     } else {
-        forward(target, req, &client, trusted, body_limit, upstream_started).await
+        forward(target, req, &client, trusted, body_rules, upstream_started).await
     };
     if let Some(ops) = &route.response_headers {
         ops.apply(resp.headers_mut());
@@ -331,7 +334,7 @@ async fn mirrored(
     mirror: &crate::mirror::CompiledMirror,
     parts: &http::request::Parts,
     incoming: Incoming,
-    body_limit: u64,
+    body_rules: body::BodyRules,
 ) -> Result<UpstreamBody, Response<ClientBody>> {
     use http_body_util::BodyExt;
     if incoming.is_end_stream() {
@@ -341,10 +344,10 @@ async fn mirrored(
     let small = incoming
         .size_hint()
         .exact()
-        .is_some_and(|n| n <= crate::mirror::MAX_BODY.min(body_limit));
+        .is_some_and(|n| n <= crate::mirror::MAX_BODY.min(body_rules.max_bytes));
     if !small {
         mirror.skip();
-        return Ok(UpstreamBody::streaming(incoming, body_limit));
+        return Ok(UpstreamBody::streaming(incoming, body_rules));
     }
     match http_body_util::Limited::new(incoming, crate::mirror::MAX_BODY as usize)
         .collect()
@@ -371,12 +374,12 @@ async fn forward(
     req: Request<Incoming>,
     client: &ClientInfo,
     trusted: &[proxyfleet_config::Cidr],
-    body_limit: u64,
+    body_rules: body::BodyRules,
     started: Instant,
 ) -> Response<ClientBody> {
     let log_wanted = req.extensions().get::<LogWanted>().is_some();
     let mut last_endpoint: Option<http::uri::Authority> = None;
-    let mut resp = attempts(target, req, client, trusted, body_limit, started, &mut last_endpoint).await;
+    let mut resp = attempts(target, req, client, trusted, body_rules, started, &mut last_endpoint).await;
     if log_wanted {
         resp.extensions_mut().insert(Destination {
             endpoint: last_endpoint,
@@ -392,7 +395,7 @@ async fn attempts(
     req: Request<Incoming>,
     client: &ClientInfo,
     trusted: &[proxyfleet_config::Cidr],
-    body_limit: u64,
+    body_rules: body::BodyRules,
     started: Instant,
     last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Response<ClientBody> {
@@ -401,12 +404,12 @@ async fn attempts(
     route.retry_budget.on_request();
     let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
     let mut body = Some(match &route.mirror {
-        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_limit).await {
+        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_rules).await {
             Ok(b) => b,
             Err(resp) => return resp,
         },
         _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_limit),
+        _ => UpstreamBody::streaming(incoming, body_rules),
     });
 
     // The target's authority is the Host (h2 `:authority`; an HTTP/1.1 absolute-form target,
@@ -538,6 +541,9 @@ fn outcome(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     "request body too large\n",
                 ));
+            }
+            if body::chain_contains::<body::BodyTimedOut>(&*e.error) {
+                return Attempt::Final(status_response(StatusCode::REQUEST_TIMEOUT, "request body timed out\n"));
             }
             if body::chain_contains::<body::ClientBodyError>(&*e.error) {
                 return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "malformed request body\n"));

@@ -313,9 +313,10 @@ impl ListenerContext {
         let shared = self.shared.clone();
         let redirect = self.https_redirect.clone();
         hyper::service::service_fn(move |req| {
-            budget.count();
+            let in_flight = budget.count();
             let (shared, client, redirect) = (shared.clone(), client.clone(), redirect.clone());
             async move {
+                let _in_flight = in_flight;
                 match redirect {
                     Some(r) => Ok(crate::redirect::https_redirect(&req, &r)),
                     None => handler::handle(req, shared, client).await,
@@ -342,10 +343,15 @@ impl ListenerContext {
             drain,
             max_age,
             budget: &budget,
+            idle: Some(limits.idle_timeout()),
+        };
+        let timers = Timers {
+            first_byte: self.handshake_timeout,
+            send: limits.send_timeout(),
         };
         if !self.is_tls {
             let svc = self.service(self.client(remote, None, slot), budget.clone());
-            serve(&self.builder, false, ending, stream, svc, self.handshake_timeout).await;
+            serve(&self.builder, false, ending, stream, svc, timers).await;
         } else if let Some((tls_config, certs)) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
             match tokio::time::timeout(self.handshake_timeout, acceptor.accept(stream)).await {
@@ -365,7 +371,7 @@ impl ListenerContext {
                     // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
                     let h2 = conn.alpn_protocol() == Some(b"h2");
                     let svc = self.service(self.client(remote, Some(facts), slot), budget.clone());
-                    serve(&self.builder, h2, ending, tls, svc, self.handshake_timeout).await;
+                    serve(&self.builder, h2, ending, tls, svc, timers).await;
                 }
                 _ => {
                     self.handshakes[2].inc();
@@ -476,17 +482,20 @@ const H2_WINDOW: u32 = 1024 * 1024;
 const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 const H2_PING_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// A connection's own timers.
+#[derive(Clone, Copy)]
+struct Timers {
+    /// Enough to pick a protocol must arrive within this (the header-read timeout).
+    first_byte: Duration,
+    /// `limits.sendTimeout`.
+    send: Duration,
+}
+
 /// Serves one connection (HTTP/2 only when `h2`); closes it when the client has not sent
 /// enough to pick a protocol (nothing, or part of the HTTP/2 preface) within
-/// `first_byte_timeout`: hyper's header-read timer only starts once HTTP/1.1 is chosen.
-async fn serve<I, S>(
-    builders: &ConnectionBuilders,
-    h2: bool,
-    ending: Ending<'_>,
-    io: I,
-    svc: S,
-    first_byte_timeout: Duration,
-) where
+/// `timers.first_byte`: hyper's header-read timer only starts once HTTP/1.1 is chosen.
+async fn serve<I, S>(builders: &ConnectionBuilders, h2: bool, ending: Ending<'_>, io: I, svc: S, timers: Timers)
+where
     I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
     S: hyper::service::Service<
             http::Request<hyper::body::Incoming>,
@@ -497,15 +506,15 @@ async fn serve<I, S>(
     S::Future: Send + 'static,
 {
     let (io, seen) = crate::first_byte::FirstByte::new(io);
-    let io = TokioIo::new(io);
+    let io = TokioIo::new(crate::send_timeout::SendTimeout::new(io, timers.send));
     if h2 {
         let conn = builders.h2.serve_connection(io, svc);
         let served = crate::connection_life::run(conn, ending, |c| c.graceful_shutdown());
-        drive(served, &seen, first_byte_timeout).await;
+        drive(served, &seen, timers.first_byte).await;
     } else {
         let conn = builders.auto.serve_connection_with_upgrades(io, svc);
         let served = crate::connection_life::run(conn, ending, |c| c.graceful_shutdown());
-        drive(served, &seen, first_byte_timeout).await;
+        drive(served, &seen, timers.first_byte).await;
     }
 }
 

@@ -1,6 +1,9 @@
 //! Integration tests of how client connections end on their own: after
 //! `limits.maxRequestsPerConnection` requests and at `limits.maxConnectionAge`, for HTTP/1.1
-//! (closed after the response in flight) and HTTP/2 (GOAWAY, the open stream finishes). Real
+//! (closed after the response in flight) and HTTP/2 (GOAWAY, the open stream finishes); an
+//! HTTP/2 connection that answers PINGs but sends nothing at `limits.idleTimeout`; a request
+//! body that trickles (`limits.clientBodyTimeout`, 408) and a client that stops reading its
+//! response (`limits.sendTimeout`). Real
 //! sockets on loopback; bounds are generous (no timing assertions beyond "it ended").
 
 mod support;
@@ -140,5 +143,86 @@ async fn http2_connection_gets_goaway_at_its_age() {
     // After GOAWAY the connection ends: the client's connection task completes.
     let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
     assert!(ended.is_ok(), "the HTTP/2 connection ended after its age");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_http2_connection_that_answers_pings_ends_at_the_idle_timeout() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("idle-h2");
+    let proxy = start_proxy(&dir, &config(up.addr, "idleTimeout: 1s")).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 prior knowledge");
+    let driver = tokio::spawn(conn);
+    // A request that lasts longer than the idle timeout keeps the connection.
+    let slow = http::Request::get("http://a.example/delay/2500")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let response = sender.send_request(slow).await.expect("served across the idle timeout");
+    assert_eq!(response.status(), 200);
+    // Then nothing: GOAWAY within a few seconds (hyper's client answers every PING).
+    let ended = tokio::time::timeout(Duration::from_secs(10), driver).await;
+    assert!(ended.is_ok(), "the idle HTTP/2 connection ended");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_request_body_is_answered_408() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("body-timeout");
+    let proxy = start_proxy(&dir, &config(up.addr, "clientBodyTimeout: 1s")).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let answer = read_response(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "within the body timeout, not the route's"
+    );
+    // A body that arrives whole is served as before.
+    let mut ok = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    ok.write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    assert!(read_response(&mut ok).await.starts_with("HTTP/1.1 200"));
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stops_reading_is_disconnected_at_the_send_timeout() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("send-timeout");
+    let proxy = start_proxy(&dir, &config(up.addr, "sendTimeout: 1s")).await;
+    let size = 64 << 20;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    stream
+        .write_all(format!("GET /bytes/{size} HTTP/1.1\r\nHost: a.example\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    // Read nothing for a while: the proxy's writes block, then it gives up on us.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let mut got = 0usize;
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        match tokio::time::timeout(Duration::from_secs(5), stream.read(&mut buf)).await {
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => got += n,
+            Err(_) => panic!("the connection was not closed (read {got} bytes)"),
+        }
+    }
+    assert!(got < size, "closed before the whole {size}-byte body: {got}");
+    // The proxy keeps serving.
+    let (status, _) = get(proxy.addr("http"), "a.example", "/").await;
+    assert_eq!(status, 200);
     proxy.running.drain();
 }

@@ -128,12 +128,16 @@ async fn upstream_answer(
         status = 503;
     }
     let body = req.into_body().collect().await.map(|b| b.to_bytes().len()).unwrap_or(0);
+    if let Some(n) = path.strip_prefix("/bytes/").and_then(|s| s.parse::<usize>().ok()) {
+        return Ok(http::Response::new(Full::new(Bytes::from(vec![b'x'; n]))));
+    }
     let mut r = http::Response::new(Full::new(Bytes::from(format!("{name} {path} {body}"))));
     *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
     Ok(r)
 }
 
-/// An upstream on 127.0.0.1. With `tls`, serves that cert (ALPN h2 + http/1.1, resumption on).
+/// An upstream on 127.0.0.1. With `tls`, serves that cert (ALPN h2 + http/1.1, resumption on;
+/// http/1.1 alone when `name` ends in `-h1only`).
 /// With `close_each`, every HTTP/1.1 response closes its connection.
 pub async fn upstream(name: &'static str, tls: Option<(String, String)>, close_each: bool) -> Upstream {
     upstream_verifying_clients(name, tls, None, close_each).await
@@ -163,7 +167,11 @@ pub async fn upstream_verifying_clients(
             None => builder.with_no_client_auth(),
         };
         let mut cfg = builder.with_single_cert(certs, key).unwrap();
-        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        cfg.alpn_protocols = if name.ends_with("-h1only") {
+            vec![b"http/1.1".to_vec()]
+        } else {
+            vec![b"h2".to_vec(), b"http/1.1".to_vec()]
+        };
         tokio_rustls::TlsAcceptor::from(Arc::new(cfg))
     });
     let s = stats.clone();

@@ -364,6 +364,51 @@ async fn an_h2_upstream_gets_the_requests_host_as_authority_and_no_host_header()
     proxy.running.drain();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_auto_tls_upstream_speaks_what_alpn_agreed_with_the_requests_host() {
+    init();
+    let ca = TestCa::new("test ca");
+    for (name, h2) in [("auto", true), ("auto-h1only", false)] {
+        let up = upstream(name, Some(ca.leaf(&["localhost"])), false).await;
+        let dir = tempdir(name);
+        let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+        let yaml = config(up.addr, "", "", "").replace(
+            &format!("endpoints: [\"{}\"]", up.addr),
+            &format!(
+                "endpoints: [\"{}\"]\n    tls: {{serverName: localhost, caFile: {ca_file}}}",
+                up.addr
+            ),
+        );
+        let proxy = start_proxy(&dir, &yaml).await;
+        for i in 0..3 {
+            let resp = raw(
+                proxy.addr("http"),
+                format!("GET /n{i} HTTP/1.1\r\nHost: shop.example.com\r\nConnection: close\r\n\r\n").as_bytes(),
+            )
+            .await;
+            assert!(resp.starts_with("HTTP/1.1 200"), "{name}: {resp}");
+            let uri = up.stats.last_uri.lock().unwrap().clone().unwrap();
+            if h2 {
+                assert_eq!(uri.authority().map(|a| a.as_str()), Some("shop.example.com"), "{name}");
+                assert!(seen(&up).get("host").is_none(), "no host header beside :authority");
+            } else {
+                assert_eq!(
+                    seen(&up).get("host").map(|h| h.as_bytes()),
+                    Some(&b"shop.example.com"[..])
+                );
+            }
+        }
+        let h2_requests = up.stats.h2_requests.load(std::sync::atomic::Ordering::Relaxed);
+        assert_eq!(h2_requests, if h2 { 3 } else { 0 }, "{name}");
+        assert_eq!(
+            up.stats.connections.load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "{name}: the learning connection is the one reused"
+        );
+        proxy.running.drain();
+    }
+}
+
 /// Captures OTLP/HTTP JSON export bodies (the acceptance run uses a real Jaeger instead:
 /// e2e/tests/13-standalone-conformance.sh).
 async fn otlp_receiver() -> (

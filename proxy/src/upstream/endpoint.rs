@@ -30,6 +30,17 @@ pub struct Endpoint {
     pub(super) h1_idle: super::h1pool::IdleConnections,
     /// The connection when the cluster uses its own HTTP/2 pool.
     pub(super) h2: super::h2pool::H2Connection,
+    /// For a TLS upstream with `protocol: auto`: what ALPN agreed on with it (`Alpn`).
+    pub(super) alpn: std::sync::atomic::AtomicU8,
+}
+
+/// What an `auto` TLS endpoint speaks, learnt from its first connection's ALPN.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Alpn {
+    Unknown = 0,
+    Http1 = 1,
+    H2 = 2,
 }
 
 impl std::fmt::Debug for Endpoint {
@@ -51,7 +62,20 @@ impl Endpoint {
             permits: Semaphore::new(max_connections as usize),
             h1_idle: Default::default(),
             h2: Default::default(),
+            alpn: Default::default(),
         }
+    }
+
+    pub fn alpn(&self) -> Alpn {
+        match self.alpn.load(Ordering::Relaxed) {
+            1 => Alpn::Http1,
+            2 => Alpn::H2,
+            _ => Alpn::Unknown,
+        }
+    }
+
+    pub fn learn_alpn(&self, a: Alpn) {
+        self.alpn.store(a as u8, Ordering::Relaxed);
     }
 
     pub fn available(&self, now: u64) -> bool {

@@ -1,5 +1,5 @@
-//! A pool of HTTP/1.1 upstream connections, used instead of hyper-util's generic client when
-//! an upstream speaks HTTP/1.1 (configured `http1`, or plain TCP with `auto`).
+//! A pool of HTTP/1.1 upstream connections, for upstreams that speak HTTP/1.1 (configured
+//! `http1`, plain TCP with `auto`, or a TLS `auto` endpoint whose ALPN agreed on http/1.1).
 //!
 //! Why our own (docs/performance.md): hyper-util's legacy client races a pool checkout
 //! against a lazy connect and spawns a task per request to hand the connection back when it
@@ -97,7 +97,7 @@ impl H1Pool {
             let (Some(pool), Some(endpoint)) = (pool.upgrade(), endpoint.upgrade()) else {
                 return;
             };
-            match pool.connect(&endpoint.authority).await {
+            match pool.connect(&endpoint).await {
                 Ok(sender) => pool.checkin(&endpoint, sender),
                 Err(e) => {
                     tracing::debug!(endpoint = %endpoint.authority, error = %e, "replacing a recycled upstream connection")
@@ -121,8 +121,20 @@ impl H1Pool {
         }
     }
 
-    async fn connect(&self, endpoint: &Authority) -> Result<Sender, H1Error> {
-        let io: TokioIo<UpstreamConnection> = self.connector.dial(endpoint).await?;
+    async fn connect(&self, endpoint: &Endpoint) -> Result<Sender, H1Error> {
+        let io: TokioIo<UpstreamConnection> = self.connector.dial(&endpoint.authority).await?;
+        if io.inner().negotiated_h2() {
+            // Only an `auto` endpoint can agree on h2 here: it changed; learn it again.
+            endpoint.learn_alpn(super::endpoint::Alpn::Unknown);
+            return Err(H1Error::Connect(ConnectError::Renegotiated {
+                endpoint: endpoint.authority.to_string(),
+                now: "h2",
+            }));
+        }
+        self.handshake(&endpoint.authority, io).await
+    }
+
+    async fn handshake(&self, endpoint: &Authority, io: TokioIo<UpstreamConnection>) -> Result<Sender, H1Error> {
         let (sender, conn) = http1::handshake(io).await.map_err(|source| H1Error::Handshake {
             endpoint: endpoint.to_string(),
             source,
@@ -133,6 +145,19 @@ impl H1Pool {
             }
         });
         Ok(sender)
+    }
+
+    /// Sends `req` on `io`, a new connection that agreed on HTTP/1.1, and pools it after.
+    pub async fn send_on(
+        &self,
+        endpoint: &Endpoint,
+        io: TokioIo<UpstreamConnection>,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<Incoming>, bool), H1Error> {
+        let mut sender = self.handshake(&endpoint.authority, io).await?;
+        let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
+        self.checkin(endpoint, sender);
+        Ok((resp, false))
     }
 
     /// Sends `req` (origin-form target) to `endpoint` on a pooled connection (or a new one).
@@ -161,7 +186,7 @@ impl H1Pool {
                 },
             }
         }
-        let mut sender = self.connect(&endpoint.authority).await?;
+        let mut sender = self.connect(endpoint).await?;
         let resp = sender.send_request(req).await.map_err(H1Error::Request)?;
         self.checkin(endpoint, sender);
         if closes_after(&resp) {
@@ -178,6 +203,13 @@ impl H1Pool {
         req: http::Request<UpstreamBody>,
     ) -> Result<http::Response<Incoming>, H1Error> {
         let io: TokioIo<UpstreamConnection> = self.connector.dial(&endpoint.authority).await?;
+        if io.inner().negotiated_h2() {
+            endpoint.learn_alpn(super::endpoint::Alpn::H2);
+            return Err(H1Error::Connect(ConnectError::Renegotiated {
+                endpoint: endpoint.authority.to_string(),
+                now: "h2",
+            }));
+        }
         let (mut sender, conn) = http1::handshake(io).await.map_err(|source| H1Error::Handshake {
             endpoint: endpoint.authority.to_string(),
             source,

@@ -1,17 +1,17 @@
-//! One multiplexed HTTP/2 connection per endpoint for upstreams configured `protocol: h2`,
-//! used instead of hyper-util's client so the request's own host travels as `:authority`
-//! (RFC 9113 §8.3.1): that client keys its pool by the URI, which must then name the endpoint,
-//! and a `host` header would contradict it.
+//! One multiplexed HTTP/2 connection per endpoint for upstreams configured `protocol: h2` and
+//! TLS `auto` endpoints whose ALPN agreed on h2. Our own rather than hyper-util's client so the
+//! request's own host travels as `:authority` (RFC 9113 §8.3.1): that client keys its pool by
+//! the URI, which must then name the endpoint, and a `host` header would contradict it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use hyper::body::Incoming;
 use hyper::client::conn::http2;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
 use super::endpoint::Endpoint;
-use super::pool::{ConnectError, UpstreamConnector};
+use super::pool::{ConnectError, UpstreamConnection, UpstreamConnector};
 use crate::body::UpstreamBody;
 
 type Sender = http2::SendRequest<UpstreamBody>;
@@ -39,11 +39,18 @@ pub enum H2Error {
 pub struct H2Pool {
     connector: UpstreamConnector,
     scheme: http::uri::Scheme,
+    /// `auto` over TLS: a new connection must still agree on h2 (else the endpoint is learnt
+    /// again).
+    learns_alpn: bool,
 }
 
 impl H2Pool {
-    pub fn new(connector: UpstreamConnector, scheme: http::uri::Scheme) -> Self {
-        Self { connector, scheme }
+    pub fn new(connector: UpstreamConnector, scheme: http::uri::Scheme, learns_alpn: bool) -> Self {
+        Self {
+            connector,
+            scheme,
+            learns_alpn,
+        }
     }
 
     /// Sends `req` (origin-form target, the client's Host in its headers) on the endpoint's
@@ -84,6 +91,26 @@ impl H2Pool {
             return Ok((s, true));
         }
         let io = self.connector.dial(&endpoint.authority).await?;
+        if self.learns_alpn && !io.inner().negotiated_h2() {
+            endpoint.learn_alpn(super::endpoint::Alpn::Unknown);
+            return Err(H2Error::Connect(ConnectError::Renegotiated {
+                endpoint: endpoint.authority.to_string(),
+                now: "http/1.1",
+            }));
+        }
+        Ok((self.handshake(endpoint, io).await?, false))
+    }
+
+    /// Makes `io`, a new connection that agreed on h2, the endpoint's connection.
+    pub async fn adopt(&self, endpoint: &Endpoint, io: TokioIo<UpstreamConnection>) -> Result<(), H2Error> {
+        let _connecting = endpoint.h2.connecting.lock().await;
+        if open(&endpoint.h2).is_none() {
+            self.handshake(endpoint, io).await?;
+        }
+        Ok(())
+    }
+
+    async fn handshake(&self, endpoint: &Endpoint, io: TokioIo<UpstreamConnection>) -> Result<Sender, H2Error> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
@@ -101,7 +128,7 @@ impl H2Pool {
             }
         });
         *endpoint.h2.sender.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
-        Ok((sender, false))
+        Ok(sender)
     }
 }
 

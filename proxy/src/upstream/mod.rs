@@ -8,17 +8,14 @@ mod pool;
 pub mod sessions;
 
 use std::sync::{Arc, Weak};
-use std::time::Duration;
 
 use arc_swap::ArcSwap;
-use hyper_util::client::legacy::Client;
-use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
-pub use endpoint::{now_ms, pick, pick_avoiding, Endpoint};
-pub use pool::{ConnectionFreshness, UpstreamConnector};
+pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint};
+pub use pool::UpstreamConnector;
 
 use crate::body::UpstreamBody;
 use crate::metrics::UpstreamMetrics;
@@ -31,11 +28,14 @@ pub struct UpstreamCluster {
     /// whether it may keep the cluster (and its warm pool).
     pub material: String,
     pub endpoints: ArcSwap<Vec<Arc<Endpoint>>>,
-    pub client: Client<UpstreamConnector, UpstreamBody>,
-    /// Our own HTTP/1.1 pool, used instead of `client` when the upstream speaks HTTP/1.1.
+    /// HTTP/1.1 connections: configured `http1`, plain `auto`, or TLS `auto` endpoints that
+    /// agreed on http/1.1.
     h1: Option<Arc<h1pool::H1Pool>>,
-    /// Our own HTTP/2 connections, used when the upstream is configured `protocol: h2`.
+    /// HTTP/2 connections: configured `h2`, or TLS `auto` endpoints that agreed on h2.
     h2: Option<h2pool::H2Pool>,
+    /// TLS with `protocol: auto`: each endpoint's first connection learns its protocol (ALPN).
+    learns_alpn: bool,
+    connector: UpstreamConnector,
     pub scheme: http::uri::Scheme,
     pub metrics: UpstreamMetrics,
 }
@@ -85,38 +85,26 @@ impl UpstreamCluster {
             connect_timeout: config.pool.connect_timeout.get(),
             metrics: metrics.clone(),
         };
-        let mut builder = Client::builder(TokioExecutor::new());
-        builder
-            .pool_timer(TokioTimer::new())
-            .timer(TokioTimer::new())
-            .pool_idle_timeout(config.pool.idle_timeout.get())
-            .pool_max_idle_per_host(config.pool.max_idle_per_endpoint as usize)
-            .http2_only(config.protocol == UpstreamProtocol::H2)
-            .http2_keep_alive_interval(Some(Duration::from_secs(30)))
-            .retry_canceled_requests(true)
-            .set_host(false);
-        // HTTP/1.1 for sure: configured so, or plain TCP (no ALPN) without `h2`.
-        let h1_only = config.protocol == UpstreamProtocol::Http1
-            || (config.tls.is_none() && config.protocol == UpstreamProtocol::Auto);
-        let h1 = h1_only.then(|| {
+        let learns_alpn = config.tls.is_some() && config.protocol == UpstreamProtocol::Auto;
+        let h1 = (config.protocol != UpstreamProtocol::H2).then(|| {
             Arc::new(h1pool::H1Pool::new(
                 connector.clone(),
                 config.pool.max_idle_per_endpoint as usize,
                 config.pool.idle_timeout.get(),
             ))
         });
-        let h2 =
-            (config.protocol == UpstreamProtocol::H2).then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone()));
-        let client = builder.build(connector);
+        let h2 = (config.protocol == UpstreamProtocol::H2 || learns_alpn)
+            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone(), learns_alpn));
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
             name: name.into(),
             config: config.clone(),
             material,
             endpoints: ArcSwap::from_pointee(endpoints),
-            client,
             h1,
             h2,
+            learns_alpn,
+            connector,
             scheme,
             metrics,
         });
@@ -132,22 +120,14 @@ impl UpstreamCluster {
         Ok(cluster)
     }
 
-    /// The request target for `path_and_query` at `endpoint`: origin-form for our HTTP/1.1
-    /// and HTTP/2 pools (what an origin server expects; the h2 pool adds the request's own host as
-    /// `:authority`), absolute for hyper-util's client (its pool key).
+    /// The request target for `path_and_query` at `endpoint`: origin-form, what an origin
+    /// server expects (the h2 pool adds the request's own host as `:authority`).
     pub fn request_uri(
         &self,
-        endpoint: &http::uri::Authority,
+        _endpoint: &http::uri::Authority,
         path_and_query: http::uri::PathAndQuery,
     ) -> Result<http::Uri, http::Error> {
-        if self.h1.is_some() || self.h2.is_some() {
-            return Ok(http::Uri::from(path_and_query));
-        }
-        http::Uri::builder()
-            .scheme(self.scheme.clone())
-            .authority(endpoint.clone())
-            .path_and_query(path_and_query)
-            .build()
+        Ok(http::Uri::from(path_and_query))
     }
 
     /// Sends `req` (its URI from `request_uri`) to `endpoint`. Returns the response and whether
@@ -157,30 +137,44 @@ impl UpstreamCluster {
         endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
     ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
-        if let Some(h1) = &self.h1 {
-            return h1.send(endpoint, req).await.map_err(|e| SendError {
-                connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
-                error: Box::new(e),
-            });
-        }
-        if let Some(h2) = &self.h2 {
-            return h2.send(endpoint, req).await.map_err(|e| SendError {
-                connect: matches!(e, h2pool::H2Error::Connect(_) | h2pool::H2Error::Handshake { .. }),
-                error: Box::new(e),
-            });
-        }
-        match self.client.request(req).await {
-            Ok(resp) => {
-                let reused = resp
-                    .extensions()
-                    .get::<ConnectionFreshness>()
-                    .is_some_and(|f| !f.take_fresh());
-                Ok((resp, reused))
-            }
-            Err(e) => Err(SendError {
-                connect: e.is_connect(),
-                error: Box::new(e),
+        let (h1, h2) = (self.h1.as_ref(), self.h2.as_ref());
+        let alpn = if self.learns_alpn {
+            endpoint.alpn()
+        } else if h2.is_some() {
+            Alpn::H2
+        } else {
+            Alpn::Http1
+        };
+        match (alpn, h1, h2) {
+            (Alpn::H2, _, Some(h2)) => h2.send(endpoint, req).await.map_err(h2_error),
+            (Alpn::Http1, Some(h1), _) => h1.send(endpoint, req).await.map_err(h1_error),
+            (_, Some(h1), Some(h2)) => self.learn(endpoint, h1, h2, req).await,
+            _ => Err(SendError {
+                connect: false,
+                error: "no connection pool for this upstream".into(),
             }),
+        }
+    }
+
+    /// An `auto` TLS endpoint's first connection: ALPN says which pool it joins.
+    async fn learn(
+        &self,
+        endpoint: &Arc<Endpoint>,
+        h1: &h1pool::H1Pool,
+        h2: &h2pool::H2Pool,
+        req: http::Request<UpstreamBody>,
+    ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
+        let io = self.connector.dial(&endpoint.authority).await.map_err(|e| SendError {
+            connect: true,
+            error: Box::new(e),
+        })?;
+        if io.inner().negotiated_h2() {
+            endpoint.learn_alpn(Alpn::H2);
+            h2.adopt(endpoint, io).await.map_err(h2_error)?;
+            h2.send(endpoint, req).await.map_err(h2_error)
+        } else {
+            endpoint.learn_alpn(Alpn::Http1);
+            h1.send_on(endpoint, io, req).await.map_err(h1_error)
         }
     }
 
@@ -191,16 +185,18 @@ impl UpstreamCluster {
         endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
     ) -> Result<http::Response<hyper::body::Incoming>, SendError> {
-        let Some(h1) = &self.h1 else {
+        // An `auto` TLS endpoint upgrades once it is known to speak HTTP/1.1.
+        let h1 = self
+            .h1
+            .as_ref()
+            .filter(|_| !self.learns_alpn || endpoint.alpn() == Alpn::Http1);
+        let Some(h1) = h1 else {
             return Err(SendError {
                 connect: false,
                 error: "upgrades need an HTTP/1.1 upstream (protocol: http1 for TLS upstreams)".into(),
             });
         };
-        h1.send_upgrade(endpoint, req).await.map_err(|e| SendError {
-            connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
-            error: Box::new(e),
-        })
+        h1.send_upgrade(endpoint, req).await.map_err(h1_error)
     }
 
     /// Replaces the endpoint set, keeping the state of endpoints that remain.
@@ -283,6 +279,20 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
         }
         drop(c);
         tokio::time::sleep(hc.interval.get()).await;
+    }
+}
+
+fn h1_error(e: h1pool::H1Error) -> SendError {
+    SendError {
+        connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
+        error: Box::new(e),
+    }
+}
+
+fn h2_error(e: h2pool::H2Error) -> SendError {
+    SendError {
+        connect: matches!(e, h2pool::H2Error::Connect(_) | h2pool::H2Error::Handshake { .. }),
+        error: Box::new(e),
     }
 }
 

@@ -1,32 +1,17 @@
-//! Connections to upstream endpoints: TCP + optional TLS with session resumption, kept alive
-//! and reused by hyper-util's pool (one pool per upstream cluster, keyed by endpoint).
+//! Connections to upstream endpoints: TCP + optional TLS with session resumption; the HTTP/1.1
+//! and HTTP/2 pools (`h1pool`, `h2pool`) keep them alive per endpoint.
 
-use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use hyper_util::client::legacy::connect::{Connected, Connection};
 use hyper_util::rt::TokioIo;
 use rustls::pki_types::ServerName;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpStream;
 
 use crate::metrics::UpstreamMetrics;
-
-/// Marks whether a connection has carried a request yet; put into every response's
-/// extensions so the first request on a connection is counted as "new", the rest "reused".
-#[derive(Clone, Debug)]
-pub struct ConnectionFreshness(pub Arc<AtomicBool>);
-
-impl ConnectionFreshness {
-    /// True exactly once per connection.
-    pub fn take_fresh(&self) -> bool {
-        self.0.swap(false, Ordering::Relaxed)
-    }
-}
 
 pub enum UpstreamStream {
     Plain(TcpStream),
@@ -36,17 +21,12 @@ pub enum UpstreamStream {
 pub struct UpstreamConnection {
     stream: UpstreamStream,
     h2: bool,
-    fresh: ConnectionFreshness,
 }
 
-impl Connection for UpstreamConnection {
-    fn connected(&self) -> Connected {
-        let c = Connected::new().extra(self.fresh.clone());
-        if self.h2 {
-            c.negotiated_h2()
-        } else {
-            c
-        }
+impl UpstreamConnection {
+    /// TLS ALPN agreed on h2.
+    pub fn negotiated_h2(&self) -> bool {
+        self.h2
     }
 }
 
@@ -106,34 +86,17 @@ pub enum ConnectError {
     Tls { endpoint: String, source: std::io::Error },
     #[error("invalid TLS server name {0:?}")]
     ServerName(String),
+    /// An `auto` endpoint's ALPN answer changed (the server was redeployed): learnt again.
+    #[error("{endpoint} now agrees on {now} over ALPN; trying again")]
+    Renegotiated { endpoint: String, now: &'static str },
 }
 
-/// The connector handed to hyper-util's client: it dials the URI's authority.
+/// Dials an endpoint: TCP, and TLS when the upstream has it.
 #[derive(Clone)]
 pub struct UpstreamConnector {
     pub tls: Option<(Arc<rustls::ClientConfig>, Option<ServerName<'static>>)>,
     pub connect_timeout: Duration,
     pub metrics: UpstreamMetrics,
-}
-
-impl tower_service::Service<http::Uri> for UpstreamConnector {
-    type Response = TokioIo<UpstreamConnection>;
-    type Error = ConnectError;
-    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, ConnectError>> + Send>>;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, uri: http::Uri) -> Self::Future {
-        let this = self.clone();
-        Box::pin(async move {
-            let Some(endpoint) = uri.authority().cloned() else {
-                return Err(ConnectError::ServerName(uri.to_string()));
-            };
-            this.dial(&endpoint).await
-        })
-    }
 }
 
 impl UpstreamConnector {
@@ -166,7 +129,6 @@ impl UpstreamConnector {
                 source,
             })?;
         let _ = tcp.set_nodelay(true);
-        let fresh = ConnectionFreshness(Arc::new(AtomicBool::new(true)));
         let (stream, h2) = match &self.tls {
             None => (UpstreamStream::Plain(tcp), false),
             Some((config, server_name)) => {
@@ -194,6 +156,6 @@ impl UpstreamConnector {
                 (UpstreamStream::Tls(Box::new(tls)), h2)
             }
         };
-        Ok(TokioIo::new(UpstreamConnection { stream, h2, fresh }))
+        Ok(TokioIo::new(UpstreamConnection { stream, h2 }))
     }
 }
