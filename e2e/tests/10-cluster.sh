@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The local cluster works: real versions, a locally built image runs behind a Service that
-# answers from the host, the controller-manager garbage-collects, a member control plane runs.
+# answers from the host, a second `up` is idempotent (kube-proxy keeps following endpoints), the
+# controller-manager garbage-collects, a member control plane runs.
 . "$(dirname "$0")/../lib/testlib.sh"
 
 say "versions"
@@ -49,6 +50,16 @@ say "request to ClusterIP $ip from the host"
 retry 30 curl -fsS "http://$ip/hello"
 out=$(curl -fsS "http://$ip/hello")
 echo "$out" | grep -q "GET /hello" || fail "unexpected answer: $out"
+
+say "a second 'up' on the running cluster changes nothing: kube-proxy keeps running, and a Service follows new pods"
+kp_pid=$(cat /var/lib/proxyfleet/clusters/main/pids/kube-proxy.pid)
+"$root/e2e/cluster" up >/dev/null 2>&1 || fail "a second e2e/cluster up failed"
+sleep 3
+kill -0 "$kp_pid" 2>/dev/null || fail "kube-proxy exited after a second up (its config file was rewritten)"
+[ "$(cat /var/lib/proxyfleet/clusters/main/pids/kube-proxy.pid)" = "$kp_pid" ] || fail "kube-proxy was restarted"
+kubectl rollout restart -n "$ns" deploy/echo >/dev/null
+kubectl rollout status -n "$ns" deploy/echo --timeout=120s >/dev/null || fail "echo Deployment not ready after the restart"
+retry 30 curl -fsS "http://$ip/hello" || fail "the Service stopped answering after its pods were replaced"
 
 say "pods reach the API server through the kubernetes Service"
 kubectl get endpointslices -n default -l kubernetes.io/service-name=kubernetes -o jsonpath='{.items[0].endpoints[0].addresses[0]}' | grep -q 10.244.0.1 || fail "kubernetes Service has no endpoint"

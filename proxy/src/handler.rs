@@ -124,7 +124,7 @@ async fn handle_request(
     state: &Arc<ProxyState>,
     client: Arc<ClientInfo>,
 ) -> Response<ClientBody> {
-    if req.method() == Method::CONNECT {
+    if req.method() == Method::CONNECT && !crate::upgrade::is_extended_websocket(&req) {
         return crate::connect::handle_connect(req, shared, client).await;
     }
     let limits = &state.config.limits;
@@ -308,10 +308,12 @@ async fn routed(
 
 /// An HTTP/1.1 WebSocket handshake: `Connection: upgrade` and `Upgrade: websocket`. Other
 /// upgrades (h2c) are not passed on: they are stripped as hop-by-hop like any other.
+/// An HTTP/1.1 WebSocket upgrade, or an HTTP/2 extended CONNECT for one (RFC 8441).
 fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
-    req.version() == Version::HTTP_11
+    (req.version() == Version::HTTP_11
         && header_has_token(req.headers(), &header::CONNECTION, "upgrade")
-        && header_has_token(req.headers(), &header::UPGRADE, "websocket")
+        && header_has_token(req.headers(), &header::UPGRADE, "websocket"))
+        || crate::upgrade::is_extended_websocket(req)
 }
 
 fn finish(

@@ -467,7 +467,9 @@ impl ConnectionBuilders {
             // A peer that stops answering PINGs (gone without a FIN, a dead NAT entry) is
             // closed instead of holding its slot for ever.
             .keep_alive_interval(Some(H2_PING_INTERVAL))
-            .keep_alive_timeout(H2_PING_TIMEOUT);
+            .keep_alive_timeout(H2_PING_TIMEOUT)
+            // WebSocket over HTTP/2 (RFC 8441).
+            .enable_connect_protocol();
         Self {
             // Only `serve_connection` honours http2_only (hyper-util); h2 has no upgrades anyway.
             h2: builder.clone().http2_only(),

@@ -1,6 +1,8 @@
 //! WebSocket pass-through: the handshake goes to the upstream on a connection of its own;
 //! once both sides have switched protocols (101), the two upgraded streams are copied to each
-//! other until either closes or the tunnel idles out.
+//! other until either closes or the tunnel idles out. A WebSocket over HTTP/2 (RFC 8441: an
+//! extended CONNECT with `:protocol: websocket`) becomes an HTTP/1.1 upgrade towards the
+//! upstream, and its 101 a 200 towards the client.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -26,6 +28,7 @@ pub async fn tunnel(
     started: Instant,
 ) -> Response<ClientBody> {
     let client_side = hyper::upgrade::on(&mut req);
+    let client_is_h2 = req.version() == Version::HTTP_2;
     let (route, cluster) = (target.route, &target.backend.upstream);
     let Some(endpoint) = upstream::pick_avoiding(&cluster.endpoints.load(), None).cloned() else {
         return status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n");
@@ -59,9 +62,35 @@ pub async fn tunnel(
             (c, u) => tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed"),
         }
     });
-    // The upstream's 101 as it is: Connection/Upgrade and Sec-WebSocket-* are end to end here.
-    let (parts, _) = resp.into_parts();
+    let (mut parts, _) = resp.into_parts();
+    if client_is_h2 {
+        // RFC 8441 §5: a 2xx, with no Connection/Upgrade or Sec-WebSocket-Accept.
+        parts.status = StatusCode::OK;
+        parts.version = Version::HTTP_2;
+        for h in [header::CONNECTION, header::UPGRADE, header::SEC_WEBSOCKET_ACCEPT] {
+            parts.headers.remove(h);
+        }
+    }
+    // Otherwise the upstream's 101 as it is: Connection/Upgrade and Sec-WebSocket-* are end to
+    // end here.
     Response::from_parts(parts, crate::body::full(""))
+}
+
+/// An HTTP/2 extended CONNECT for a WebSocket (RFC 8441).
+pub fn is_extended_websocket<B>(req: &Request<B>) -> bool {
+    req.method() == http::Method::CONNECT
+        && req
+            .extensions()
+            .get::<hyper::ext::Protocol>()
+            .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
+}
+
+/// A fresh `Sec-WebSocket-Key` (16 random bytes, base64) for a handshake the proxy starts.
+fn websocket_key() -> HeaderValue {
+    use base64::Engine;
+    let bytes: [u8; 16] = std::array::from_fn(|_| fastrand::u8(..));
+    let key = base64::engine::general_purpose::STANDARD.encode(bytes);
+    HeaderValue::from_str(&key).unwrap_or_else(|_| HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ=="))
 }
 
 /// The handshake as the upstream gets it: hop-by-hop headers removed, forwarding headers
@@ -75,6 +104,18 @@ fn upstream_request(
 ) -> Option<Request<UpstreamBody>> {
     let cluster: &UpstreamCluster = &target.backend.upstream;
     let (mut parts, _) = req.into_parts();
+    if parts.version == Version::HTTP_2 {
+        // RFC 8441 → RFC 6455: GET with the authority as Host and a key of our own.
+        parts.method = http::Method::GET;
+        if let Some(host) = parts
+            .uri
+            .authority()
+            .and_then(|a| HeaderValue::from_str(a.as_str()).ok())
+        {
+            parts.headers.insert(header::HOST, host);
+        }
+        parts.headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
+    }
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, client, trusted);
     target.route.apply_request_rules(&mut parts);

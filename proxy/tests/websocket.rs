@@ -1,6 +1,7 @@
 //! WebSocket through the proxy with a real WebSocket implementation on both ends
 //! (tokio-tungstenite): the handshake is passed on, both directions stream, and the upgrade
-//! is counted. Other upgrades (h2c) are not passed on.
+//! is counted; a WebSocket over HTTP/2 (RFC 8441 extended CONNECT) reaches an HTTP/1.1
+//! WebSocket upstream. Other upgrades (h2c) are not passed on.
 
 mod support;
 
@@ -84,5 +85,56 @@ async fn an_h2c_upgrade_is_not_passed_on() {
     )
     .await;
     assert!(reply.starts_with("HTTP/1.1 200"), "served as plain HTTP/1.1: {reply}");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_websocket_over_http2_reaches_an_http1_websocket_upstream() {
+    init();
+    let upstream = ws_echo().await;
+    let dir = tempdir("websocket-h2");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .expect("h2 prior knowledge");
+    tokio::spawn(conn);
+    // One ordinary request first, so the server's SETTINGS (ENABLE_CONNECT_PROTOCOL) are in.
+    let warm = http::Request::get("http://chat.example/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let _ = sender.send_request(warm).await;
+    let mut connect = http::Request::connect("http://chat.example/socket")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    connect
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    let mut resp = sender.send_request(connect).await.expect("extended CONNECT answered");
+    assert_eq!(resp.status(), 200, "RFC 8441: a 2xx, not a 101");
+    assert!(resp.headers().get("sec-websocket-accept").is_none());
+    let io = hyper::upgrade::on(&mut resp).await.expect("the stream is the tunnel");
+    let mut ws = tokio_tungstenite::WebSocketStream::from_raw_socket(
+        hyper_util::rt::TokioIo::new(io),
+        tokio_tungstenite::tungstenite::protocol::Role::Client,
+        None,
+    )
+    .await;
+    for i in 0..20 {
+        ws.send(Message::text(format!("over h2 {i}"))).await.unwrap();
+        let back = ws.next().await.expect("a reply").expect("a message");
+        assert_eq!(back, Message::text(format!("echo: over h2 {i}")));
+    }
+    ws.close(None).await.unwrap();
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_upgraded_connections_total", &["route=\"ws\""]),
+        1.0
+    );
     proxy.running.drain();
 }
