@@ -179,7 +179,9 @@ fn cluster_secret_stores(
 }
 
 /// A cache of the objects `api` and `config` select, calling `on_touched` for each after the
-/// cache holds it; every cache here is one of these.
+/// cache holds it; every cache here is one of these. `managedFields` are dropped before the
+/// cache keeps an object: nothing reads them, and they are often the larger part of its
+/// metadata (issue 24: the operator's memory at 1 000 fleets).
 fn store_all<K>(
     api: Api<K>,
     config: watcher::Config,
@@ -189,7 +191,8 @@ where
     K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stream = reflector::reflector(writer, watcher(api, config))
+    let stripped = watcher(api, config).modify(|o| o.meta_mut().managed_fields = None);
+    let stream = reflector::reflector(writer, stripped)
         .default_backoff()
         .touched_objects()
         .for_each(move |object| {
