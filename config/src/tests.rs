@@ -99,18 +99,12 @@ fn bad_values_are_named() {
             MINIMAL.replace("default: true", "serverNames: [\"bad name\"]"),
             "serverNames[0]",
         ),
-        (
-            format!("{MINIMAL}limits: {{idleTimeout: 0s}}\n"),
-            "limits.idleTimeout",
-        ),
+        (format!("{MINIMAL}limits: {{idleTimeout: 0s}}\n"), "limits.idleTimeout"),
         (
             format!("{MINIMAL}limits: {{clientBodyTimeout: 500ms}}\n"),
             "limits.clientBodyTimeout",
         ),
-        (
-            format!("{MINIMAL}limits: {{sendTimeout: 0s}}\n"),
-            "limits.sendTimeout",
-        ),
+        (format!("{MINIMAL}limits: {{sendTimeout: 0s}}\n"), "limits.sendTimeout"),
     ];
     for (yaml, field) in cases {
         let e = refused(&yaml);
