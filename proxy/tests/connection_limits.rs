@@ -127,12 +127,7 @@ async fn http2_connection_gets_goaway_at_its_age() {
     let up = upstream("up", None, false).await;
     let dir = tempdir("max-age-h2");
     let proxy = start_proxy(&dir, &config(up.addr, "maxConnectionAge: 1s")).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("h2 prior knowledge");
-    let driver = tokio::spawn(conn);
+    let (mut sender, driver) = h2_client(proxy.addr("http")).await;
     let request = || {
         http::Request::get("http://a.example/")
             .body(http_body_util::Empty::<bytes::Bytes>::new())
@@ -152,12 +147,7 @@ async fn an_idle_http2_connection_that_answers_pings_ends_at_the_idle_timeout() 
     let up = upstream("up", None, false).await;
     let dir = tempdir("idle-h2");
     let proxy = start_proxy(&dir, &config(up.addr, "idleTimeout: 1s")).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("h2 prior knowledge");
-    let driver = tokio::spawn(conn);
+    let (mut sender, driver) = h2_client(proxy.addr("http")).await;
     // A request that lasts longer than the idle timeout keeps the connection.
     let slow = http::Request::get("http://a.example/delay/2500")
         .body(http_body_util::Empty::<bytes::Bytes>::new())

@@ -378,3 +378,18 @@ pub async fn raw(addr: SocketAddr, bytes: &[u8]) -> String {
     let _ = tokio::time::timeout(Duration::from_secs(2), tcp.read_to_end(&mut out)).await;
     String::from_utf8_lossy(&out).into_owned()
 }
+
+/// An HTTP/2 prior-knowledge client connection to `addr`: the sender, and the connection's
+/// task (it completes when the connection ends).
+pub async fn h2_client(
+    addr: SocketAddr,
+) -> (
+    hyper::client::conn::http2::SendRequest<http_body_util::Empty<Bytes>>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(tcp))
+        .await
+        .expect("h2 prior knowledge");
+    (sender, tokio::spawn(conn))
+}

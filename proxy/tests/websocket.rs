@@ -97,12 +97,7 @@ async fn a_websocket_over_http2_reaches_an_http1_websocket_upstream() {
         "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
     );
     let proxy = start_proxy(&dir, &yaml).await;
-    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .expect("h2 prior knowledge");
-    tokio::spawn(conn);
+    let (mut sender, _conn) = h2_client(proxy.addr("http")).await;
     // One ordinary request first, so the server's SETTINGS (ENABLE_CONNECT_PROTOCOL) are in.
     let warm = http::Request::get("http://chat.example/")
         .body(http_body_util::Empty::<bytes::Bytes>::new())

@@ -228,9 +228,9 @@ fn settle(world: &mut [World], step: usize) {
     }
 }
 
-fn run(c: &Case) -> Result<(), TestCaseError> {
-    let mut world: Vec<World> = c
-        .members
+/// Every member of `c` reachable and done on revision r0.
+fn world_on_r0(c: &Case) -> Vec<World> {
+    c.members
         .iter()
         .map(|(_, bad)| World {
             reachable: true,
@@ -238,7 +238,11 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             revision: Some("r0".into()),
             progress: Progress::Done,
         })
-        .collect();
+        .collect()
+}
+
+fn run(c: &Case) -> Result<(), TestCaseError> {
+    let mut world = world_on_r0(c);
     let (mut revision, mut n, mut now) = ("r1".to_string(), 1, 1_000_000i64);
     let mut status: Option<WaveStatus> = None;
     let mut seen = HashSet::new();
@@ -345,16 +349,7 @@ fn an_abort_in_the_first_wave_never_reaches_the_second() {
         rollback: true,
         ops: Vec::new(),
     };
-    let mut world: Vec<World> = c
-        .members
-        .iter()
-        .map(|(_, bad)| World {
-            reachable: true,
-            bad: *bad,
-            revision: Some("r0".into()),
-            progress: Progress::Done,
-        })
-        .collect();
+    let mut world = world_on_r0(&c);
     let mut status = Some(WaveStatus {
         revision: "r0".into(),
         phase: WavePhase::Completed,
