@@ -10,3 +10,5 @@ H2SPEC_VERSION=v2.2.1+incompatible   # the Go module proxy serves this one (v2.6
 CARGO_DENY_VERSION=0.20.2   # make lint: licenses, bans, sources (advisories when a RustSec db is present)
 PROXYFLEET_CACHE=${PROXYFLEET_CACHE:-$HOME/.cache/proxyfleet}
 K8S_BIN=$PROXYFLEET_CACHE/k8s/$K8S_VERSION/bin
+CERT_MANAGER_VERSION=v1.21.2   # the root module (controllers, CRDs); our main in e2e/peers/cert-manager
+PEBBLE_VERSION=v2.10.3         # Let's Encrypt's ACME test server (github.com/letsencrypt/pebble/v2)
