@@ -22,6 +22,9 @@ pub struct AdminReport {
     /// Live weights applied, per route (absent: the configured weights rule).
     #[serde(default)]
     pub live_weights: Vec<crate::LiveWeights>,
+    /// Tokens of the ACME HTTP-01 challenges answered (key authorizations are not shown).
+    #[serde(default)]
+    pub acme_tokens: Vec<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq)]

@@ -1,5 +1,6 @@
 //! The configuration schema of proxyfleet-proxy, shared with the operator.
 
+mod acme_challenges;
 mod admin_report;
 mod duration;
 mod field;
@@ -12,6 +13,9 @@ mod validate;
 mod validate_http;
 mod validate_split;
 
+pub use acme_challenges::{
+    is_valid_token as is_valid_acme_token, AcmeChallenges, ACME_CHALLENGES_PATH, ACME_CHALLENGE_PREFIX,
+};
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
 pub use field::FieldError;

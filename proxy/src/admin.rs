@@ -41,6 +41,7 @@ pub fn config_report(shared: &Shared) -> String {
         certificates,
         trust_bundle_sha256: state.trust_bundle_sha256.clone(),
         live_weights: crate::live_weights::report(shared),
+        acme_tokens: shared.acme.tokens(),
     }
     .to_json()
 }
@@ -92,30 +93,54 @@ async fn route(req: Request<Incoming>, shared: Arc<Shared>) -> Result<Response<F
 /// Largest write body accepted (a weights document is a few hundred bytes).
 const MAX_WRITE_BYTES: usize = 64 * 1024;
 
-/// `PUT /weights`: live weights, for a bearer of the admin token only.
+/// `PUT /weights` (live weights) and `PUT /acme-challenges`, for a bearer of the admin token only.
 async fn write(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>> {
-    if req.uri().path() != proxyfleet_config::LIVE_WEIGHTS_PATH {
+    let path = req.uri().path();
+    if path != proxyfleet_config::LIVE_WEIGHTS_PATH && path != proxyfleet_config::ACME_CHALLENGES_PATH {
         return text(StatusCode::NOT_FOUND, "text/plain", "not found\n");
     }
     if req.method() != http::Method::PUT {
         return text(StatusCode::METHOD_NOT_ALLOWED, "text/plain", "PUT only\n");
     }
+    if let Err(refused) = authorize(&req, shared) {
+        return refused;
+    }
+    let acme = path == proxyfleet_config::ACME_CHALLENGES_PATH;
+    let body = match http_body_util::Limited::new(req.into_body(), MAX_WRITE_BYTES)
+        .collect()
+        .await
+    {
+        Ok(b) => b.to_bytes(),
+        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
+    };
+    let Ok(body) = std::str::from_utf8(&body) else {
+        return text(StatusCode::BAD_REQUEST, "text/plain", "not UTF-8\n");
+    };
+    if acme {
+        put_acme(shared, body)
+    } else {
+        put_weights(shared, body)
+    }
+}
+
+/// A write needs the bearer token in the file `admin.tokenFile` names.
+fn authorize(req: &Request<Incoming>, shared: &Shared) -> Result<(), Response<Full<Bytes>>> {
     let token_file = shared.state.load().config.admin.token_file.clone();
     let Some(token_file) = token_file else {
-        return text(
+        return Err(text(
             StatusCode::FORBIDDEN,
             "text/plain",
             "writes are disabled: no admin.tokenFile\n",
-        );
+        ));
     };
     let expected = match std::fs::read_to_string(&token_file) {
         Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
         _ => {
-            return text(
+            return Err(text(
                 StatusCode::FORBIDDEN,
                 "text/plain",
                 "writes are disabled: the admin token is unreadable\n",
-            )
+            ))
         }
     };
     let given = req
@@ -125,29 +150,40 @@ async fn write(req: Request<Incoming>, shared: &Shared) -> Response<Full<Bytes>>
         .and_then(|v| v.strip_prefix("Bearer "))
         .unwrap_or("");
     if !constant_time_eq(given.trim().as_bytes(), expected.as_bytes()) {
-        return text(
+        return Err(text(
             StatusCode::UNAUTHORIZED,
             "text/plain",
             "a valid bearer token is required\n",
-        );
+        ));
     }
-    let body = match http_body_util::Limited::new(req.into_body(), MAX_WRITE_BYTES)
-        .collect()
-        .await
-    {
-        Ok(b) => b.to_bytes(),
-        Err(_) => return text(StatusCode::PAYLOAD_TOO_LARGE, "text/plain", "body too large\n"),
-    };
-    let doc = match std::str::from_utf8(&body).map(proxyfleet_config::LiveWeights::from_json) {
-        Ok(Ok(d)) => d,
-        Ok(Err(e)) => {
+    Ok(())
+}
+
+fn put_acme(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
+    match proxyfleet_config::AcmeChallenges::from_json(body) {
+        Ok(doc) => {
+            let n = doc.tokens.len();
+            shared.acme.replace(doc);
+            text(StatusCode::OK, "text/plain", format!("{n} challenges\n"))
+        }
+        Err(e) => text(
+            StatusCode::BAD_REQUEST,
+            "text/plain",
+            format!("not an ACME challenges document: {e}\n"),
+        ),
+    }
+}
+
+fn put_weights(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
+    let doc = match proxyfleet_config::LiveWeights::from_json(body) {
+        Ok(d) => d,
+        Err(e) => {
             return text(
                 StatusCode::BAD_REQUEST,
                 "text/plain",
                 format!("not a weights document: {e}\n"),
             )
         }
-        Err(_) => return text(StatusCode::BAD_REQUEST, "text/plain", "not UTF-8\n"),
     };
     match crate::live_weights::apply(shared, doc) {
         Ok(crate::live_weights::Outcome::Applied) => text(StatusCode::OK, "text/plain", "applied\n"),

@@ -133,6 +133,9 @@ async fn handle_request(
         shared.metrics.malformed_requests.inc();
         return finish(shared, None, resp, started);
     }
+    if let Some(resp) = shared.acme.answer(&req) {
+        return finish(shared, None, resp, started);
+    }
     let host = router::request_host(req.uri(), req.headers());
     if misdirected(&client, host) {
         shared.metrics.misdirected_requests.inc();

@@ -8,6 +8,7 @@
 #![allow(clippy::result_large_err)]
 
 pub mod access_log;
+pub mod acme;
 pub mod admin;
 pub mod body;
 pub mod client_slots;

@@ -91,6 +91,7 @@ fn build_shared(
         config_path,
         no_route_metrics,
         live_weights: Default::default(),
+        acme: Default::default(),
         per_ip: Default::default(),
     });
 
@@ -318,7 +319,11 @@ impl ListenerContext {
             async move {
                 let _in_flight = in_flight;
                 match redirect {
-                    Some(r) => Ok(crate::redirect::https_redirect(&req, &r)),
+                    // An ACME HTTP-01 challenge is answered on a redirecting listener too.
+                    Some(r) => Ok(shared
+                        .acme
+                        .answer(&req)
+                        .unwrap_or_else(|| crate::redirect::https_redirect(&req, &r))),
                     None => handler::handle(req, shared, client).await,
                 }
             }

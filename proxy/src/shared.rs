@@ -23,6 +23,8 @@ pub struct Shared {
     pub no_route_metrics: RouteMetrics,
     /// The latest live weights per route (`live_weights`); written only when weights change.
     pub live_weights: std::sync::Mutex<HashMap<String, proxyfleet_config::LiveWeights>>,
+    /// ACME HTTP-01 challenges pushed by the operator.
+    pub acme: crate::acme::AcmeAnswers,
     /// Open client connections per IP, for `limits.maxConnectionsPerClientIp`.
     pub per_ip: Arc<crate::client_slots::PerIpConnections>,
 }

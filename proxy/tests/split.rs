@@ -66,20 +66,7 @@ fn served_by_canary(body: &str) -> bool {
 }
 
 async fn put_weights(proxy: &Proxy, token: &str, body: &str) -> (u16, String) {
-    let tcp = tokio::net::TcpStream::connect(proxy.admin()).await.unwrap();
-    let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = http::Request::put("/weights")
-        .header("host", "admin")
-        .header("authorization", format!("Bearer {token}"))
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = send.send_request(req).await.unwrap();
-    let status = resp.status().as_u16();
-    let body = resp.into_body().collect().await.unwrap().to_bytes();
-    (status, String::from_utf8_lossy(&body).into_owned())
+    admin_put(proxy, "/weights", token, body).await
 }
 
 fn doc(generation: u64, canary: u8) -> String {

@@ -393,3 +393,21 @@ pub async fn h2_client(
         .expect("h2 prior knowledge");
     (sender, tokio::spawn(conn))
 }
+
+/// PUTs `body` to the proxy's admin listener at `path` with a bearer token.
+pub async fn admin_put(proxy: &Proxy, path: &str, token: &str, body: &str) -> (u16, String) {
+    let tcp = tokio::net::TcpStream::connect(proxy.admin()).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake::<_, Full<Bytes>>(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::put(path)
+        .header("host", "admin")
+        .header("authorization", format!("Bearer {token}"))
+        .body(Full::new(Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, String::from_utf8_lossy(&body).into_owned())
+}

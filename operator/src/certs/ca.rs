@@ -566,6 +566,7 @@ mod tests {
             }],
             trust_bundle_sha256: Some("abc".into()),
             live_weights: Vec::new(),
+            acme_tokens: Vec::new(),
         };
         let r = parse_config_report(&report.to_json());
         assert_eq!(r.bundle_sha.as_deref(), Some("abc"));

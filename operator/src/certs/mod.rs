@@ -2,6 +2,7 @@
 
 pub mod ca;
 pub mod ca_rotation;
+pub mod cert_manager;
 pub mod controller;
 pub mod issue;
 pub mod reconcile;

@@ -6,16 +6,15 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::ByteString;
-use kube::api::{Api, DynamicObject, Patch, PatchParams};
-use kube::core::{ApiResource, GroupVersionKind};
+use kube::api::Api;
 use kube::runtime::reflector::ObjectRef;
 
+use super::cert_manager;
 use super::issue::{self, KeyedCert};
-use super::spec::{CertificateStatus, KeyAlgorithm, ManagedTls, TlsSpec};
+use super::spec::{CertSource, CertificateStatus, KeyAlgorithm, ManagedTls, TlsSpec};
 use crate::conditions::{Want, CERTIFICATES_READY};
 use crate::context::Context;
 use crate::crd::{ListenerProtocol, ProxyDeployment};
-use crate::labels;
 use crate::metrics::CertLabels;
 use crate::resources::deployment::MountedSecrets;
 use crate::resources::Owner;
@@ -24,6 +23,12 @@ pub use super::ca::CA_SECRET;
 
 pub fn serving_secret_name(pxd: &str) -> String {
     format!("{pxd}-tls")
+}
+
+/// cert-manager fills its own Secret: a switch of source never has two writers on one Secret,
+/// and a leaf another source left behind is never adopted as if cert-manager had issued it.
+pub fn cert_manager_secret_name(pxd: &str) -> String {
+    format!("{pxd}-cert-manager-tls")
 }
 
 pub fn client_secret_name(pxd: &str) -> String {
@@ -49,8 +54,10 @@ fn status_of(
     secret_name: &str,
     info: &issue::CertInfo,
     renew_before: Option<Duration>,
+    source: CertSource,
 ) -> CertificateStatus {
     CertificateStatus {
+        source: Some(source),
         kind: kind.to_string(),
         secret_name: secret_name.to_string(),
         serial: Some(info.serial.clone()),
@@ -117,6 +124,11 @@ pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
             ca_rotation: None,
         };
     }
+    if tls.cert_manager.is_none() {
+        if let Some(held) = leave_cert_manager(pxd, &owner, ctx).await {
+            return held;
+        }
+    }
     let outcome = if let Some(secret_name) = &tls.secret_name {
         existing_secret(&owner, secret_name, ctx).await
     } else if tls.cert_manager.is_some() {
@@ -160,7 +172,7 @@ async fn existing_secret(owner: &Owner, secret_name: &str, ctx: &Context) -> Cer
                     serving: Some(secret_name.to_string()),
                     client: None,
                 },
-                statuses: vec![status_of("serving", secret_name, &info, None)],
+                statuses: vec![status_of("serving", secret_name, &info, None, CertSource::Secret)],
                 condition: if expired {
                     Want::new(
                         CERTIFICATES_READY,
@@ -196,73 +208,96 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
     let Some(cm) = &tls.cert_manager else {
         return failure("Invalid", "no certManager".into());
     };
-    let secret_name = serving_secret_name(&owner.name);
+    let secret_name = cert_manager_secret_name(&owner.name);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
     let dns_names = issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names);
-    let gvk = GroupVersionKind::gvk("cert-manager.io", "v1", "Certificate");
-    let ar = ApiResource::from_gvk(&gvk);
-    let mut spec = serde_json::json!({
-        "secretName": secret_name,
-        "dnsNames": dns_names,
-        "issuerRef": {"name": cm.issuer_ref.name, "kind": format!("{:?}", cm.issuer_ref.kind), "group": cm.issuer_ref.group},
-        "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
-        "usages": ["server auth", "digital signature", "key encipherment"],
-    });
-    if let Some(d) = cm.duration {
-        spec["duration"] = serde_json::json!(format!("{}s", d.get().as_secs()));
-    }
-    if let Some(d) = cm.renew_before {
-        spec["renewBefore"] = serde_json::json!(format!("{}s", d.get().as_secs()));
-    }
-    let mut obj = DynamicObject::new(&owner.name, &ar)
-        .within(&owner.namespace)
-        .data(serde_json::json!({ "spec": spec }));
-    obj.metadata.labels = Some(labels::owned(&owner.name));
-    obj.metadata.owner_references = Some(vec![owner.reference.clone()]);
-    let api: Api<DynamicObject> = Api::namespaced_with(ctx.client.clone(), &owner.namespace, &ar);
-    if let Err(e) = api
-        .patch(
-            &owner.name,
-            &PatchParams::apply(labels::FIELD_MANAGER).force(),
-            &Patch::Apply(&obj),
-        )
-        .await
-    {
-        return failure(
-            "CertManagerUnavailable",
-            format!("creating cert-manager Certificate {}: {e}", owner.name),
-        );
-    }
+    let wanted = cert_manager::certificate(owner, cm, &secret_name, &dns_names);
+    let applied = match cert_manager::apply(&ctx.client, &wanted).await {
+        Ok(x) => x,
+        Err(e) => return failure("CertManagerUnavailable", e.to_string()),
+    };
     ctx.metrics.api_write("Certificate", "apply");
+    let judged = cert_manager::judge(&applied, &[], now());
+    let judged = if judged.ready {
+        judged
+    } else {
+        cert_manager::judge(&applied, &cert_manager::requests(&ctx.client, owner).await, now())
+    };
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    match secrets.get_opt(&secret_name).await {
-        Ok(Some(s)) => match text(&s, "tls.crt").as_deref().and_then(issue::parse_pem) {
-            Some(info) => CertOutcome {
-                secrets: MountedSecrets {
-                    serving: Some(secret_name.clone()),
-                    client: None,
-                },
-                statuses: vec![status_of(
-                    "serving",
-                    &secret_name,
-                    &info,
-                    cm.renew_before.map(|d| d.get()),
-                )],
-                condition: Want::new(CERTIFICATES_READY, true, "Issued", "issued by cert-manager"),
-                blocking: None,
-                requeue_after: Some(Duration::from_secs(600)),
-                ca_rotation: None,
-            },
-            None => failure(
-                "WaitingForCertManager",
-                format!("Secret {secret_name} has no certificate yet"),
-            ),
+    let info = match secrets.get_opt(&secret_name).await {
+        Ok(s) => s
+            .filter(|s| cert_manager::filled_for(s, &owner.name))
+            .and_then(|s| text(&s, "tls.crt"))
+            .as_deref()
+            .and_then(issue::parse_pem),
+        Err(e) => return failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
+    };
+    let Some(info) = info else {
+        let message = if judged.ready {
+            format!("cert-manager has not filled Secret {secret_name} yet")
+        } else {
+            judged.message
+        };
+        let mut out = failure("WaitingForCertManager", message);
+        out.requeue_after = Some(judged.recheck);
+        return out;
+    };
+    let status = status_of(
+        "serving",
+        &secret_name,
+        &info,
+        cm.renew_before.map(|d| d.get()),
+        CertSource::CertManager,
+    );
+    // A Secret with a certificate keeps being served while cert-manager retries a renewal.
+    let condition = if judged.ready {
+        Want::new(CERTIFICATES_READY, true, "Issued", "issued by cert-manager")
+    } else {
+        Want::new(CERTIFICATES_READY, false, "CertManagerNotReady", judged.message)
+    };
+    CertOutcome {
+        secrets: MountedSecrets {
+            serving: Some(secret_name.clone()),
+            client: None,
         },
-        Ok(None) => failure(
-            "WaitingForCertManager",
-            format!("cert-manager has not filled Secret {secret_name} yet"),
-        ),
-        Err(e) => failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
+        statuses: vec![status],
+        condition,
+        blocking: None,
+        requeue_after: Some(judged.recheck),
+        ca_rotation: None,
+    }
+}
+
+/// A fleet that used cert-manager and now uses another source: its Certificate goes first, so
+/// cert-manager stops writing the Secret the new source fills. Until it is gone, nothing else
+/// is issued and the previous status stays.
+async fn leave_cert_manager(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Option<CertOutcome> {
+    let status = pxd.status.as_ref()?;
+    if !status
+        .certificates
+        .iter()
+        .any(|c| c.source == Some(CertSource::CertManager))
+    {
+        return None;
+    }
+    match cert_manager::remove(&ctx.client, owner).await {
+        Ok(removed) => {
+            if removed {
+                ctx.record(
+                    owner,
+                    "CertificateRemoved",
+                    "cert-manager Certificate deleted: the fleet uses another TLS source",
+                )
+                .await;
+            }
+            None
+        }
+        Err(e) => {
+            let mut out = held(pxd);
+            out.condition = Want::new(CERTIFICATES_READY, false, "CertManagerCleanupFailed", e.to_string());
+            out.requeue_after = Some(Duration::from_secs(30));
+            Some(out)
+        }
     }
 }
 
@@ -304,7 +339,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
     };
     let (ca, ca_info, bundle) = (&material.ca, &material.info, &material.bundle);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
-    let mut statuses = vec![status_of("ca", CA_SECRET, ca_info, None)];
+    let mut statuses = vec![status_of("ca", CA_SECRET, ca_info, None, CertSource::Managed)];
     let mut secrets = MountedSecrets::default();
     let mut next_renewal = i64::MAX;
     let mut wanted: Vec<(String, Vec<String>, bool)> = Vec::new();
@@ -331,6 +366,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
                     &secret_name,
                     &info,
                     settings.renew_before.map(|d| d.get()),
+                    CertSource::Managed,
                 ));
                 if client {
                     secrets.client = Some(secret_name);

@@ -133,6 +133,17 @@ pub struct CertificateStatus {
     /// When the operator will renew it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub renewal_time: Option<String>,
+    /// Where it comes from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub source: Option<CertSource>,
+}
+
+/// The source of a fleet's certificate (`spec.tls`).
+#[derive(Serialize, Deserialize, Clone, Copy, Debug, PartialEq, Eq, JsonSchema)]
+pub enum CertSource {
+    Managed,
+    CertManager,
+    Secret,
 }
 
 /// Progress of a managed CA rotation.

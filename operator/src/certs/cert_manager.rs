@@ -1,0 +1,269 @@
+//! The cert-manager source: the Certificate the operator asks cert-manager for, how its and its
+//! CertificateRequest's conditions become the fleet's `CertificatesReady`, and removing the
+//! Certificate when the fleet switches to another source (so cert-manager never rewrites a
+//! Secret another source now fills).
+
+use std::time::Duration;
+
+use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{json, Value};
+
+use super::spec::CertManagerTls;
+use crate::labels;
+use crate::resources::Owner;
+
+fn resource(kind: &str) -> ApiResource {
+    ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", kind))
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum CertManagerError {
+    #[error("applying cert-manager Certificate {namespace}/{name}: {source}")]
+    Apply {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    #[error("deleting cert-manager Certificate {namespace}/{name} (the fleet no longer uses cert-manager): {source}")]
+    Delete {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+}
+
+/// The Certificate cert-manager should fulfil for the fleet: its Secret, names and issuer.
+pub fn certificate(owner: &Owner, cm: &CertManagerTls, secret_name: &str, dns_names: &[String]) -> DynamicObject {
+    let mut spec = json!({
+        "secretName": secret_name,
+        "dnsNames": dns_names,
+        "issuerRef": {"name": cm.issuer_ref.name, "kind": format!("{:?}", cm.issuer_ref.kind), "group": cm.issuer_ref.group},
+        "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
+        "usages": ["server auth", "digital signature", "key encipherment"],
+    });
+    if let Some(d) = cm.duration {
+        spec["duration"] = json!(format!("{}s", d.get().as_secs()));
+    }
+    if let Some(d) = cm.renew_before {
+        spec["renewBefore"] = json!(format!("{}s", d.get().as_secs()));
+    }
+    let mut obj = DynamicObject::new(&owner.name, &resource("Certificate"))
+        .within(&owner.namespace)
+        .data(json!({ "spec": spec }));
+    obj.metadata.labels = Some(labels::owned(&owner.name));
+    obj.metadata.owner_references = Some(vec![owner.reference.clone()]);
+    obj
+}
+
+/// Applies the Certificate and returns it as the API server has it (with cert-manager's status).
+pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<DynamicObject, CertManagerError> {
+    let (namespace, name) = (
+        obj.metadata.namespace.clone().unwrap_or_default(),
+        obj.metadata.name.clone().unwrap_or_default(),
+    );
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource("Certificate"));
+    api.patch(
+        &name,
+        &PatchParams::apply(labels::FIELD_MANAGER).force(),
+        &Patch::Apply(obj),
+    )
+    .await
+    .map_err(|source| CertManagerError::Apply {
+        namespace,
+        name,
+        source,
+    })
+}
+
+/// The CertificateRequests cert-manager made for the fleet's Certificate (they carry its labels).
+pub async fn requests(client: &kube::Client, owner: &Owner) -> Vec<DynamicObject> {
+    let api: Api<DynamicObject> =
+        Api::namespaced_with(client.clone(), &owner.namespace, &resource("CertificateRequest"));
+    let selector = format!("{}={}", labels::INSTANCE, owner.name);
+    match api.list(&ListParams::default().labels(&selector)).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::debug!(error = %e, "listing CertificateRequests");
+            Vec::new()
+        }
+    }
+}
+
+/// Deletes the fleet's Certificate if it has one that we own. A missing Certificate, or no
+/// cert-manager installed at all, is success.
+pub async fn remove(client: &kube::Client, owner: &Owner) -> Result<bool, CertManagerError> {
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &owner.namespace, &resource("Certificate"));
+    let err = |source| CertManagerError::Delete {
+        namespace: owner.namespace.clone(),
+        name: owner.name.clone(),
+        source,
+    };
+    let existing = match api.get_opt(&owner.name).await {
+        Ok(x) => x,
+        Err(kube::Error::Api(e)) if e.code == 404 => None,
+        Err(source) => return Err(err(source)),
+    };
+    let Some(existing) = existing else { return Ok(false) };
+    if !crate::apply::is_owned_by(&existing, &owner.reference.uid) {
+        return Ok(false);
+    }
+    match api.delete(&owner.name, &DeleteParams::background()).await {
+        Ok(_) => Ok(true),
+        Err(kube::Error::Api(e)) if e.code == 404 => Ok(false),
+        Err(source) => Err(err(source)),
+    }
+}
+
+/// Whether cert-manager filled this Secret for the named Certificate. A Secret another source
+/// left behind (the managed CA's leaf, say) is not served as if cert-manager had issued it.
+pub fn filled_for(secret: &k8s_openapi::api::core::v1::Secret, certificate: &str) -> bool {
+    secret
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("cert-manager.io/certificate-name"))
+        .is_some_and(|n| n == certificate)
+}
+
+/// A condition as cert-manager writes it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Condition {
+    pub status: String,
+    pub reason: String,
+    pub message: String,
+}
+
+fn condition(obj: &Value, type_: &str) -> Option<Condition> {
+    let c = obj["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"].as_str() == Some(type_))?;
+    let s = |k: &str| c[k].as_str().unwrap_or("").to_string();
+    Some(Condition {
+        status: s("status"),
+        reason: s("reason"),
+        message: s("message"),
+    })
+}
+
+/// What cert-manager says about the fleet's certificate, in the words the user needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Judgement {
+    /// cert-manager considers the certificate issued and up to date.
+    pub ready: bool,
+    /// Why not, quoting cert-manager's own reasons and messages (empty when ready).
+    pub message: String,
+    /// When to look again.
+    pub recheck: Duration,
+}
+
+/// Judges the Certificate (as applied) and its requests. The newest request that is not Ready
+/// explains a wait (an issuer that does not exist shows only there).
+pub fn judge(certificate: &DynamicObject, requests: &[DynamicObject], now_unix: i64) -> Judgement {
+    let name = certificate.metadata.name.as_deref().unwrap_or("");
+    let ready = condition(&certificate.data, "Ready");
+    if ready.as_ref().is_some_and(|c| c.status == "True") {
+        let renewal = certificate.data["status"]["renewalTime"]
+            .as_str()
+            .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())
+            .map(|t| t.unix_timestamp() - now_unix);
+        // Look again just after cert-manager renews, so status shows the new serial.
+        let recheck = renewal.map_or(600, |s| (s + 5).clamp(5, 600)) as u64;
+        return Judgement {
+            ready: true,
+            message: String::new(),
+            recheck: Duration::from_secs(recheck),
+        };
+    }
+    let mut parts = vec![match &ready {
+        Some(c) => format!("Certificate {name} Ready=False ({}): {}", c.reason, c.message),
+        None => format!("Certificate {name} has no Ready condition yet (is cert-manager running?)"),
+    }];
+    let newest = requests
+        .iter()
+        .filter(|r| condition(&r.data, "Ready").is_none_or(|c| c.status != "True"))
+        .max_by_key(|r| r.metadata.creation_timestamp.as_ref().map(|t| t.0));
+    if let Some(r) = newest {
+        let rname = r.metadata.name.as_deref().unwrap_or("");
+        match condition(&r.data, "Ready") {
+            Some(c) => parts.push(format!("CertificateRequest {rname} {}: {}", c.reason, c.message)),
+            None => parts.push(format!("CertificateRequest {rname} is not processed yet")),
+        }
+        if let Some(c) = condition(&r.data, "Denied").filter(|c| c.status == "True") {
+            parts.push(format!("denied ({}): {}", c.reason, c.message));
+        }
+    }
+    Judgement {
+        ready: false,
+        message: format!("cert-manager: {}", parts.join("; ")),
+        recheck: Duration::from_secs(15),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn obj(name: &str, status: Value, created: &str) -> DynamicObject {
+        let mut o = DynamicObject::new(name, &resource("Certificate")).data(json!({ "status": status }));
+        o.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            created.parse().expect("timestamp"),
+        ));
+        o
+    }
+
+    #[test]
+    fn a_missing_issuer_is_quoted_from_the_request() {
+        let cert = obj(
+            "demo",
+            json!({"conditions": [{"type": "Ready", "status": "False", "reason": "DoesNotExist", "message": "Issuing certificate as Secret does not exist"}]}),
+            "2026-01-01T00:00:00Z",
+        );
+        let old = obj(
+            "demo-1",
+            json!({"conditions": [{"type": "Ready", "status": "True", "reason": "Issued", "message": "ok"}]}),
+            "2026-01-01T00:00:00Z",
+        );
+        let new = obj(
+            "demo-2",
+            json!({"conditions": [{"type": "Ready", "status": "False", "reason": "Pending", "message": "Referenced \"Issuer\" not found: issuer.cert-manager.io \"nope\" not found"}]}),
+            "2026-01-01T00:01:00Z",
+        );
+        let j = judge(&cert, &[old, new], 0);
+        assert!(!j.ready);
+        assert!(j.message.contains("DoesNotExist"), "{}", j.message);
+        assert!(
+            j.message.contains("demo-2 Pending: Referenced \"Issuer\" not found"),
+            "{}",
+            j.message
+        );
+        assert!(!j.message.contains("demo-1"), "{}", j.message);
+    }
+
+    #[test]
+    fn ready_rechecks_just_after_renewal() {
+        let cert = obj(
+            "demo",
+            json!({"renewalTime": "2026-01-01T00:01:00Z", "conditions": [{"type": "Ready", "status": "True", "reason": "Ready", "message": ""}]}),
+            "2026-01-01T00:00:00Z",
+        );
+        let now = time::OffsetDateTime::parse("2026-01-01T00:00:00Z", &time::format_description::well_known::Rfc3339)
+            .expect("time")
+            .unix_timestamp();
+        let j = judge(&cert, &[], now);
+        assert!(j.ready);
+        assert_eq!(j.recheck, Duration::from_secs(65));
+    }
+
+    #[test]
+    fn no_status_means_cert_manager_may_not_run() {
+        let cert = obj("demo", json!({}), "2026-01-01T00:00:00Z");
+        let j = judge(&cert, &[], 0);
+        assert!(
+            !j.ready && j.message.contains("is cert-manager running"),
+            "{}",
+            j.message
+        );
+    }
+}
