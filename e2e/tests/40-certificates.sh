@@ -91,7 +91,11 @@ kubectl patch -n "$ns" pxd/demo --type=merge -p '{"spec":{"tls":{"certManager":{
 retry 90 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"CertificatesReady\")].reason}' | grep -qx Issued"
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null || fail "not Ready on cert-manager's certificate"
 kubectl get secret -n "$ns" e2e-root -o jsonpath='{.data.tls\.crt}' | base64 -d > /tmp/certs-ca.crt
-retry 60 bash -c "curl -s -o /dev/null --max-time 5 --cacert /tmp/certs-ca.crt --resolve demo.example.com:443:$ip -w '%{certs}' https://demo.example.com/ | openssl x509 -noout -issuer | grep -q 'e2e cert-manager root'"
+# The switch of source is a rollout: until the old pods are gone some connections still get
+# the previous source's certificate. Start the load once 20 new connections in a row verify.
+kubectl rollout status -n "$ns" deploy/demo --timeout=120s >/dev/null || fail "rollout to cert-manager's Secret did not finish"
+all_verify() { for _ in $(seq 20); do curl -fs -o /dev/null --max-time 5 --cacert /tmp/certs-ca.crt --resolve "demo.example.com:443:$ip" https://demo.example.com/ || return 1; done; }
+retry 90 all_verify
 say "serving cert-manager's certificate (issuer: e2e cert-manager root); $(cm_reason)"
 "$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/certs-ca.crt \
   --rate 30 --workers 3 --new-conn-every 10 --duration 130s --summary /tmp/certs-cm-load.json >/dev/null 2>/tmp/certs-cm-load.err &
