@@ -147,6 +147,11 @@ fn condition(obj: &Value, type_: &str) -> Option<Condition> {
     })
 }
 
+/// cert-manager considers the Certificate issued and up to date.
+pub fn is_ready(certificate: &DynamicObject) -> bool {
+    condition(&certificate.data, "Ready").is_some_and(|c| c.status == "True")
+}
+
 /// What cert-manager says about the fleet's certificate, in the words the user needs.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Judgement {
@@ -163,7 +168,7 @@ pub struct Judgement {
 pub fn judge(certificate: &DynamicObject, requests: &[DynamicObject], now_unix: i64) -> Judgement {
     let name = certificate.metadata.name.as_deref().unwrap_or("");
     let ready = condition(&certificate.data, "Ready");
-    if ready.as_ref().is_some_and(|c| c.status == "True") {
+    if is_ready(certificate) {
         let renewal = certificate.data["status"]["renewalTime"]
             .as_str()
             .and_then(|t| time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339).ok())

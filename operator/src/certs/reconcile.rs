@@ -217,12 +217,13 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
         Err(e) => return failure("CertManagerUnavailable", e.to_string()),
     };
     ctx.metrics.api_write("Certificate", "apply");
-    let judged = cert_manager::judge(&applied, &[], now());
-    let judged = if judged.ready {
-        judged
+    // The requests are read only when they can explain a wait.
+    let requests = if cert_manager::is_ready(&applied) {
+        Vec::new()
     } else {
-        cert_manager::judge(&applied, &cert_manager::requests(&ctx.client, owner).await, now())
+        cert_manager::requests(&ctx.client, owner).await
     };
+    let judged = cert_manager::judge(&applied, &requests, now());
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let info = match secrets.get_opt(&secret_name).await {
         Ok(s) => s
