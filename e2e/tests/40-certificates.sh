@@ -94,8 +94,8 @@ kubectl get secret -n "$ns" e2e-root -o jsonpath='{.data.tls\.crt}' | base64 -d 
 # The switch of source is a rollout: until the old pods are gone some connections still get
 # the previous source's certificate. Start the load once 20 new connections in a row verify.
 kubectl rollout status -n "$ns" deploy/demo --timeout=120s >/dev/null || fail "rollout to cert-manager's Secret did not finish"
-all_verify() { for _ in $(seq 20); do curl -fs -o /dev/null --max-time 5 --cacert /tmp/certs-ca.crt --resolve "demo.example.com:443:$ip" https://demo.example.com/ || return 1; done; }
-retry 90 all_verify
+all_verify() { for _ in $(seq 20); do curl -fs -o /dev/null --max-time 5 --cacert "$1" --resolve "demo.example.com:443:$ip" https://demo.example.com/ || return 1; done; }
+retry 90 all_verify /tmp/certs-ca.crt
 say "serving cert-manager's certificate (issuer: e2e cert-manager root); $(cm_reason)"
 "$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/certs-ca.crt \
   --rate 30 --workers 3 --new-conn-every 10 --duration 130s --summary /tmp/certs-cm-load.json >/dev/null 2>/tmp/certs-cm-load.err &
@@ -119,7 +119,8 @@ retry 60 bash -c "! kubectl get certificates.cert-manager.io -n $ns demo >/dev/n
 retry 90 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"CertificatesReady\")].message}' | grep -q 'managed CA'"
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=180s >/dev/null || fail "not Ready back on the managed CA"
 kubectl get secret -n "$ns" demo-tls -o jsonpath='{.data.ca\.crt}' | base64 -d > /tmp/certs-managed-ca.crt
-retry 60 bash -c "curl -s -o /dev/null --max-time 5 --cacert /tmp/certs-managed-ca.crt --resolve demo.example.com:443:$ip -w '%{certs}' https://demo.example.com/ | openssl x509 -noout -issuer | grep -q 'proxyfleet'"
+kubectl rollout status -n "$ns" deploy/demo --timeout=120s >/dev/null || fail "rollout back to the managed Secret did not finish"
+retry 90 all_verify /tmp/certs-managed-ca.crt
 first=$(curl -s -o /dev/null --max-time 5 --cacert /tmp/certs-managed-ca.crt --resolve "demo.example.com:443:$ip" -w '%{certs}' https://demo.example.com/ | openssl x509 -noout -issuer)
 mounted=$(kubectl get deploy -n "$ns" demo -o json | jq -r '.spec.template.spec.volumes[] | select(.secret.secretName // "" | test("tls$")) | .secret.secretName' | sort -u | tr '\n' ' ')
 [ "$mounted" = "demo-tls " ] || fail "the fleet mounts $mounted, want demo-tls only"
