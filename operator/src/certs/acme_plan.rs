@@ -87,19 +87,44 @@ mod tests {
     #[test]
     fn renews_at_two_thirds() {
         let c = cert(0, 90);
-        assert_eq!(step(Some(&c), true, false, &AcmeRecord::default(), 59), Step::Serve { recheck: Duration::from_secs(1) });
-        assert_eq!(step(Some(&c), true, false, &AcmeRecord::default(), 60), Step::Order { reason: "renewal due" });
-        assert_eq!(step(Some(&c), false, false, &AcmeRecord::default(), 10), Step::Order { reason: "the hostnames changed" });
+        assert_eq!(
+            step(Some(&c), true, false, &AcmeRecord::default(), 59),
+            Step::Serve {
+                recheck: Duration::from_secs(1)
+            }
+        );
+        assert_eq!(
+            step(Some(&c), true, false, &AcmeRecord::default(), 60),
+            Step::Order { reason: "renewal due" }
+        );
+        assert_eq!(
+            step(Some(&c), false, false, &AcmeRecord::default(), 10),
+            Step::Order {
+                reason: "the hostnames changed"
+            }
+        );
         assert_eq!(step(None, false, true, &AcmeRecord::default(), 10), Step::InFlight);
     }
 
     #[test]
     fn backs_off_and_honours_retry_after() {
-        let r = AcmeRecord { failures: 3, last_failure_at: Some(1000), ..Default::default() };
+        let r = AcmeRecord {
+            failures: 3,
+            last_failure_at: Some(1000),
+            ..Default::default()
+        };
         assert_eq!(next_attempt(&r), Some(1000 + 240));
         assert_eq!(step(None, false, false, &r, 1100), Step::Wait { until: 1240 });
-        assert_eq!(step(None, false, false, &r, 1240), Step::Order { reason: "no certificate yet" });
-        let limited = AcmeRecord { retry_after: Some(5000), ..r };
+        assert_eq!(
+            step(None, false, false, &r, 1240),
+            Step::Order {
+                reason: "no certificate yet"
+            }
+        );
+        let limited = AcmeRecord {
+            retry_after: Some(5000),
+            ..r
+        };
         assert_eq!(next_attempt(&limited), Some(5000));
     }
 
