@@ -1,5 +1,6 @@
 //! Certificates: the managed CA, leaf issuance and renewal, cert-manager and existing Secrets.
 
+pub mod acme_plan;
 pub mod ca;
 pub mod ca_rotation;
 pub mod cert_manager;
