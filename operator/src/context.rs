@@ -50,6 +50,8 @@ pub struct Context {
     pub apps: Store<crate::app::spec::AppRollout>,
     /// The AppRollout status last written, newer than the cache for a moment after a write.
     pub app_status: crate::latest_status::LatestStatus<crate::app::spec::AppRolloutStatus>,
+    /// ACME orders in flight (leader only, like every reconcile).
+    pub acme_orders: crate::certs::acme_orders::Orders,
 }
 
 impl Context {

@@ -190,6 +190,7 @@ async fn finalize(_pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Actio
     if let Ok(mut m) = ctx.written_status.lock() {
         m.remove(&owner.reference.uid);
     }
+    ctx.acme_orders.forget(&owner.reference.uid);
     Action::await_change()
 }
 
@@ -353,6 +354,7 @@ fn new_status(
     let mut s = status::compute(pxd, &observed, &Time(k8s_openapi::jiff::Timestamp::now()));
     s.certificates = certs.statuses.clone();
     s.ca_rotation = certs.ca_rotation.clone();
+    s.acme = certs.acme.clone();
     s.canary = pass.canary_status.clone();
     own_part(s)
 }
@@ -754,6 +756,7 @@ fn context(
         backoff: Default::default(),
         apps,
         app_status: Default::default(),
+        acme_orders: Default::default(),
         propagation: crate::propagation::state::Propagation {
             cluster_secrets,
             clients: Default::default(),

@@ -43,6 +43,9 @@ pub const GROUP: &str = "proxyfleet.io";
 #[x_kube(validation = Rule::new("self.upstreams.all(u, !has(u.tls) || ((!has(u.tls.caFile) || !has(u.tls.caSecret)) && (!has(u.tls.clientCertificate) || !has(u.tls.clientCertificateSecret))))").message("spec.upstreams[].tls: give caFile or caSecret, and clientCertificate or clientCertificateSecret, not both").field_path(".upstreams"))]
 #[x_kube(validation = Rule::new("!has(self.drain) || ((!has(self.drain.gracePeriod) || duration(self.drain.gracePeriod) <= duration('5m')) && (!has(self.drain.deadline) || duration(self.drain.deadline) <= duration('1h')))").message("spec.drain: gracePeriod at most 5m and deadline at most 1h (they set the pods' termination grace period, which node drains wait for)").field_path(".drain"))]
 #[x_kube(validation = Rule::new("self.routes.all(r, !has(r.upstream) || r.upstream == '' || self.upstreams.exists(u, u.name == r.upstream))").message("every spec.routes[].upstream must name one of spec.upstreams[].name").field_path(".routes"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, l.protocol == 'HTTP' && (has(l.servicePort) ? l.servicePort : l.port) == 80)").message("spec.tls.acme: HTTP-01 is validated on port 80: add a listener with protocol HTTP and servicePort 80").field_path(".tls.acme"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.all(l, !has(l.hostnames) || l.hostnames.all(h, !h.startsWith('*')))").message("spec.listeners[].hostnames: ACME HTTP-01 cannot validate wildcard names").field_path(".listeners"))]
+#[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, has(l.hostnames) && size(l.hostnames) > 0) || (has(self.tls.dnsNames) && size(self.tls.dnsNames) > 0)").message("spec.tls.acme: name at least one hostname (spec.listeners[].hostnames or spec.tls.dnsNames) to order a certificate for").field_path(".tls.acme"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.name == l.name))").message("spec.listeners[].name must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.upstreams.all(u, self.upstreams.exists_one(v, v.name == u.name))").message("spec.upstreams[].name must be unique").field_path(".upstreams"))]
@@ -293,6 +296,9 @@ pub struct ProxyDeploymentStatus {
     /// Managed CA rotation progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ca_rotation: Option<crate::certs::spec::CaRotationStatus>,
+    /// ACME orders (spec.tls.acme only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<crate::certs::spec::AcmeStatus>,
     /// Canary rollout progress.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary: Option<crate::canary::spec::CanaryStatus>,

@@ -6,7 +6,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::Action;
@@ -372,7 +371,7 @@ async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_con
     let Ok(pods) = measure::proxy_pod_ips(ctx, &owner.namespace, fleet).await else {
         return (0, 0);
     };
-    let token = admin_token(ctx, &owner.namespace, fleet).await;
+    let token = super::token::read(ctx, &owner.namespace, fleet).await;
     let admin = crate::resources::config_map::ADMIN_PORT;
     let mut confirmed = 0;
     for (pod, ip) in &pods {
@@ -400,13 +399,6 @@ async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_con
         }
     }
     (confirmed, pods.len())
-}
-
-async fn admin_token(ctx: &Context, namespace: &str, fleet: &str) -> Option<String> {
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let s = secrets.get_opt(&weights::token_secret_name(fleet)).await.ok()??;
-    let bytes = s.data?.get(weights::TOKEN_KEY)?.0.clone();
-    String::from_utf8(bytes).ok().map(|t| t.trim().to_string())
 }
 
 async fn apply_tracks(

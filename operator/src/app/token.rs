@@ -51,3 +51,12 @@ pub async fn ensure(ctx: &Context, owner: &Owner) {
         Err(e) => tracing::warn!(secret = %name, error = %e, "creating the admin token failed"),
     }
 }
+
+/// The fleet's admin token, read from the API server (the pods' mounted copy is what counts,
+/// and it is never rewritten, so any read is current).
+pub async fn read(ctx: &Context, namespace: &str, fleet: &str) -> Option<String> {
+    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
+    let s = secrets.get_opt(&token_secret_name(fleet)).await.ok()??;
+    let bytes = s.data?.get(TOKEN_KEY)?.0.clone();
+    String::from_utf8(bytes).ok().map(|t| t.trim().to_string())
+}

@@ -4,7 +4,8 @@
 
 use std::time::Duration;
 
-use super::issue::CertInfo;
+use super::issue::{rfc3339, CertInfo};
+use super::spec::AcmeStatus;
 
 /// The ACME part of the fleet's status.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
@@ -17,6 +18,54 @@ pub struct AcmeRecord {
     pub retry_after: Option<i64>,
     /// The server's words for the last failure.
     pub last_error: Option<String>,
+}
+
+fn unix(t: &Option<String>) -> Option<i64> {
+    let t = t.as_deref()?;
+    time::OffsetDateTime::parse(t, &time::format_description::well_known::Rfc3339)
+        .ok()
+        .map(|t| t.unix_timestamp())
+}
+
+impl AcmeRecord {
+    pub fn from_status(status: Option<&AcmeStatus>) -> Self {
+        let Some(s) = status else { return Self::default() };
+        Self {
+            failures: s.failures,
+            last_failure_at: unix(&s.last_failure_time),
+            retry_after: None,
+            last_error: s.last_error.clone(),
+        }
+        .with_next(unix(&s.next_attempt_time))
+    }
+
+    /// A recorded next attempt later than the backoff's is the server's Retry-After.
+    fn with_next(mut self, next: Option<i64>) -> Self {
+        if next > next_attempt(&self) {
+            self.retry_after = next;
+        }
+        self
+    }
+
+    pub fn to_status(&self, account: Option<String>) -> AcmeStatus {
+        AcmeStatus {
+            failures: self.failures,
+            last_failure_time: self.last_failure_at.map(rfc3339),
+            next_attempt_time: next_attempt(self).map(rfc3339),
+            last_error: self.last_error.clone(),
+            account,
+        }
+    }
+
+    /// One more failed order at `now`.
+    pub fn failed(&self, now: i64, message: String, retry_after: Option<i64>) -> Self {
+        Self {
+            failures: self.failures.saturating_add(1),
+            last_failure_at: Some(now),
+            retry_after,
+            last_error: Some(message),
+        }
+    }
 }
 
 /// What to do now.
@@ -126,6 +175,15 @@ mod tests {
             ..r
         };
         assert_eq!(next_attempt(&limited), Some(5000));
+    }
+
+    #[test]
+    fn the_record_survives_a_round_trip_through_status() {
+        let r = AcmeRecord::default().failed(1_700_000_000, "no".into(), Some(1_700_009_000));
+        let back = AcmeRecord::from_status(Some(&r.to_status(None)));
+        assert_eq!(back, r);
+        let plain = AcmeRecord::default().failed(1_700_000_000, "no".into(), None);
+        assert_eq!(AcmeRecord::from_status(Some(&plain.to_status(None))), plain);
     }
 
     proptest! {

@@ -45,11 +45,13 @@ pub struct CertOutcome {
     pub requeue_after: Option<Duration>,
     /// The managed CA's rotation progress (managed issuer only).
     pub ca_rotation: Option<super::spec::CaRotationStatus>,
+    /// Where ACME orders stand (ACME only).
+    pub acme: Option<super::spec::AcmeStatus>,
 }
 
 use super::ca::{now, text};
 
-fn status_of(
+pub(super) fn status_of(
     kind: &str,
     secret_name: &str,
     info: &issue::CertInfo,
@@ -76,6 +78,7 @@ fn failure(reason: &str, message: String) -> CertOutcome {
         blocking: Some(message),
         requeue_after: Some(Duration::from_secs(30)),
         ca_rotation: None,
+        acme: None,
     }
 }
 
@@ -105,10 +108,11 @@ pub fn held(pxd: &ProxyDeployment) -> CertOutcome {
         blocking: None,
         requeue_after: None,
         ca_rotation: status.ca_rotation,
+        acme: status.acme,
     }
 }
 
-pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
+pub async fn ensure(pxd: &ProxyDeployment, ctx: &std::sync::Arc<Context>) -> CertOutcome {
     let Ok(owner) = Owner::of(pxd) else {
         return failure("NotReady", "ProxyDeployment has no name/uid yet".into());
     };
@@ -122,7 +126,11 @@ pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
             blocking: None,
             requeue_after: None,
             ca_rotation: None,
+            acme: None,
         };
+    }
+    if tls.acme.is_none() {
+        ctx.acme_orders.forget(&owner.reference.uid);
     }
     if tls.cert_manager.is_none() {
         if let Some(held) = leave_cert_manager(pxd, &owner, ctx).await {
@@ -133,6 +141,8 @@ pub async fn ensure(pxd: &ProxyDeployment, ctx: &Context) -> CertOutcome {
         existing_secret(&owner, secret_name, ctx).await
     } else if tls.cert_manager.is_some() {
         cert_manager(pxd, &owner, &tls, ctx).await
+    } else if let Some(acme) = &tls.acme {
+        super::acme::ensure(pxd, &owner, &tls, acme, ctx).await
     } else {
         managed(pxd, &owner, &tls, serves_tls, ctx).await
     };
@@ -191,6 +201,7 @@ async fn existing_secret(owner: &Owner, secret_name: &str, ctx: &Context) -> Cer
                 blocking: None,
                 requeue_after: Some(Duration::from_secs(3600)),
                 ca_rotation: None,
+                acme: None,
             }
         }
         Ok(None) => failure(
@@ -266,6 +277,7 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
         blocking: None,
         requeue_after: Some(judged.recheck),
         ca_rotation: None,
+        acme: None,
     }
 }
 
@@ -306,7 +318,10 @@ fn cached_secret(ctx: &Context, namespace: &str, name: &str) -> Option<std::sync
     ctx.stores.secrets.get(&ObjectRef::new(name).within(namespace))
 }
 
-fn secret_with(meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta, data: &[(&str, &str)]) -> Secret {
+pub(super) fn secret_with(
+    meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    data: &[(&str, &str)],
+) -> Secret {
     Secret {
         metadata: meta,
         type_: Some("kubernetes.io/tls".into()),
@@ -323,7 +338,10 @@ fn secret_with(meta: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
 pub fn uses_managed_ca(spec: &crate::crd::ProxyDeploymentSpec) -> bool {
     let tls = spec.tls.clone().unwrap_or_default();
     let serves_tls = spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
-    (serves_tls || tls.upstream_client_certificate) && tls.secret_name.is_none() && tls.cert_manager.is_none()
+    (serves_tls || tls.upstream_client_certificate)
+        && tls.secret_name.is_none()
+        && tls.cert_manager.is_none()
+        && tls.acme.is_none()
 }
 
 async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls: bool, ctx: &Context) -> CertOutcome {
@@ -404,6 +422,7 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
         blocking: None,
         requeue_after: Some(Duration::from_secs(wait)),
         ca_rotation: Some(material.rotation.clone()),
+        acme: None,
     }
 }
 

@@ -6,11 +6,12 @@ use serde::{Deserialize, Serialize};
 
 use proxyfleet_config::HumanDuration;
 
-/// Where the listeners' certificate comes from: the managed CA (default), cert-manager, or an
-/// existing Secret. At most one may be given.
+/// Where the listeners' certificate comes from: the managed CA (default), cert-manager, an ACME
+/// server, or an existing Secret. At most one may be given.
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("(has(self.managed) ? 1 : 0) + (has(self.certManager) ? 1 : 0) + (has(self.secretName) ? 1 : 0) <= 1").message("spec.tls: give at most one of managed, certManager or secretName"))]
+#[x_kube(validation = Rule::new("(has(self.managed) ? 1 : 0) + (has(self.certManager) ? 1 : 0) + (has(self.acme) ? 1 : 0) + (has(self.secretName) ? 1 : 0) <= 1").message("spec.tls: give at most one of managed, certManager, acme or secretName"))]
+#[x_kube(validation = Rule::new("!has(self.acme) || !has(self.dnsNames) || self.dnsNames.all(n, !n.startsWith('*'))").message("spec.tls.dnsNames: ACME HTTP-01 cannot validate wildcard names").field_path(".dnsNames"))]
 pub struct TlsSpec {
     /// Certificates issued by the operator's own CA (the default when nothing is given).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -18,6 +19,10 @@ pub struct TlsSpec {
     /// Certificates issued by cert-manager through a Certificate the operator creates.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cert_manager: Option<CertManagerTls>,
+    /// Publicly trusted certificates from an ACME server (Let's Encrypt and others), validated
+    /// over HTTP-01 by the fleet's own proxies.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub acme: Option<AcmeTls>,
     /// An existing `kubernetes.io/tls` Secret in the same namespace; only mounted and watched.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(
@@ -76,6 +81,74 @@ pub enum KeyAlgorithm {
     #[default]
     ECDSAP256,
     RSA2048,
+}
+
+/// An ACME account and directory. The operator keeps the account key in the Secret
+/// `<name>-acme-account`, orders one certificate for every listener hostname and `dnsNames`,
+/// answers the HTTP-01 challenges through every proxy of the fleet and renews at two thirds of
+/// the lifetime.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcmeTls {
+    /// The directory URL, e.g. https://acme-v02.api.letsencrypt.org/directory.
+    #[schemars(length(min = 9, max = 2048), pattern(r"^https://[^\s]+$"))]
+    pub directory: String,
+    /// Contact address for the account (expiry notices).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 3, max = 254), pattern(r"^[^@\s]+@[^@\s]+$"))]
+    pub email: Option<String>,
+    /// External account binding, for CAs that require one (ZeroSSL, Google, Sectigo).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub external_account_binding: Option<ExternalAccountBinding>,
+    /// A Secret in the fleet's namespace whose `ca.crt` is trusted for the directory's HTTPS,
+    /// besides the public roots (a private ACME server such as step-ca or Pebble).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 253))]
+    pub directory_ca_secret: Option<String>,
+}
+
+/// The key id and HMAC key the CA handed out for binding the account.
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ExternalAccountBinding {
+    #[schemars(length(min = 1, max = 256))]
+    pub key_id: String,
+    /// Secret (same namespace) and key holding the base64url HMAC key.
+    pub hmac_key_secret: SecretKeyRef,
+}
+
+#[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct SecretKeyRef {
+    #[schemars(length(min = 1, max = 253))]
+    pub name: String,
+    #[schemars(length(min = 1, max = 253))]
+    pub key: String,
+}
+
+/// Where the fleet's ACME orders stand; enough to resume the backoff after a restart.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, Eq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct AcmeStatus {
+    /// Orders failed in a row since the last certificate.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub failures: u32,
+    /// When the last order failed (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_failure_time: Option<String>,
+    /// Not before this time: the backoff, or the server's Retry-After (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_time: Option<String>,
+    /// The server's words for the last failure.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub last_error: Option<String>,
+    /// The account's URL on the server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub account: Option<String>,
+}
+
+fn is_zero(n: &u32) -> bool {
+    *n == 0
 }
 
 /// A cert-manager issuer reference.
@@ -143,6 +216,7 @@ pub struct CertificateStatus {
 pub enum CertSource {
     Managed,
     CertManager,
+    Acme,
     Secret,
 }
 

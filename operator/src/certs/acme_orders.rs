@@ -1,0 +1,67 @@
+//! The ACME orders in flight, one per fleet at most. Only the leader reconciles fleets, so
+//! one registry in its memory is enough for "one order per fleet whatever the number of
+//! operator replicas"; a new leader starts from the status (the backoff is recorded there)
+//! and places a new order, which the ACME server handles as any client retry.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use super::acme_order::{self, OrderJob, Outcome};
+use crate::context::Context;
+
+enum Slot {
+    Running(tokio::task::AbortHandle),
+    Done(Outcome),
+}
+
+#[derive(Default)]
+pub struct Orders(Arc<Mutex<HashMap<String, Slot>>>);
+
+impl Orders {
+    /// Whether an order runs for the fleet.
+    pub fn in_flight(&self, uid: &str) -> bool {
+        self.0
+            .lock()
+            .is_ok_and(|m| matches!(m.get(uid), Some(Slot::Running(_))))
+    }
+
+    /// The finished order's outcome, once.
+    pub fn take_finished(&self, uid: &str) -> Option<Outcome> {
+        let mut m = self.0.lock().ok()?;
+        if !matches!(m.get(uid), Some(Slot::Done(_))) {
+            return None;
+        }
+        match m.remove(uid) {
+            Some(Slot::Done(o)) => Some(o),
+            _ => None,
+        }
+    }
+
+    /// Starts an order unless one is there already (running or not yet collected).
+    pub fn start(&self, uid: &str, job: OrderJob, ctx: Arc<Context>) -> bool {
+        let Ok(mut m) = self.0.lock() else { return false };
+        if m.contains_key(uid) {
+            return false;
+        }
+        let slots = self.0.clone();
+        let key = uid.to_string();
+        let task = tokio::spawn(async move {
+            let outcome = acme_order::run(job, ctx).await;
+            if let Ok(mut m) = slots.lock() {
+                // Forgotten meanwhile (the fleet left ACME or was deleted): drop the result.
+                if m.contains_key(&key) {
+                    m.insert(key, Slot::Done(outcome));
+                }
+            }
+        });
+        m.insert(uid.to_string(), Slot::Running(task.abort_handle()));
+        true
+    }
+
+    /// Stops and forgets the fleet's order (the fleet no longer uses ACME, or is gone).
+    pub fn forget(&self, uid: &str) {
+        if let Some(Slot::Running(task)) = self.0.lock().ok().and_then(|mut m| m.remove(uid)) {
+            task.abort();
+        }
+    }
+}
