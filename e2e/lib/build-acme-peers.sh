@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the certificate peers of the e2e tests from the Go module proxy, once per version, into
 # $PROXYFLEET_CACHE/bin: cert-manager's controllers (our small main in e2e/peers/cert-manager
-# around the root module's packages; CRDs copied beside it) and Pebble. A second call is a no-op.
+# around the root module's packages; CRDs copied beside it), Pebble and its DNS stand-in. A second call is a no-op.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/../.." && pwd)
@@ -26,10 +26,12 @@ if [ ! -x "$cm-$main_sum" ]; then
   ln -sf "$cm-$main_sum" "$bin/cert-manager-controller"
   log "cert-manager built in $(( $(date +%s) - start ))s"
 fi
-if [ ! -x "$bin/pebble-$PEBBLE_VERSION" ]; then
-  log "building pebble $PEBBLE_VERSION"
-  GOBIN=$bin/pebble-build CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "github.com/letsencrypt/pebble/v2/cmd/pebble@$PEBBLE_VERSION"
-  mv "$bin/pebble-build/pebble" "$bin/pebble-$PEBBLE_VERSION" && rmdir "$bin/pebble-build"
-fi
-ln -sf "$bin/pebble-$PEBBLE_VERSION" "$bin/pebble"
+for tool in pebble pebble-challtestsrv; do
+  if [ ! -x "$bin/$tool-$PEBBLE_VERSION" ]; then
+    log "building $tool $PEBBLE_VERSION"
+    GOBIN=$bin/pebble-build CGO_ENABLED=0 go install -trimpath -ldflags "-s -w" "github.com/letsencrypt/pebble/v2/cmd/$tool@$PEBBLE_VERSION"
+    mv "$bin/pebble-build/$tool" "$bin/$tool-$PEBBLE_VERSION" && rmdir "$bin/pebble-build"
+  fi
+  ln -sf "$bin/$tool-$PEBBLE_VERSION" "$bin/$tool"
+done
 ln -sf "$cm-$main_sum" "$bin/cert-manager-controller"

@@ -63,6 +63,7 @@ spec:
   allowedServiceTypes: [ClusterIP]
   allowPodOverrides: false
   allowSecretReferences: false
+  allowedAcmeDirectories: [https://acme.example.com/directory]
   maxReplicas: 2
 EOF
 kubectl get proxyfleetpolicy default -o jsonpath='{.spec.allowedImageRepositories}' | grep -q proxyfleet.local/proxy \
@@ -89,6 +90,7 @@ refused spec.service.type e2e-tenants '.spec.service = {type: "NodePort"}'
 refused spec.pod e2e-tenants '.spec.pod = {priorityClassName: "system-cluster-critical"}'
 refused spec.replicas e2e-tenants '.spec.replicas = 5'
 refused "naming Secrets" e2e-tenants '.spec.tls = {secretName: "someone-elses-certificate"}'
+refused spec.tls.acme.directory e2e-tenants '.spec.tls = {acme: {directory: "https://acme.elsewhere.example.net/dir"}} | .spec.listeners += [{name: "http", port: 8080, servicePort: 80, protocol: "HTTP"}]'
 kubectl apply -n "$ns" --as="$tenant" -f /tmp/e2e-tenant-pxd.json >/dev/null || fail "an allowed fleet was refused"
 kubectl wait -n "$ns" pxd/demo --for=condition=Ready --timeout=180s >/dev/null || fail "the tenant's fleet did not become Ready"
 retry 60 https_get "$ns" demo /   # the echo upstream starts beside it

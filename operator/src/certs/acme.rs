@@ -10,7 +10,8 @@ use std::time::Duration;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 
-use super::acme_order::{OrderJob, Outcome};
+use super::acme_order::{self, OrderJob};
+use super::acme_orders::Outcome;
 use super::acme_plan::{self, AcmeRecord, Step};
 use super::ca::{now, text};
 use super::issue::{self, CertInfo};
@@ -127,7 +128,11 @@ async fn collect(outcome: Outcome, owner: &Owner, record: AcmeRecord, ctx: &Cont
         Ok(issued) => {
             let secret = secret_with(
                 owner.meta(acme_secret_name(&owner.name)),
-                &[("tls.crt", &issued.chain_pem), ("tls.key", &issued.key_pem)],
+                &[
+                    ("tls.crt", &issued.chain_pem),
+                    ("tls.key", &issued.key_pem),
+                    ("ca.crt", &issuers_of(&issued.chain_pem)),
+                ],
             );
             if let Err(e) = ctx.applier.apply(secret, &ctx.stores.secrets).await {
                 return (
@@ -154,6 +159,18 @@ async fn collect(outcome: Outcome, owner: &Owner, record: AcmeRecord, ctx: &Cont
     }
 }
 
+/// The chain's certificates after the leaf (what issued it), for `ca.crt`: the proxies report
+/// the bundle they load, and a client of the fleet can be pointed at it.
+fn issuers_of(chain: &str) -> String {
+    const END: &str = "-----END CERTIFICATE-----";
+    match chain.find(END) {
+        Some(i) if chain[i + END.len()..].contains("-----BEGIN CERTIFICATE-----") => {
+            chain[i + END.len()..].trim_start().to_string()
+        }
+        _ => chain.to_string(),
+    }
+}
+
 async fn write_bootstrap(owner: &Owner, names: &[String], ctx: &Context) -> Result<(), String> {
     let key = rcgen::generate_simple_self_signed(names.to_vec()).map_err(|e| format!("self-signed stand-in: {e}"))?;
     let (cert, key) = (key.cert.pem(), key.signing_key.serialize_pem());
@@ -161,7 +178,7 @@ async fn write_bootstrap(owner: &Owner, names: &[String], ctx: &Context) -> Resu
     meta.annotations = Some([(BOOTSTRAP_ANNOTATION.to_string(), "true".to_string())].into());
     ctx.applier
         .apply(
-            secret_with(meta, &[("tls.crt", &cert), ("tls.key", &key)]),
+            secret_with(meta, &[("tls.crt", &cert), ("tls.key", &key), ("ca.crt", &cert)]),
             &ctx.stores.secrets,
         )
         .await
@@ -211,7 +228,10 @@ async fn start_order(
         credentials,
     };
     crate::app::token::ensure(ctx, owner).await;
-    if ctx.acme_orders.start(&owner.reference.uid, job, ctx.clone()) {
+    if ctx
+        .acme_orders
+        .start(&owner.reference.uid, acme_order::run(job, ctx.clone()))
+    {
         let note = format!("ordering a certificate for {} ({reason})", names.join(", "));
         tracing::info!(fleet = %pxd.metadata.name.as_deref().unwrap_or(""), %note, "ACME");
         ctx.record(owner, "AcmeOrderStarted", &note).await;
@@ -295,5 +315,75 @@ fn report(
         requeue_after: Some(requeue),
         ca_rotation: None,
         acme: Some(record.to_status(account)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::resources::fixtures;
+
+    fn info() -> CertInfo {
+        CertInfo {
+            serial: "1".into(),
+            issuer: "Pebble Intermediate".into(),
+            subject: String::new(),
+            not_before: 0,
+            not_after: 90,
+            dns_names: vec!["demo.example.com".into()],
+            is_ca: false,
+        }
+    }
+
+    fn run(held: Option<(CertInfo, bool)>, step: Step, record: AcmeRecord) -> CertOutcome {
+        let pxd = fixtures::basic();
+        let owner = Owner::of(&pxd).unwrap();
+        report(&owner, held, true, &step, record, None, Duration::from_secs(5))
+    }
+
+    #[test]
+    fn ca_crt_is_the_chain_after_the_leaf() {
+        let leaf = "-----BEGIN CERTIFICATE-----\nA\n-----END CERTIFICATE-----\n";
+        let inter = "-----BEGIN CERTIFICATE-----\nB\n-----END CERTIFICATE-----\n";
+        assert_eq!(issuers_of(&format!("{leaf}{inter}")), inter);
+        assert_eq!(issuers_of(leaf), leaf);
+    }
+
+    #[test]
+    fn names_are_every_hostname_and_dns_name_once() {
+        let mut pxd = fixtures::basic();
+        let tls = TlsSpec {
+            dns_names: vec!["b.example.com".into(), "demo.example.com".into()],
+            ..Default::default()
+        };
+        pxd.spec.listeners[0].hostnames = vec!["demo.example.com".into()];
+        assert_eq!(order_names(&pxd, &tls), vec!["b.example.com", "demo.example.com"]);
+    }
+
+    #[test]
+    fn never_blocks_and_always_mounts_the_acme_secret() {
+        for held in [None, Some((info(), true)), Some((info(), false))] {
+            let out = run(held, Step::InFlight, AcmeRecord::default());
+            assert!(out.blocking.is_none());
+            assert_eq!(out.secrets.serving.as_deref(), Some("demo-acme-tls"));
+        }
+    }
+
+    #[test]
+    fn conditions_say_what_serves_and_quote_the_failure() {
+        let serve = Step::Serve {
+            recheck: Duration::from_secs(1),
+        };
+        let ok = run(Some((info(), false)), serve.clone(), AcmeRecord::default());
+        assert_eq!((ok.condition.status, ok.condition.reason.as_str()), (true, "Issued"));
+        let waiting = run(Some((info(), true)), Step::InFlight, AcmeRecord::default());
+        assert_eq!(waiting.condition.reason, "WaitingForAcme");
+        let failed = AcmeRecord::default().failed(10, "nowhere.example.com: Connection refused".into(), None);
+        let out = run(Some((info(), false)), Step::Wait { until: 70 }, failed);
+        assert!(!out.condition.status);
+        assert_eq!(out.condition.reason, "AcmeOrderFailed");
+        assert!(out.condition.message.contains("Connection refused"));
+        assert_eq!(out.statuses[0].source, Some(CertSource::Acme));
+        assert_eq!(out.statuses[0].renewal_time.as_deref(), Some("1970-01-01T00:01:00Z"));
     }
 }

@@ -14,6 +14,7 @@ use instant_acme::{
 use proxyfleet_config::AcmeChallenges;
 
 use super::acme_http::AcmeHttp;
+use super::acme_orders::{Failure, Issued, Outcome};
 use crate::context::Context;
 
 /// Everything an order needs, read by the reconcile before the task starts.
@@ -28,27 +29,6 @@ pub struct OrderJob {
     pub directory_ca: Option<String>,
     /// The stored account, if there is one.
     pub credentials: Option<String>,
-}
-
-/// What a finished order hands back.
-pub struct Issued {
-    pub chain_pem: String,
-    pub key_pem: String,
-}
-
-#[derive(Debug, Clone)]
-pub struct Failure {
-    pub message: String,
-    /// When the server allows the next attempt (unix seconds), if it said.
-    pub retry_after: Option<i64>,
-}
-
-/// Both outcomes carry the account's credentials when this order created the account, so the
-/// reconcile stores them whatever happened next.
-pub struct Outcome {
-    pub result: Result<Issued, Failure>,
-    pub new_credentials: Option<String>,
-    pub account: Option<String>,
 }
 
 fn fail(message: impl Into<String>) -> Failure {

@@ -4,10 +4,29 @@
 //! and places a new order, which the ACME server handles as any client retry.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::sync::{Arc, Mutex};
 
-use super::acme_order::{self, OrderJob, Outcome};
-use crate::context::Context;
+/// What a finished order hands back.
+pub struct Issued {
+    pub chain_pem: String,
+    pub key_pem: String,
+}
+
+#[derive(Debug, Clone)]
+pub struct Failure {
+    pub message: String,
+    /// When the server allows the next attempt (unix seconds), if it said.
+    pub retry_after: Option<i64>,
+}
+
+/// Both outcomes carry the account's credentials when this order created the account, so the
+/// reconcile stores them whatever happened next.
+pub struct Outcome {
+    pub result: Result<Issued, Failure>,
+    pub new_credentials: Option<String>,
+    pub account: Option<String>,
+}
 
 enum Slot {
     Running(tokio::task::AbortHandle),
@@ -38,7 +57,7 @@ impl Orders {
     }
 
     /// Starts an order unless one is there already (running or not yet collected).
-    pub fn start(&self, uid: &str, job: OrderJob, ctx: Arc<Context>) -> bool {
+    pub fn start(&self, uid: &str, order: impl Future<Output = Outcome> + Send + 'static) -> bool {
         let Ok(mut m) = self.0.lock() else { return false };
         if m.contains_key(uid) {
             return false;
@@ -46,7 +65,7 @@ impl Orders {
         let slots = self.0.clone();
         let key = uid.to_string();
         let task = tokio::spawn(async move {
-            let outcome = acme_order::run(job, ctx).await;
+            let outcome = order.await;
             if let Ok(mut m) = slots.lock() {
                 // Forgotten meanwhile (the fleet left ACME or was deleted): drop the result.
                 if m.contains_key(&key) {

@@ -412,13 +412,8 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
     CertOutcome {
         secrets,
         statuses,
-        condition: Want::new(
-            CERTIFICATES_READY,
-            true,
-            "Issued",
-            // No countdown here: a message that changes every reconcile is a status write each time.
-            "issued by the managed CA",
-        ),
+        // No countdown here: a message that changes every reconcile is a status write each time.
+        condition: Want::new(CERTIFICATES_READY, true, "Issued", "issued by the managed CA"),
         blocking: None,
         requeue_after: Some(Duration::from_secs(wait)),
         ca_rotation: Some(material.rotation.clone()),

@@ -175,6 +175,18 @@ fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny
         }
     }
     let Some(tls) = &spec.tls else { return };
+    if let (Some(acme), Some(allowed)) = (&tls.acme, &p.allowed_acme_directories) {
+        if !allowed.contains(&acme.directory) {
+            deny(
+                "spec.tls.acme.directory".into(),
+                format!(
+                    "ACME directory {:?} is not allowed ({})",
+                    acme.directory,
+                    allowed.join(", ")
+                ),
+            );
+        }
+    }
     if let (Some(cm), Some(allowed)) = (&tls.cert_manager, &p.allowed_cluster_issuers) {
         let issuer = &cm.issuer_ref;
         if issuer.kind == IssuerKind::ClusterIssuer && !allowed.contains(&issuer.name) {
@@ -294,6 +306,20 @@ mod tests {
             fields(&default_image, &p).is_empty(),
             "the operator's own image is always allowed"
         );
+    }
+
+    #[test]
+    fn acme_directories_are_the_platform_teams_choice() {
+        let p = policy(
+            "acme",
+            serde_json::json!({"allowedAcmeDirectories": ["https://acme.example.com/directory"]}),
+        );
+        let acme = |dir: &str| fleet(serde_json::json!({"tls": {"acme": {"directory": dir}}}));
+        assert_eq!(
+            fields(&acme("https://elsewhere.example.net/dir"), &p),
+            vec!["spec.tls.acme.directory"]
+        );
+        assert!(fields(&acme("https://acme.example.com/directory"), &p).is_empty());
     }
 
     #[test]

@@ -43,6 +43,10 @@ pub struct ProxyFleetPolicySpec {
     /// namespace are always allowed).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_cluster_issuers: Option<Vec<String>>,
+    /// ACME directory URLs `spec.tls.acme.directory` may name (absent: any). Which names a fleet
+    /// may order certificates for is `dnsNameSuffixes`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_acme_directories: Option<Vec<String>>,
     /// DNS suffixes `spec.tls.dnsNames` must end with (`example.com` allows `example.com` and
     /// every name below it).
     #[serde(default, skip_serializing_if = "Option::is_none")]
