@@ -15,7 +15,7 @@ use super::acme_orders::Outcome;
 use super::acme_plan::{self, AcmeRecord, Step};
 use super::ca::{now, text};
 use super::issue::{self, CertInfo};
-use super::reconcile::{secret_with, status_of, CertOutcome};
+use super::reconcile::{failure, secret_with, status_of, CertOutcome};
 use super::spec::{AcmeTls, CertSource, TlsSpec};
 use crate::conditions::{Want, CERTIFICATES_READY};
 use crate::context::Context;
@@ -83,7 +83,9 @@ pub async fn ensure(
     let mut held = current(ctx, owner);
     if held.is_none() {
         if let Err(e) = write_bootstrap(owner, &names, ctx).await {
-            return outcome_failure("AcmeUnavailable", e, record, account);
+            let mut out = failure("AcmeUnavailable", e);
+            out.acme = Some(record.to_status(account));
+            return out;
         }
         held = current(ctx, owner);
     }
@@ -252,18 +254,6 @@ async fn read_key(ctx: &Context, namespace: &str, name: &str, key: &str) -> Resu
     match api.get_opt(name).await {
         Ok(s) => Ok(s.and_then(|s| text(&s, key))),
         Err(e) => Err(format!("reading Secret {name}: {e}")),
-    }
-}
-
-fn outcome_failure(reason: &str, message: String, record: AcmeRecord, account: Option<String>) -> CertOutcome {
-    CertOutcome {
-        secrets: MountedSecrets::default(),
-        statuses: Vec::new(),
-        condition: Want::new(CERTIFICATES_READY, false, reason, message.clone()),
-        blocking: Some(message),
-        requeue_after: Some(Duration::from_secs(30)),
-        ca_rotation: None,
-        acme: Some(record.to_status(account)),
     }
 }
 

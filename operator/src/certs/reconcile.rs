@@ -70,7 +70,7 @@ pub(super) fn status_of(
     }
 }
 
-fn failure(reason: &str, message: String) -> CertOutcome {
+pub(super) fn failure(reason: &str, message: String) -> CertOutcome {
     CertOutcome {
         secrets: MountedSecrets::default(),
         statuses: Vec::new(),
