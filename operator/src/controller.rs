@@ -685,7 +685,7 @@ impl Others {
                 app,
             ))),
             AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
-                scope.api::<ProxyDeployment>(client),
+                (scope.api::<ProxyDeployment>(client), scope.api(client)),
                 ctx.clone(),
                 clusters_changed,
                 propagation,

@@ -10,10 +10,12 @@ use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
+use kube::runtime::reflector::ObjectRef;
 use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::reconcile::{self, Outcome};
+use crate::app::spec::AppRollout;
 use crate::conditions::PROPAGATED;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
@@ -143,14 +145,20 @@ fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> 
 /// Runs until `stop` completes. `clusters_changed` fires when a member cluster Secret changes
 /// (every placement may select it); a change to a member's copy wakes its hub object.
 pub async fn run(
-    api: Api<ProxyDeployment>,
+    (api, apps): (Api<ProxyDeployment>, Api<AppRollout>),
     ctx: Arc<Context>,
     clusters_changed: impl futures::Stream<Item = ()> + Send + 'static,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (wake, woken) = futures::channel::mpsc::channel(256);
     let _members = crate::task::AbortOnDrop(tokio::spawn(super::member_watch::run(ctx.clone(), wake)));
+    // A hub app's change (its spec, or its status when its Deployment's template changed) is a
+    // new revision for the fleet it names.
     Controller::new(api, watcher::Config::default().any_semantic())
+        .watches(apps, watcher::Config::default().any_semantic(), |app| {
+            let namespace = app.metadata.namespace.clone()?;
+            Some(ObjectRef::new(&app.spec.route.proxy_deployment).within(&namespace))
+        })
         .reconcile_all_on(clusters_changed)
         .reconcile_on(woken)
         .graceful_shutdown_on(stop)

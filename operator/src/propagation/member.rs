@@ -40,7 +40,7 @@ fn classify(what: &str, e: kube::Error) -> MemberError {
     }
 }
 
-async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, kube::Error>>) -> Result<T, MemberError> {
+pub(super) async fn bounded<T>(what: &str, f: impl Future<Output = Result<T, kube::Error>>) -> Result<T, MemberError> {
     match tokio::time::timeout(CALL_TIMEOUT, f).await {
         Ok(r) => r.map_err(|e| classify(what, e)),
         Err(_) => Err(MemberError::Unreachable(format!(

@@ -1,6 +1,6 @@
-//! Members are watched, not only polled: one watch per registered member cluster on the copies
-//! propagated there (label `proxyfleet.io/hub-uid`), each change waking the hub object the copy
-//! names. A member's canary finishing or aborting is seen within a second or two; the slower
+//! Members are watched, not only polled: per registered member cluster, one watch on the fleet
+//! copies and one on the app copies propagated there (label `proxyfleet.io/hub-uid`), each
+//! change waking the hub object the copy names. A member's canary finishing or aborting is seen within a second or two; the slower
 //! resync stays for drift. A member that cannot be watched is retried with the watcher's own
 //! backoff and never holds anything else up.
 
@@ -16,13 +16,14 @@ use kube::runtime::{watcher, WatchStreamExt};
 
 use super::clusters::MemberCluster;
 use super::placement::{HUB_OBJECT, HUB_UID};
+use crate::app::spec::AppRollout;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
 use crate::task::AbortOnDrop;
 
-/// The hub object a member's copy names (`namespace/name`).
-pub fn hub_ref(copy: &ProxyDeployment) -> Option<ObjectRef<ProxyDeployment>> {
-    let (namespace, name) = copy.metadata.annotations.as_ref()?.get(HUB_OBJECT)?.split_once('/')?;
+/// The hub object a member's copy (of the fleet, or of one of its apps) names (`namespace/name`).
+pub fn hub_ref(copy: &kube::api::ObjectMeta) -> Option<ObjectRef<ProxyDeployment>> {
+    let (namespace, name) = copy.annotations.as_ref()?.get(HUB_OBJECT)?.split_once('/')?;
     (!namespace.is_empty() && !name.is_empty() && name != "*").then(|| ObjectRef::new(name).within(namespace))
 }
 
@@ -34,11 +35,19 @@ async fn watch_one(cluster: MemberCluster, ctx: Arc<Context>, wake: Sender<Objec
             return;
         }
     };
-    let api: Api<ProxyDeployment> = Api::all(client);
-    let mut events = watcher(api, watcher::Config::default().labels(HUB_UID))
+    let fleets: Api<ProxyDeployment> = Api::all(client.clone());
+    let apps: Api<AppRollout> = Api::all(client);
+    let config = || watcher::Config::default().labels(HUB_UID);
+    let fleet_events = watcher(fleets, config())
         .default_backoff()
         .touched_objects()
-        .boxed();
+        .map(|e| e.map(|o| o.metadata));
+    // An app's canary finishing or aborting there is a wave's verdict too.
+    let app_events = watcher(apps, config())
+        .default_backoff()
+        .touched_objects()
+        .map(|e| e.map(|o| o.metadata));
+    let mut events = futures::stream::select(fleet_events, app_events).boxed();
     while let Some(event) = events.next().await {
         match event {
             Ok(copy) => {
@@ -85,11 +94,11 @@ mod tests {
         let spec =
             serde_json::from_value(serde_json::json!({"listeners": [], "routes": [], "upstreams": []})).expect("spec");
         let mut copy = ProxyDeployment::new("demo", spec);
-        assert_eq!(hub_ref(&copy), None);
+        assert_eq!(hub_ref(&copy.metadata), None);
         copy.metadata.annotations = Some(BTreeMap::from([(HUB_OBJECT.to_string(), "team-a/demo".to_string())]));
-        assert_eq!(hub_ref(&copy), Some(ObjectRef::new("demo").within("team-a")));
+        assert_eq!(hub_ref(&copy.metadata), Some(ObjectRef::new("demo").within("team-a")));
         // The CA Secret's mark (`ns/*`) names no fleet.
         copy.metadata.annotations = Some(BTreeMap::from([(HUB_OBJECT.to_string(), "team-a/*".to_string())]));
-        assert_eq!(hub_ref(&copy), None);
+        assert_eq!(hub_ref(&copy.metadata), None);
     }
 }

@@ -1,8 +1,11 @@
 //! Propagating ProxyDeployments to member clusters (see docs/multicluster.md).
 
+pub mod apps;
 pub mod clusters;
 pub mod controller;
+pub mod hub_apps;
 pub mod member;
+pub mod member_apps;
 pub mod member_watch;
 pub mod placement;
 pub mod reconcile;

@@ -148,7 +148,7 @@ async fn release_from(
 ) -> Vec<(String, MemberError)> {
     let results = join_all(clusters.iter().map(|c| async move {
         let r = match p.clients.client(c).await {
-            Ok(client) => member::release(&client, &owner.namespace, &owner.name, &owner.reference.uid).await,
+            Ok(client) => release_one(&client, owner).await,
             Err(e) => Err(e),
         };
         (c.name.clone(), r)
@@ -178,6 +178,12 @@ async fn release_from(
         }
     }
     failed
+}
+
+/// Releases the fleet's apps from one member, then the fleet itself.
+async fn release_one(client: &kube::Client, owner: &Owner) -> Result<Released, MemberError> {
+    super::member_apps::release(client, &owner.namespace, &owner.reference.uid).await?;
+    member::release(client, &owner.namespace, &owner.name, &owner.reference.uid).await
 }
 
 /// Nothing propagated while the platform policy refuses the spec; members keep what they have.
@@ -235,6 +241,10 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         .iter()
         .map(|c| placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c))
         .collect();
+    let apps = match super::hub_apps::desired(pxd, owner, ctx).await {
+        Ok(a) => a,
+        Err(e) => return keep_previous(not_propagated("AppsUnreadable", e.to_string())),
+    };
     let ca = match &objects {
         Ok(_) => shared_ca(pxd, &owner.namespace, ctx).await,
         Err(_) => Ok(None),
@@ -250,11 +260,12 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             return not_applied(ctx, owner, &selection.targets, &previous, &message, false, &now).await;
         }
         (Ok(objects), Ok(ca)) if !placement.waves.is_empty() => {
-            let (entries, status, due) = rolled_entries(pxd, owner, ctx, &selection, objects, ca.as_ref(), &now).await;
+            let desired = (objects.as_slice(), apps.as_slice());
+            let (entries, status, due) = rolled_entries(pxd, owner, ctx, &selection, desired, ca.as_ref(), &now).await;
             (waves, requeue) = (Some(status), due);
             entries
         }
-        (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, objects, ca.as_ref())
+        (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, (objects, &apps), ca.as_ref())
             .await
             .into_iter()
             .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
@@ -280,14 +291,14 @@ async fn rolled_entries(
     owner: &Owner,
     ctx: &Context,
     selection: &placement::Selection<'_>,
-    objects: &[MemberObject],
+    desired: (&[MemberObject], &[super::apps::AppCopy]),
     ca: Option<&Secret>,
     now: &str,
 ) -> (Vec<ClusterStatus>, super::spec::WaveStatus, Duration) {
     let placement = pxd.spec.placement.clone().unwrap_or_default();
     let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
-    let rolled = super::waves_shell::roll(pxd, owner, ctx, &placement, selection, objects, ca).await;
+    let rolled = super::waves_shell::roll(pxd, owner, ctx, &placement, selection, desired, ca).await;
     let mut entries: Vec<ClusterStatus> = rolled
         .observations
         .into_iter()
@@ -311,16 +322,13 @@ async fn sync_selected<'a>(
     p: &Propagation,
     owner: &Owner,
     selection: &'a placement::Selection<'a>,
-    objects: &[MemberObject],
+    (objects, apps): (&[MemberObject], &[super::apps::AppCopy]),
     ca: Option<&Secret>,
 ) -> Vec<(&'a str, Observation)> {
-    let synced = join_all(
-        selection
-            .targets
-            .iter()
-            .zip(objects)
-            .map(|(c, o)| super::sync::sync_one(&p.clients, c, owner, o, ca)),
-    )
+    let synced = join_all(selection.targets.iter().zip(objects).map(|(c, fleet)| {
+        let desired = super::sync::Desired { fleet, apps };
+        super::sync::sync_one(&p.clients, c, owner, desired, ca)
+    }))
     .await;
     let named = selection.targets.iter().map(|c| c.name.as_str()).zip(synced);
     named.chain(unselectable(owner, selection)).collect()

@@ -217,6 +217,28 @@ pub struct ClusterStatus {
     pub canary_step: Option<i32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub canary_weight: Option<i32>,
+    /// The fleet's app gray releases (AppRollouts) in that cluster, as its operator reports them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub apps: Vec<ClusterAppStatus>,
+}
+
+/// One AppRollout in a member cluster, as the member's operator reports it.
+#[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterAppStatus {
+    pub name: String,
+    /// The hub revision of the app its copies carry.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub revision: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub canary_phase: Option<String>,
+    /// Share of the route's requests its canary gets there.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub weight: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ready: Option<bool>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
 }
 
 /// Any JSON value (a JSON patch's `value`).

@@ -2,7 +2,7 @@
 //! `lastSyncTime` moves only when an entry changes, so a quiet resync writes no status.
 
 use super::member::MemberError;
-use super::spec::ClusterStatus;
+use super::spec::{ClusterAppStatus, ClusterStatus};
 use crate::conditions::{Want, PROPAGATED};
 use crate::crd::ProxyDeployment;
 
@@ -17,6 +17,8 @@ pub enum Observation {
     Synced {
         member: Box<ProxyDeployment>,
         desired_hash: String,
+        /// The fleet's apps there, as the member reports them.
+        apps: Vec<ClusterAppStatus>,
     },
     Failed(MemberError),
     /// Overrides could not be applied; nothing was written anywhere.
@@ -26,6 +28,7 @@ pub enum Observation {
         member: Option<Box<ProxyDeployment>>,
         desired_hash: String,
         why: String,
+        apps: Vec<ClusterAppStatus>,
     },
 }
 
@@ -135,16 +138,25 @@ pub fn cluster_status(
                 super::clusters::ALLOWED_NAMESPACES
             ));
         }
-        Observation::Synced { member, desired_hash } => synced(&mut entry, member, desired_hash),
+        Observation::Synced {
+            member,
+            desired_hash,
+            apps,
+        } => {
+            synced(&mut entry, member, desired_hash);
+            with_apps(&mut entry, apps);
+        }
         Observation::Held {
             member,
             desired_hash,
             why,
+            apps,
         } => {
             match member {
                 Some(m) => synced(&mut entry, m, desired_hash),
                 None => entry.reachable = true,
             }
+            with_apps(&mut entry, apps);
             if !entry.applied {
                 entry.message = Some(why.clone());
             }
@@ -172,6 +184,17 @@ pub fn cluster_status(
     entry
 }
 
+/// The member's apps, and the revision of its fleet and apps together (as waves judge it).
+fn with_apps(entry: &mut ClusterStatus, apps: &[ClusterAppStatus]) {
+    entry.apps = apps.to_vec();
+    if let (Some(fleet), false) = (&entry.revision, apps.is_empty()) {
+        let revisions = apps
+            .iter()
+            .map(|a| (a.name.as_str(), a.revision.as_deref().unwrap_or_default()));
+        entry.revision = Some(super::apps::bundle_revision(fleet, revisions));
+    }
+}
+
 /// What was last known of a member that could not be read now.
 fn keep_known(entry: &mut ClusterStatus, p: &ClusterStatus) {
     entry.observed_generation = p.observed_generation;
@@ -180,6 +203,7 @@ fn keep_known(entry: &mut ClusterStatus, p: &ClusterStatus) {
     entry.revision = p.revision.clone();
     (entry.canary_phase, entry.canary_step, entry.canary_weight) =
         (p.canary_phase.clone(), p.canary_step, p.canary_weight);
+    entry.apps = p.apps.clone();
 }
 
 /// An entry from the member's copy as it stands.
@@ -317,6 +341,7 @@ mod tests {
         let o = Observation::Synced {
             member: Box::new(member("h1", 3, 3)),
             desired_hash: "h1".into(),
+            apps: Vec::new(),
         };
         let s = cluster_status("eu-1", &o, None, "t1");
         assert!(s.applied && s.reachable);
@@ -330,6 +355,7 @@ mod tests {
         let lagging = Observation::Synced {
             member: Box::new(member("h1", 4, 3)),
             desired_hash: "h1".into(),
+            apps: Vec::new(),
         };
         assert!(cluster_status("eu-1", &lagging, Some(&s), "t3")
             .message
@@ -344,6 +370,7 @@ mod tests {
             &Observation::Synced {
                 member: Box::new(member("h1", 1, 1)),
                 desired_hash: "h1".into(),
+                apps: Vec::new(),
             },
             None,
             "t1",

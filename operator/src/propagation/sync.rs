@@ -1,11 +1,14 @@
-//! Bringing one member cluster to its object: read its copy, leave it when it already
-//! matches, else server-side apply (never taking over a copy propagated from elsewhere).
+//! Bringing one member cluster to its object: read its copy (and the copies of the fleet's
+//! apps), leave it when it already matches, else server-side apply (never taking over a copy
+//! propagated from elsewhere).
 
 use k8s_openapi::api::core::v1::Secret;
 use kube::Client;
 
+use super::apps::{self, AppCopy, SeenApp};
 use super::clusters::MemberCluster;
 use super::member::{self, MemberClients, MemberError};
+use super::member_apps;
 use super::placement::{self, MemberObject, HUB_UID};
 use super::status::Observation;
 use crate::crd::ProxyDeployment;
@@ -21,40 +24,76 @@ fn contains(actual: &serde_json::Value, desired: &serde_json::Value) -> bool {
     }
 }
 
-/// A member's client and its copy of the fleet (if any).
+/// What a member holds of a fleet: its copy (if any) and its apps' copies.
+pub struct Found {
+    pub copy: Option<ProxyDeployment>,
+    pub apps: Vec<SeenApp>,
+}
+
+/// A member's client and what it holds of the fleet.
 pub async fn observe_one(
     clients: &MemberClients,
     cluster: &MemberCluster,
     owner: &Owner,
-) -> Result<(Client, Option<ProxyDeployment>), MemberError> {
+) -> Result<(Client, Found), MemberError> {
     let client = clients.client(cluster).await?;
-    let current = member::observe(&client, &owner.namespace, &owner.name).await?;
-    Ok((client, current))
+    let copy = member::observe(&client, &owner.namespace, &owner.name).await?;
+    let apps = member_apps::observe(&client, &owner.namespace, &owner.reference.uid).await?;
+    Ok((client, Found { copy, apps }))
 }
 
-/// Brings one member to its object. Does not take over an object propagated from elsewhere.
+/// What one member is brought to: the fleet's object and its apps' copies.
+#[derive(Clone, Copy)]
+pub struct Desired<'a> {
+    pub fleet: &'a MemberObject,
+    pub apps: &'a [AppCopy],
+}
+
+/// Brings one member to `desired`. Does not take over an object propagated from elsewhere.
 pub async fn sync_one(
     clients: &MemberClients,
     cluster: &MemberCluster,
     owner: &Owner,
-    desired: &MemberObject,
+    desired: Desired<'_>,
     ca: Option<&Secret>,
 ) -> Observation {
     match observe_one(clients, cluster, owner).await {
-        Ok((client, current)) => bring(&client, current, cluster, owner, desired, ca).await,
+        Ok((client, found)) => bring(&client, found, cluster, owner, desired, ca).await,
         Err(e) => Observation::Failed(e),
     }
 }
 
-/// Brings a member whose copy was just read (`current`) to `desired`.
+/// Brings a member whose copies were just read (`found`) to `desired`: the fleet, then its apps.
 pub async fn bring(
+    client: &Client,
+    found: Found,
+    cluster: &MemberCluster,
+    owner: &Owner,
+    desired: Desired<'_>,
+    ca: Option<&Secret>,
+) -> Observation {
+    let fleet = match bring_fleet(client, found.copy, cluster, owner, desired.fleet, ca).await {
+        Ok(m) => m,
+        Err(e) => return Observation::Failed(e),
+    };
+    match member_apps::bring(client, &owner.namespace, &owner.reference.uid, desired.apps, found.apps).await {
+        Ok(apps) => Observation::Synced {
+            member: Box::new(fleet),
+            desired_hash: desired.fleet.hash.clone(),
+            apps: apps.iter().map(apps::summary).collect(),
+        },
+        Err(e) => Observation::Failed(e),
+    }
+}
+
+async fn bring_fleet(
     client: &Client,
     current: Option<ProxyDeployment>,
     cluster: &MemberCluster,
     owner: &Owner,
     desired: &MemberObject,
     ca: Option<&Secret>,
-) -> Observation {
+) -> Result<ProxyDeployment, MemberError> {
     let run = async {
         if let Some(current) = current {
             let labels = current.metadata.labels.clone().unwrap_or_default();
@@ -79,13 +118,7 @@ pub async fn bring(
         }
         member::apply(client, &owner.namespace, &owner.name, &desired.object, ca).await
     };
-    match run.await {
-        Ok(m) => Observation::Synced {
-            member: Box::new(m),
-            desired_hash: desired.hash.clone(),
-        },
-        Err(e) => Observation::Failed(e),
-    }
+    run.await
 }
 
 #[cfg(test)]

@@ -37,6 +37,17 @@ pub fn render(waves: &WaveStatus, clusters: &[ClusterStatus]) -> String {
                     ""
                 }
             ));
+            let twig = if j + 1 == w.clusters.len() { " " } else { "│" };
+            for app in c.map(|c| c.apps.as_slice()).unwrap_or_default() {
+                out.push_str(&format!(
+                    "│  {indent}   {twig}    app {}  revision={} canary={} weight={} ready={}\n",
+                    app.name,
+                    field(app.revision.clone()),
+                    field(app.canary_phase.clone()),
+                    field(app.weight.map(|s| s.to_string())),
+                    field(app.ready.map(|s| s.to_string())),
+                ));
+            }
         }
     }
     out
@@ -71,6 +82,12 @@ mod tests {
             revision: Some("ab12".into()),
             canary_phase: Some("Analyzing".into()),
             canary_step: Some(2),
+            apps: vec![crate::propagation::spec::ClusterAppStatus {
+                name: "shop".into(),
+                canary_phase: Some("Progressing".into()),
+                weight: Some(30),
+                ..Default::default()
+            }],
             ..Default::default()
         }];
         let text = render(&w, &clusters);
@@ -79,5 +96,9 @@ mod tests {
         assert!(text.contains("▶ rest"), "{text}");
         assert!(text.contains("m2  revision=ab12 canary=Analyzing step=2"), "{text}");
         assert!(text.contains("UNREACHABLE"), "{text}");
+        assert!(
+            text.contains("app shop  revision=- canary=Progressing weight=30"),
+            "{text}"
+        );
     }
 }

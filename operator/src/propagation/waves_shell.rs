@@ -9,12 +9,13 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, Patch, PatchParams};
 use kube::{Client, ResourceExt};
 
+use super::apps::{self, AppCopy};
 use super::clusters::MemberCluster;
 use super::member::MemberError;
 use super::placement::{self, MemberObject, Selection};
 use super::spec::{ClusterStatus, Placement, WaveStatus};
 use super::status::{self, Observation};
-use super::sync;
+use super::sync::{self, Desired, Found};
 use super::waves::{self, Command, Member, Observed, Progress, Send};
 use crate::context::Context;
 use crate::crd::{ProxyDeployment, ProxyDeploymentSpec};
@@ -34,12 +35,18 @@ pub struct Rolled<'a> {
     pub due: Duration,
 }
 
-type Seen = Result<(Client, Option<ProxyDeployment>), MemberError>;
+type Seen = Result<(Client, Found), MemberError>;
 
+/// A member as the machine judges it: its fleet and the fleet's apps are one revision, done
+/// together (see `apps`).
 fn member_view(c: &MemberCluster, seen: &Seen, wave: usize, previous: Option<&ClusterStatus>) -> Member {
     let (reachable, revision, progress) = match seen {
-        Ok((_, Some(copy))) => (true, status::member_revision(copy), status::progress(copy)),
-        Ok((_, None)) => (true, None, Progress::Running),
+        Ok((_, Found { copy: Some(copy), apps })) => (
+            true,
+            apps::member_revision(status::member_revision(copy), apps),
+            apps::combined(status::progress(copy), apps.iter().map(apps::progress)),
+        ),
+        Ok((_, Found { copy: None, .. })) => (true, None, Progress::Running),
         // Not readable now: what it last carried, never done.
         Err(_) => (false, previous.and_then(|p| p.revision.clone()), Progress::Running),
     };
@@ -52,7 +59,12 @@ fn member_view(c: &MemberCluster, seen: &Seen, wave: usize, previous: Option<&Cl
     }
 }
 
-fn observed(pxd: &ProxyDeployment, placement: &Placement, targets: &[&MemberCluster], seen: &[Seen]) -> Observed {
+fn observed(
+    pxd: &ProxyDeployment,
+    placement: &Placement,
+    (targets, seen): (&[&MemberCluster], &[Seen]),
+    desired_apps: &[AppCopy],
+) -> Observed {
     let (waves, index) = placement::assign_waves(placement, targets);
     let previous = |name: &str| {
         pxd.status
@@ -66,8 +78,11 @@ fn observed(pxd: &ProxyDeployment, placement: &Placement, targets: &[&MemberClus
         .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name)))
         .collect();
     Observed {
-        revision: placement::spec_revision(&pxd.spec),
-        spec: placement::spec_without_placement(&pxd.spec),
+        revision: apps::bundle_revision(
+            &placement::spec_revision(&pxd.spec),
+            desired_apps.iter().map(|a| (a.name.as_str(), a.revision.as_str())),
+        ),
+        spec: apps::bundle_spec(placement::spec_without_placement(&pxd.spec), desired_apps),
         waves,
         members,
         soak_secs: placement
@@ -87,16 +102,19 @@ fn observed(pxd: &ProxyDeployment, placement: &Placement, targets: &[&MemberClus
     }
 }
 
-/// The member object of the last completed spec for `cluster` (the placement of today).
+/// The member object and app copies of the last completed spec for `cluster` (the placement
+/// of today).
 fn stable_object(
     status: &WaveStatus,
     placement: &Placement,
     owner: &Owner,
     cluster: &MemberCluster,
-) -> Option<MemberObject> {
-    let mut spec: ProxyDeploymentSpec = serde_json::from_value(status.stable_spec.clone()?).ok()?;
+) -> Option<(MemberObject, Vec<AppCopy>)> {
+    let (fleet, stable_apps) = apps::split_bundle(status.stable_spec.clone()?);
+    let mut spec: ProxyDeploymentSpec = serde_json::from_value(fleet).ok()?;
     spec.placement = Some(placement.clone());
-    placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster).ok()
+    let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster).ok()?;
+    Some((object, stable_apps))
 }
 
 /// One pass over the waves of `placement`.
@@ -106,13 +124,13 @@ pub async fn roll<'a>(
     ctx: &Context,
     placement: &Placement,
     selection: &'a Selection<'a>,
-    objects: &[MemberObject],
+    (objects, desired_apps): (&[MemberObject], &[AppCopy]),
     ca: Option<&Secret>,
 ) -> Rolled<'a> {
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
-    let o = observed(pxd, placement, targets, &seen);
+    let o = observed(pxd, placement, (targets, &seen), desired_apps);
     let plan = waves::decide(pxd.status.as_ref().and_then(|s| s.waves.as_ref()), &o);
     announce(ctx, owner, &plan).await;
     if o.command.is_some() {
@@ -133,17 +151,28 @@ pub async fn roll<'a>(
                 .flatten();
             let why = why.clone();
             async move {
-                let (client, current) = match s {
+                let (client, found) = match s {
                     Ok(x) => x,
                     Err(e) => return Observation::Failed(e),
                 };
+                let current = Desired {
+                    fleet: desired,
+                    apps: desired_apps,
+                };
                 match (send, stable) {
-                    (Send::Revision, _) => sync::bring(&client, current, c, owner, desired, ca).await,
-                    (Send::Stable, Some(back)) => sync::bring(&client, current, c, owner, &back, ca).await,
+                    (Send::Revision, _) => sync::bring(&client, found, c, owner, current, ca).await,
+                    (Send::Stable, Some((fleet, apps))) => {
+                        let back = Desired {
+                            fleet: &fleet,
+                            apps: &apps,
+                        };
+                        sync::bring(&client, found, c, owner, back, ca).await
+                    }
                     _ => Observation::Held {
-                        member: current.map(Box::new),
+                        member: found.copy.map(Box::new),
                         desired_hash: desired.hash.clone(),
                         why,
+                        apps: found.apps.iter().map(apps::summary).collect(),
                     },
                 }
             }

@@ -1,0 +1,73 @@
+//! Reading, on the hub, the apps that travel with a fleet (see `apps`): the AppRollouts whose
+//! route names it and the Deployments they release. A read that fails stops the pass (nothing
+//! is sent or removed anywhere); an AppRollout whose Deployment does not exist is not sent.
+
+use futures::FutureExt;
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::Api;
+
+use super::apps::{self, AppCopy};
+use crate::context::Context;
+use crate::crd::ProxyDeployment;
+use crate::resources::Owner;
+
+/// Why the fleet's apps could not be read on the hub.
+#[derive(Debug, thiserror::Error)]
+pub enum HubAppsError {
+    #[error("the AppRollout cache is not loaded yet")]
+    NotLoaded,
+    #[error("reading Deployment {namespace}/{name} of AppRollout {app}: {source}")]
+    Read {
+        namespace: String,
+        name: String,
+        app: String,
+        source: kube::Error,
+    },
+}
+
+/// The copies every member gets of the fleet's apps, sorted by name.
+pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Result<Vec<AppCopy>, HubAppsError> {
+    if ctx.apps.wait_until_ready().now_or_never().is_none() {
+        return Err(HubAppsError::NotLoaded);
+    }
+    let policy = format!(
+        "{:?}",
+        pxd.spec
+            .placement
+            .as_ref()
+            .map(|p| p.deletion_policy)
+            .unwrap_or_default()
+    );
+    let mut rollouts: Vec<_> = ctx
+        .apps
+        .state()
+        .into_iter()
+        .filter(|a| {
+            a.metadata.namespace.as_deref() == Some(owner.namespace.as_str())
+                && a.spec.route.proxy_deployment == owner.name
+                && a.metadata.deletion_timestamp.is_none()
+        })
+        .collect();
+    rollouts.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
+    let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
+    let mut out = Vec::with_capacity(rollouts.len());
+    for rollout in rollouts {
+        let name = &rollout.spec.workload_ref.name;
+        let workload = deployments.get_opt(name).await.map_err(|source| HubAppsError::Read {
+            namespace: owner.namespace.clone(),
+            name: name.clone(),
+            app: rollout.metadata.name.clone().unwrap_or_default(),
+            source,
+        })?;
+        let who = (
+            owner.namespace.as_str(),
+            owner.name.as_str(),
+            owner.reference.uid.as_str(),
+            policy.as_str(),
+        );
+        if let Some(copy) = workload.and_then(|w| apps::copy(who, &rollout, &w)) {
+            out.push(copy);
+        }
+    }
+    Ok(out)
+}

@@ -1,0 +1,209 @@
+//! The I/O shell towards a member for a fleet's apps (see `apps`): read the app copies it
+//! holds, bring them to the desired ones, release them. Only copies labelled with this hub
+//! fleet's uid are ever written or deleted; an AppRollout or Deployment of the same name that
+//! did not come from this fleet is never taken over.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
+use kube::Client;
+
+use super::apps::{AppCopy, SeenApp, HUB_APP};
+use super::member::{bounded, MemberError};
+use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_OBJECT, HUB_REVISION, HUB_UID, PROPAGATED_HASH};
+use crate::app::spec::AppRollout;
+use crate::labels;
+
+fn ours(meta: &kube::api::ObjectMeta, hub_uid: &str) -> bool {
+    meta.labels.as_ref().and_then(|l| l.get(HUB_UID)).map(String::as_str) == Some(hub_uid)
+}
+
+/// The app copies this fleet has in the member. A member without the AppRollout API has none.
+pub async fn observe(client: &Client, namespace: &str, hub_uid: &str) -> Result<Vec<SeenApp>, MemberError> {
+    let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
+    let params = ListParams::default().labels(&format!("{HUB_UID}={hub_uid}"));
+    let list = match bounded("listing the AppRollouts", rollouts.list(&params)).await {
+        Ok(l) => l.items,
+        Err(MemberError::Refused(m)) if m.contains("NotFound") => return Ok(Vec::new()),
+        Err(e) => return Err(e),
+    };
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let mut seen = Vec::with_capacity(list.len());
+    for rollout in list {
+        let found = bounded(
+            "reading an app's Deployment",
+            deployments.get_opt(&rollout.spec.workload_ref.name),
+        )
+        .await?;
+        seen.push(SeenApp {
+            deployment: found.filter(|d| ours(&d.metadata, hub_uid)),
+            rollout,
+        });
+    }
+    Ok(seen)
+}
+
+fn carries(meta: &kube::api::ObjectMeta, revision: &str) -> bool {
+    meta.annotations
+        .as_ref()
+        .and_then(|a| a.get(HUB_REVISION))
+        .map(String::as_str)
+        == Some(revision)
+}
+
+/// Refuses to write over an object of that name that is not this fleet's copy.
+async fn not_foreign<K>(api: &Api<K>, name: &str, hub_uid: &str, what: &str) -> Result<(), MemberError>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let found = bounded(&format!("reading {what} {name}"), api.get_metadata_opt(name)).await?;
+    match found {
+        Some(f) if !ours(&f.metadata, hub_uid) => Err(MemberError::Refused(format!(
+            "{what} {name} exists there and was not propagated from this fleet; not taking it over"
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// Brings one app: its Deployment first (the member's AppRollout reads it), then the AppRollout.
+async fn apply_one(client: &Client, namespace: &str, hub_uid: &str, copy: &AppCopy) -> Result<SeenApp, MemberError> {
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+    let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
+    not_foreign(&deployments, &copy.workload, hub_uid, "Deployment").await?;
+    not_foreign(&rollouts, &copy.name, hub_uid, "AppRollout").await?;
+    let params = PatchParams::apply(FIELD_MANAGER).force();
+    let deployment = bounded(
+        "applying an app's Deployment",
+        deployments.patch(&copy.workload, &params, &Patch::Apply(&copy.deployment)),
+    )
+    .await?;
+    let rollout = bounded(
+        "applying the AppRollout",
+        rollouts.patch(&copy.name, &params, &Patch::Apply(&copy.rollout)),
+    )
+    .await?;
+    Ok(SeenApp {
+        rollout,
+        deployment: Some(deployment),
+    })
+}
+
+/// Brings the member's app copies to `desired`: applies what differs, deletes copies of apps
+/// the fleet no longer has. Returns the copies as they stand after.
+pub async fn bring(
+    client: &Client,
+    namespace: &str,
+    hub_uid: &str,
+    desired: &[AppCopy],
+    seen: Vec<SeenApp>,
+) -> Result<Vec<SeenApp>, MemberError> {
+    let mut out = Vec::with_capacity(desired.len());
+    for copy in desired {
+        let current = seen
+            .iter()
+            .find(|s| s.rollout.metadata.name.as_deref() == Some(copy.name.as_str()));
+        let up_to_date = current.is_some_and(|s| {
+            carries(&s.rollout.metadata, &copy.revision)
+                && s.deployment
+                    .as_ref()
+                    .is_some_and(|d| carries(&d.metadata, &copy.revision))
+        });
+        match current {
+            Some(s) if up_to_date => out.push(s.clone()),
+            _ => out.push(apply_one(client, namespace, hub_uid, copy).await?),
+        }
+    }
+    for gone in seen.iter().filter(|s| {
+        !desired
+            .iter()
+            .any(|d| s.rollout.metadata.name.as_deref() == Some(d.name.as_str()))
+    }) {
+        delete_one(client, namespace, gone).await?;
+    }
+    Ok(out)
+}
+
+fn uid_precondition(meta: &kube::api::ObjectMeta) -> DeleteParams {
+    DeleteParams {
+        preconditions: meta.uid.clone().map(|uid| Preconditions {
+            uid: Some(uid),
+            resource_version: None,
+        }),
+        ..Default::default()
+    }
+}
+
+async fn delete_one(client: &Client, namespace: &str, app: &SeenApp) -> Result<(), MemberError> {
+    let gone = |r: Result<(), MemberError>| match r {
+        Err(MemberError::Refused(m)) if m.contains("NotFound") => Ok(()),
+        other => other,
+    };
+    let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
+    let name = app.rollout.metadata.name.clone().unwrap_or_default();
+    gone(
+        bounded(
+            "deleting an AppRollout",
+            rollouts.delete(&name, &uid_precondition(&app.rollout.metadata)),
+        )
+        .await
+        .map(|_| ()),
+    )?;
+    if let Some(d) = &app.deployment {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let name = d.metadata.name.clone().unwrap_or_default();
+        gone(
+            bounded(
+                "deleting an app's Deployment",
+                deployments.delete(&name, &uid_precondition(&d.metadata)),
+            )
+            .await
+            .map(|_| ()),
+        )?;
+    }
+    Ok(())
+}
+
+/// Takes our marks off an app's copies: they stay, no longer ours (`deletionPolicy: Orphan`).
+async fn orphan_one(client: &Client, namespace: &str, app: &SeenApp) -> Result<(), MemberError> {
+    let patch = serde_json::json!({"metadata": {
+        "labels": {HUB_UID: null, labels::MANAGED_BY: null},
+        "annotations": {HUB_OBJECT: null, HUB_APP: null, HUB_REVISION: null, PROPAGATED_HASH: null, DELETION_POLICY: null},
+    }});
+    let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
+    let name = app.rollout.metadata.name.clone().unwrap_or_default();
+    bounded(
+        "orphaning an AppRollout",
+        rollouts.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+    )
+    .await?;
+    if let Some(d) = &app.deployment {
+        let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
+        let name = d.metadata.name.clone().unwrap_or_default();
+        bounded(
+            "orphaning an app's Deployment",
+            deployments.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)),
+        )
+        .await?;
+    }
+    Ok(())
+}
+
+/// Releases every app copy of this fleet in the member (deleted, or orphaned by the policy
+/// recorded on it). Returns how many apps were released.
+pub async fn release(client: &Client, namespace: &str, hub_uid: &str) -> Result<usize, MemberError> {
+    let seen = observe(client, namespace, hub_uid).await?;
+    for app in &seen {
+        let orphan = app
+            .rollout
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(DELETION_POLICY))
+            .is_some_and(|p| p == "Orphan");
+        if orphan {
+            orphan_one(client, namespace, app).await?;
+        } else {
+            delete_one(client, namespace, app).await?;
+        }
+    }
+    Ok(seen.len())
+}
