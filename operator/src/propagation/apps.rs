@@ -156,11 +156,7 @@ pub fn progress(seen: &SeenApp) -> Progress {
     let canary = status.canary.as_ref();
     if let Some(c) = canary.filter(|c| c.phase == CanaryPhase::Aborted) {
         if c.canary_revision.as_deref() == Some(template.as_str()) {
-            let why = c
-                .abort_reason
-                .clone()
-                .or(c.message.clone())
-                .unwrap_or_else(|| "no reason given".into());
+            let why = super::status::abort_words(c);
             return Progress::Failed(format!("app {name}: its canary aborted: {why}"));
         }
     }
@@ -251,7 +247,7 @@ fn kept_copy(v: &Value) -> Option<AppCopy> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::app::spec::AppRolloutStatus;
     use crate::canary::spec::CanaryStatus;

@@ -17,13 +17,15 @@ fn ours(meta: &kube::api::ObjectMeta, hub_uid: &str) -> bool {
     meta.labels.as_ref().and_then(|l| l.get(HUB_UID)).map(String::as_str) == Some(hub_uid)
 }
 
-/// The app copies this fleet has in the member. A member without the AppRollout API has none.
+/// The app copies this fleet has in the member. A member without the AppRollout API, or whose
+/// credentials may not list AppRollouts, holds none (we could not have written one there);
+/// sending it an app then fails with the member's own words.
 pub async fn observe(client: &Client, namespace: &str, hub_uid: &str) -> Result<Vec<SeenApp>, MemberError> {
     let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default().labels(&format!("{HUB_UID}={hub_uid}"));
     let list = match bounded("listing the AppRollouts", rollouts.list(&params)).await {
         Ok(l) => l.items,
-        Err(MemberError::Refused(m)) if m.contains("NotFound") => return Ok(Vec::new()),
+        Err(MemberError::Refused(m)) if m.contains("NotFound") || m.contains("Forbidden") => return Ok(Vec::new()),
         Err(e) => return Err(e),
     };
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -206,4 +208,111 @@ pub async fn release(client: &Client, namespace: &str, hub_uid: &str) -> Result<
         }
     }
     Ok(seen.len())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::client::Body;
+
+    fn shop(revision_image: &str) -> AppCopy {
+        let (r, d) = crate::propagation::apps::tests::hub_app(revision_image);
+        crate::propagation::apps::copy(("team-a", "edge", "hub-uid", "Delete"), &r, &d).expect("copy")
+    }
+
+    fn respond(send: tower_test::mock::SendResponse<http::Response<Body>>, code: u16, body: serde_json::Value) {
+        let body = Body::from(serde_json::to_vec(&body).expect("json"));
+        send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+    }
+
+    fn not_found() -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": "not found",
+            "reason": "NotFound", "code": 404})
+    }
+
+    /// Against a mocked member API server: a new app is written Deployment first, then its
+    /// AppRollout; a copy of an app the fleet no longer has is deleted (with its uid as a
+    /// precondition); an object of that name that is not ours is never written.
+    #[tokio::test]
+    async fn apps_are_written_deployment_first_removed_when_gone_and_never_taken_over() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(mock, "default");
+        let desired = shop("shop:v2");
+        let (gone_r, gone_d) = (
+            serde_json::from_value::<AppRollout>(shop("shop:v1").rollout).map(|mut r| {
+                r.metadata.name = Some("old".into());
+                r.metadata.uid = Some("uid-old".into());
+                r
+            }),
+            serde_json::from_value::<Deployment>(shop("shop:v1").deployment).map(|mut d| {
+                d.metadata.name = Some("old-shop".into());
+                d.metadata.uid = Some("uid-old-shop".into());
+                d
+            }),
+        );
+        let seen = vec![SeenApp {
+            rollout: gone_r.expect("rollout"),
+            deployment: Some(gone_d.expect("deployment")),
+        }];
+        let (rollout, deployment) = (desired.rollout.clone(), desired.deployment.clone());
+        let server = tokio::spawn(async move {
+            let mut calls = Vec::new();
+            for answer in [not_found(), not_found(), deployment, rollout] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                calls.push(format!("{} {}", request.method(), request.uri().path()));
+                respond(send, if answer["code"] == 404 { 404 } else { 200 }, answer);
+            }
+            for _ in 0..2 {
+                let (request, send) = handle.next_request().await.expect("a delete");
+                let (parts, body) = request.into_parts();
+                let body = http_body_util::BodyExt::collect(body).await.expect("body").to_bytes();
+                calls.push(format!(
+                    "{} {} {}",
+                    parts.method,
+                    parts.uri.path(),
+                    String::from_utf8_lossy(&body).contains("uid-old")
+                ));
+                respond(
+                    send,
+                    200,
+                    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}),
+                );
+            }
+            // A foreign AppRollout of that name: read, and nothing written after.
+            let (_, send) = handle.next_request().await.expect("deployment read");
+            respond(send, 404, not_found());
+            let (_, send) = handle.next_request().await.expect("rollout read");
+            respond(
+                send,
+                200,
+                serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata",
+                "metadata": {"name": "shop", "labels": {"team": "theirs"}}}),
+            );
+            calls
+        });
+        let out = bring(&client, "team-a", "hub-uid", std::slice::from_ref(&desired), seen)
+            .await
+            .expect("brought");
+        assert_eq!(out.len(), 1);
+        let refused = bring(&client, "team-a", "hub-uid", std::slice::from_ref(&desired), Vec::new())
+            .await
+            .expect_err("a foreign AppRollout");
+        assert!(
+            matches!(&refused, MemberError::Refused(m) if m.contains("AppRollout shop exists there and was not propagated")),
+            "{refused}"
+        );
+        let calls = server.await.expect("mock server");
+        let base = "/namespaces/team-a";
+        assert_eq!(
+            calls,
+            [
+                format!("GET /apis/apps/v1{base}/deployments/shop"),
+                format!("GET /apis/proxyfleet.io/v1alpha1{base}/approllouts/shop"),
+                format!("PATCH /apis/apps/v1{base}/deployments/shop"),
+                format!("PATCH /apis/proxyfleet.io/v1alpha1{base}/approllouts/shop"),
+                format!("DELETE /apis/proxyfleet.io/v1alpha1{base}/approllouts/old true"),
+                format!("DELETE /apis/apps/v1{base}/deployments/old-shop true"),
+            ]
+        );
+    }
 }

@@ -54,9 +54,10 @@ pub fn progress(member: &ProxyDeployment) -> super::waves::Progress {
     }
     match status.canary.as_ref().map(|c| c.phase) {
         Some(CanaryPhase::Aborted) => {
-            let c = status.canary.as_ref();
-            let why = c
-                .and_then(|c| c.abort_reason.clone().or(c.message.clone()))
+            let why = status
+                .canary
+                .as_ref()
+                .map(abort_words)
                 .unwrap_or_else(|| "no reason given".into());
             return Progress::Failed(format!("its canary aborted: {why}"));
         }
@@ -75,6 +76,16 @@ pub fn progress(member: &ProxyDeployment) -> super::waves::Progress {
         Progress::Done
     } else {
         Progress::Running
+    }
+}
+
+/// Why a canary aborted, in its own words: its reason and its message.
+pub fn abort_words(c: &crate::canary::spec::CanaryStatus) -> String {
+    match (&c.abort_reason, &c.message) {
+        (Some(r), Some(m)) if !m.is_empty() && m != r => format!("{r}: {m}"),
+        (Some(r), _) => r.clone(),
+        (None, Some(m)) => m.clone(),
+        (None, None) => "no reason given".into(),
     }
 }
 
