@@ -94,31 +94,28 @@ async fn bring_fleet(
     desired: &MemberObject,
     ca: Option<&Secret>,
 ) -> Result<ProxyDeployment, MemberError> {
-    let run = async {
-        if let Some(current) = current {
-            let labels = current.metadata.labels.clone().unwrap_or_default();
-            if labels.get(HUB_UID) != Some(&owner.reference.uid) {
-                return Err(MemberError::Refused(format!(
-                    "{}/{} exists there and was not propagated from this object; not taking it over",
-                    owner.namespace, owner.name
-                )));
-            }
-            let hash_matches = current
-                .metadata
-                .annotations
-                .as_ref()
-                .and_then(|a| a.get(placement::PROPAGATED_HASH))
-                == Some(&desired.hash);
-            let spec_matches =
-                serde_json::to_value(&current.spec).is_ok_and(|actual| contains(&actual, &desired.object["spec"]));
-            if hash_matches && spec_matches {
-                return Ok(current);
-            }
-            tracing::info!(cluster = %cluster.name, drift = hash_matches, "applying to member");
+    if let Some(current) = current {
+        let labels = current.metadata.labels.clone().unwrap_or_default();
+        if labels.get(HUB_UID) != Some(&owner.reference.uid) {
+            return Err(MemberError::Refused(format!(
+                "{}/{} exists there and was not propagated from this object; not taking it over",
+                owner.namespace, owner.name
+            )));
         }
-        member::apply(client, &owner.namespace, &owner.name, &desired.object, ca).await
-    };
-    run.await
+        let hash_matches = current
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(placement::PROPAGATED_HASH))
+            == Some(&desired.hash);
+        let spec_matches =
+            serde_json::to_value(&current.spec).is_ok_and(|actual| contains(&actual, &desired.object["spec"]));
+        if hash_matches && spec_matches {
+            return Ok(current);
+        }
+        tracing::info!(cluster = %cluster.name, drift = hash_matches, "applying to member");
+    }
+    member::apply(client, &owner.namespace, &owner.name, &desired.object, ca).await
 }
 
 #[cfg(test)]
