@@ -8,8 +8,10 @@ mod http_rules;
 mod live_weights;
 pub mod metric_names;
 mod proxy_config;
+mod route_auth;
 mod traffic_split;
 mod validate;
+mod validate_auth;
 mod validate_http;
 mod validate_split;
 
@@ -24,6 +26,7 @@ pub use http_rules::{
 };
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
+pub use route_auth::{ClaimHeader, Cors, JwtAlgorithm, JwtAuth};
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
 pub use validate::{is_valid_server_name, validate};
 pub use validate_split::check_live_weights;

@@ -148,6 +148,12 @@ pub struct Route {
     /// Path prefix and host rewrites towards the upstream.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub rewrite: Option<crate::Rewrite>,
+    /// Require a valid JWT before the upstream (401 otherwise).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub jwt: Option<crate::JwtAuth>,
+    /// CORS: preflights answered by the proxy, response headers for allowed origins.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cors: Option<crate::Cors>,
     /// An upgraded (WebSocket) connection with no byte either way for this long is closed.
     /// Default 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -40,6 +40,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     check_routes(config, &upstream_names, &mut errors);
     check_the_rest(config, &mut errors);
     crate::validate_http::check_http_rules(config, &mut errors);
+    crate::validate_auth::check_route_auth(config, &mut errors);
     if errors.is_empty() {
         Ok(())
     } else {

@@ -2,7 +2,7 @@
 //! or client certificate): checked before a rollout, so a missing one is `SecretNotFound`
 //! naming the field instead of pods stuck in ContainerCreating.
 
-use k8s_openapi::api::core::v1::Secret;
+use k8s_openapi::api::core::v1::{ConfigMap, Secret};
 use kube::api::Api;
 
 use crate::context::Context;
@@ -18,6 +18,19 @@ pub struct SecretRef {
 
 const CA_KEYS: &[&str] = &["ca.crt"];
 const TLS_KEYS: &[&str] = &["tls.crt", "tls.key"];
+const JWKS_KEYS: &[&str] = &[crate::resources::config_map::JWKS_KEY];
+
+/// ConfigMaps the spec names for the pods to mount (a route's JWKS): (field, ConfigMap).
+pub fn config_map_references(spec: &ProxyDeploymentSpec) -> Vec<(String, String)> {
+    spec.routes
+        .iter()
+        .enumerate()
+        .filter_map(|(i, r)| {
+            let c = r.jwt.as_ref()?.jwks_config_map.as_ref()?;
+            Some((format!("spec.routes[{i}].jwt.jwksConfigMap"), c.clone()))
+        })
+        .collect()
+}
 
 /// Every Secret the spec names for the pods to mount.
 pub fn references(spec: &ProxyDeploymentSpec) -> Vec<SecretRef> {
@@ -28,6 +41,15 @@ pub fn references(spec: &ProxyDeploymentSpec) -> Vec<SecretRef> {
                 field: format!("spec.listeners[{i}].clientCaSecret"),
                 secret: s.clone(),
                 keys: CA_KEYS,
+            });
+        }
+    }
+    for (i, r) in spec.routes.iter().enumerate() {
+        if let Some(s) = r.jwt.as_ref().and_then(|j| j.jwks_secret.as_ref()) {
+            out.push(SecretRef {
+                field: format!("spec.routes[{i}].jwt.jwksSecret"),
+                secret: s.clone(),
+                keys: JWKS_KEYS,
             });
         }
     }
@@ -93,6 +115,40 @@ pub async fn check(ctx: &Context, namespace: &str, spec: &ProxyDeploymentSpec) -
             return Some((reason.into(), message));
         }
     }
+    check_config_maps(ctx, namespace, spec).await
+}
+
+/// What is wrong with a JWKS ConfigMap reference, given the ConfigMap as read (None: not found).
+pub fn config_map_problem(field: &str, name: &str, namespace: &str, found: Option<&ConfigMap>) -> Option<String> {
+    let Some(cm) = found else {
+        return Some(format!("{field}: ConfigMap {name} not found in namespace {namespace}"));
+    };
+    let key = crate::resources::config_map::JWKS_KEY;
+    let has = cm.data.as_ref().is_some_and(|d| d.contains_key(key));
+    (!has).then(|| format!("{field}: ConfigMap {name} has no {key} (the pods read it from there)"))
+}
+
+async fn check_config_maps(ctx: &Context, namespace: &str, spec: &ProxyDeploymentSpec) -> Option<(String, String)> {
+    let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
+    for (field, name) in config_map_references(spec) {
+        let found = match api.get_opt(&name).await {
+            Ok(c) => c,
+            Err(e) => {
+                return Some((
+                    "ConfigMapUnreadable".into(),
+                    format!("{field}: reading ConfigMap {name}: {e}"),
+                ))
+            }
+        };
+        if let Some(message) = config_map_problem(&field, &name, namespace, found.as_ref()) {
+            let reason = if found.is_none() {
+                "ConfigMapNotFound"
+            } else {
+                "InvalidConfigMap"
+            };
+            return Some((reason.into(), message));
+        }
+    }
     None
 }
 
@@ -104,7 +160,9 @@ mod tests {
     fn spec() -> ProxyDeploymentSpec {
         serde_json::from_value(serde_json::json!({
             "listeners": [{"name": "https", "port": 8443, "clientCaSecret": "clients"}],
-            "routes": [{"name": "all", "upstream": "app"}],
+            "routes": [{"name": "all", "upstream": "app"},
+                       {"name": "api", "upstream": "app", "jwt": {"jwksSecret": "keys"}},
+                       {"name": "v2", "upstream": "app", "jwt": {"jwksConfigMap": "public-keys"}}],
             "upstreams": [{"name": "app", "endpoints": ["10.0.0.1:443"],
                            "tls": {"caSecret": "app-ca", "clientCertificateSecret": "app-client"}}],
         }))
@@ -118,6 +176,7 @@ mod tests {
             fields,
             [
                 "spec.listeners[0].clientCaSecret",
+                "spec.routes[1].jwt.jwksSecret",
                 "spec.upstreams[0].tls.caSecret",
                 "spec.upstreams[0].tls.clientCertificateSecret"
             ]
@@ -127,7 +186,7 @@ mod tests {
     #[test]
     fn missing_secrets_and_keys_are_named() {
         let refs = references(&spec());
-        let msg = problem(&refs[1], "team-a", None).unwrap();
+        let msg = problem(&refs[2], "team-a", None).unwrap();
         assert_eq!(
             msg,
             "spec.upstreams[0].tls.caSecret: Secret app-ca not found in namespace team-a"
@@ -136,12 +195,34 @@ mod tests {
             data: Some([("tls.crt".to_string(), ByteString(b"x".to_vec()))].into()),
             ..Default::default()
         };
-        let msg = problem(&refs[2], "team-a", Some(&s)).unwrap();
+        let msg = problem(&refs[3], "team-a", Some(&s)).unwrap();
         assert!(msg.contains("has no tls.key"), "{msg}");
         s.data
             .as_mut()
             .unwrap()
             .insert("tls.key".into(), ByteString(b"k".to_vec()));
-        assert_eq!(problem(&refs[2], "team-a", Some(&s)), None);
+        assert_eq!(problem(&refs[3], "team-a", Some(&s)), None);
+    }
+
+    #[test]
+    fn jwks_config_maps_are_checked_for_their_key() {
+        let refs = config_map_references(&spec());
+        assert_eq!(
+            refs,
+            [(
+                "spec.routes[2].jwt.jwksConfigMap".to_string(),
+                "public-keys".to_string()
+            )]
+        );
+        let (f, n) = &refs[0];
+        assert!(config_map_problem(f, n, "team-a", None)
+            .unwrap()
+            .contains("ConfigMap public-keys not found"));
+        let mut cm = ConfigMap::default();
+        assert!(config_map_problem(f, n, "team-a", Some(&cm))
+            .unwrap()
+            .contains("has no jwks.json"));
+        cm.data = Some([("jwks.json".to_string(), "{}".to_string())].into());
+        assert_eq!(config_map_problem(f, n, "team-a", Some(&cm)), None);
     }
 }

@@ -255,7 +255,7 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
 async fn routed(
     shared: &Shared,
     route: &CompiledRoute,
-    req: Request<Incoming>,
+    mut req: Request<Incoming>,
     ctx: RequestContext<'_>,
 ) -> Response<ClientBody> {
     let RequestContext {
@@ -267,6 +267,10 @@ async fn routed(
     let log_wanted = req.extensions().get::<LogWanted>().is_some();
     let backend = route.backend(req.headers());
     let metrics = Some(&backend.metrics);
+    let admitted = match crate::route_auth::admit(route, &mut req) {
+        Ok(a) => a,
+        Err(resp) => return finish(shared, metrics, resp, started),
+    };
     if let Some(limiter) = &route.rate_limit {
         if let Err(wait) = limiter.check(req.headers(), client.remote.ip(), started) {
             backend.metrics.rate_limited.inc();
@@ -301,6 +305,7 @@ async fn routed(
     if let Some(ops) = &route.response_headers {
         ops.apply(resp.headers_mut());
     }
+    crate::route_auth::decorate(route, &admitted, &mut resp);
     if log_wanted {
         let dest = resp.extensions_mut().get_or_insert_default::<Destination>();
         dest.route = Some(route.name.clone());

@@ -204,6 +204,8 @@ pub struct Metrics {
     pub retries: Family<RouteOnly, Counter>,
     pub upgrades: Family<RouteOnly, Counter>,
     pub rate_limited: Family<RouteOnly, Counter>,
+    pub jwt_denied: Family<RouteReasonLabels, Counter>,
+    pub cors_preflights: Family<RouteResultLabels, Counter>,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
@@ -212,6 +214,18 @@ pub struct Metrics {
     pub refused_connections: Family<RefusalLabels, Counter>,
     pub misdirected_requests: Counter,
     pub spans_dropped: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteReasonLabels {
+    pub route: String,
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteResultLabels {
+    pub route: String,
+    pub result: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -275,6 +289,16 @@ impl Metrics {
                 &mut registry,
                 "rate_limited_requests",
                 "Requests refused with 429 by a route's rate limit",
+            ),
+            jwt_denied: register(
+                &mut registry,
+                "jwt_denied_requests",
+                "Requests refused with 401 by a route's JWT validation, by reason",
+            ),
+            cors_preflights: register(
+                &mut registry,
+                "cors_preflights",
+                "CORS preflights answered by the proxy, by result (allowed or refused)",
             ),
             ejections: register(
                 &mut registry,

@@ -44,6 +44,12 @@ fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>
         }
     }
     files.extend(config.trust_bundle_files.iter().map(String::as_str));
+    files.extend(
+        config
+            .routes
+            .iter()
+            .filter_map(|r| r.jwt.as_ref()?.jwks_file.as_deref()),
+    );
     let config_path = config_path.and_then(|p| p.to_str());
     let all: Vec<&str> = files.into_iter().chain(config_path).collect();
     let names = all

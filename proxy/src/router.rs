@@ -97,6 +97,10 @@ pub struct CompiledRoute {
     pub response_headers: Option<CompiledHeaderOps>,
     pub rewrite: Option<CompiledRewrite>,
     pub upgrade_idle_timeout: Duration,
+    /// JWT validation and CORS, compiled by the state (with the key set and the route's
+    /// counters); None when the route has none.
+    pub jwt: Option<crate::jwt::CompiledJwt>,
+    pub cors: Option<crate::cors::CompiledCors>,
 }
 
 impl CompiledRoute {
@@ -128,6 +132,8 @@ impl CompiledRoute {
                 .as_ref()
                 .and_then(|rw| CompiledRewrite::new(&route.matches.path_prefix, rw)),
             upgrade_idle_timeout: route.upgrade_idle_timeout.map_or(UPGRADE_IDLE_TIMEOUT, |d| d.get()),
+            jwt: None,
+            cors: None,
         }
     }
 

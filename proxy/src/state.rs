@@ -24,6 +24,11 @@ pub enum StateError {
     Upstream(#[from] UpstreamError),
     #[error("route {route}: unknown upstream {upstream}")]
     UnknownUpstream { route: String, upstream: String },
+    #[error("route {route}: {source}")]
+    Jwks {
+        route: String,
+        source: crate::jwt::JwksError,
+    },
     #[error("trust bundle: {0}")]
     TrustBundle(TlsError),
 }
@@ -95,7 +100,20 @@ fn compile_route(
         )),
         None => None,
     };
-    Ok(CompiledRoute::new(r, backends, mirror))
+    let mut compiled = CompiledRoute::new(r, backends, mirror);
+    if let Some(j) = &r.jwt {
+        let jwt = crate::jwt::CompiledJwt::load(&r.name, j, metrics).map_err(|source| StateError::Jwks {
+            route: r.name.clone(),
+            source,
+        })?;
+        compiled.jwt = Some(jwt);
+    }
+    compiled.cors = r
+        .cors
+        .as_ref()
+        .map(|c| crate::cors::CompiledCors::new(c, &r.name, metrics));
+
+    Ok(compiled)
 }
 
 /// Each TLS listener's server config and certificates, and what the certificates are.

@@ -18,11 +18,32 @@ pub const TLS_DIR: &str = "/etc/proxyfleet/tls";
 pub const CLIENT_TLS_DIR: &str = "/etc/proxyfleet/client";
 pub const CLIENT_CA_DIR: &str = "/etc/proxyfleet/client-ca";
 pub const UPSTREAM_TLS_DIR: &str = "/etc/proxyfleet/upstream";
+pub const JWKS_DIR: &str = "/etc/proxyfleet/jwks";
 pub const ADMIN_PORT: i32 = 9901;
 /// The fleet's admin token Secret (authorises live-weight pushes).
 pub const ADMIN_TOKEN_DIR: &str = "/etc/proxyfleet/admin-token";
 /// The fleet's live-weights ConfigMap (written by its AppRollouts; optional).
 pub const LIVE_WEIGHTS_DIR: &str = "/etc/proxyfleet/weights";
+
+/// Where route `i`'s JWKS Secret or ConfigMap is mounted (the key set is `jwks.json` in it).
+pub fn jwks_dir(i: usize) -> String {
+    format!("{JWKS_DIR}/{i}")
+}
+
+/// The key of a JWKS Secret or ConfigMap the pods read.
+pub const JWKS_KEY: &str = "jwks.json";
+
+/// Routes as the proxy reads them: JWKS references become the files they are mounted as.
+fn routes_with_mounted_jwks(routes: &[proxyfleet_config::Route]) -> Vec<proxyfleet_config::Route> {
+    let mut out = routes.to_vec();
+    for (i, r) in out.iter_mut().enumerate() {
+        let Some(j) = r.jwt.as_mut() else { continue };
+        if j.jwks_secret.take().is_some() | j.jwks_config_map.take().is_some() {
+            j.jwks_file = Some(format!("{}/{JWKS_KEY}", jwks_dir(i)));
+        }
+    }
+    out
+}
 
 /// Where upstream `i`'s CA Secret (`ca`) or client certificate Secret (`client`) is mounted.
 pub fn upstream_secret_dir(i: usize, what: &str) -> String {
@@ -83,7 +104,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         .collect();
     ProxyConfig {
         listeners,
-        routes: spec.routes.clone(),
+        routes: routes_with_mounted_jwks(&spec.routes),
         upstreams: upstreams_with_mounted_secrets(&spec.upstreams),
         admin: Admin {
             address: format!("0.0.0.0:{ADMIN_PORT}"),
@@ -136,6 +157,42 @@ mod tests {
         assert_eq!(config.listeners[0].address, "0.0.0.0:8443");
         assert!(config.listeners[0].tls.is_some());
         assert_eq!(config.trust_bundle_files, vec!["/etc/proxyfleet/tls/ca.crt"]);
+    }
+
+    #[test]
+    fn jwks_references_become_mounted_files_and_volumes() {
+        let mut pxd = basic();
+        let mut route = pxd.spec.routes[0].clone();
+        route.jwt = serde_json::from_value(serde_json::json!({"jwksSecret": "keys", "issuer": "i"})).unwrap();
+        pxd.spec.routes.insert(0, route.clone());
+        pxd.spec.routes[0].name = "a".into();
+        route.jwt = serde_json::from_value(serde_json::json!({"jwksConfigMap": "public"})).unwrap();
+        pxd.spec.routes.insert(1, route);
+        pxd.spec.routes[1].name = "b".into();
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        let files: Vec<_> = config
+            .routes
+            .iter()
+            .map(|r| r.jwt.as_ref().and_then(|j| j.jwks_file.clone()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                Some("/etc/proxyfleet/jwks/0/jwks.json".to_string()),
+                Some("/etc/proxyfleet/jwks/1/jwks.json".to_string()),
+                None
+            ]
+        );
+        let j = config.routes[0].jwt.as_ref().unwrap();
+        assert!(j.jwks_secret.is_none() && j.jwks_config_map.is_none());
+
+        let mut volumes = Vec::new();
+        let mut mounts = Vec::new();
+        crate::resources::deployment::jwks_volumes(&pxd.spec, &mut volumes, &mut mounts);
+        assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("keys"));
+        assert_eq!(volumes[1].config_map.as_ref().unwrap().name, "public");
+        assert_eq!(mounts[1].mount_path, "/etc/proxyfleet/jwks/1");
     }
 
     #[test]

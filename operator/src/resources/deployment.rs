@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::config_map::{
-    upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
+    jwks_dir, upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
     LIVE_WEIGHTS_DIR, TLS_DIR,
 };
 use super::service_account::service_account_name;
@@ -89,6 +89,44 @@ fn live_weight_volumes(fleet: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<
     }
 }
 
+/// Each JWT route's key set, from its Secret or ConfigMap (hot-reloaded by the proxy).
+pub(crate) fn jwks_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
+    for (i, r) in spec.routes.iter().enumerate() {
+        let Some(j) = &r.jwt else { continue };
+        let name = format!("jwks-{i}");
+        let volume = if let Some(s) = &j.jwks_secret {
+            Volume {
+                name: name.clone(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(s.clone()),
+                    default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        } else if let Some(c) = &j.jwks_config_map {
+            Volume {
+                name: name.clone(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: c.clone(),
+                    default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        } else {
+            continue;
+        };
+        volumes.push(volume);
+        mounts.push(VolumeMount {
+            name,
+            mount_path: jwks_dir(i),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+}
+
 /// The pod's volumes and the proxy's mounts: its ConfigMap, certificate and CA Secrets, the
 /// upstreams' Secrets, the admin token and the live weights.
 fn pod_volumes(
@@ -156,6 +194,7 @@ fn pod_volumes(
             );
         }
     }
+    jwks_volumes(spec, &mut volumes, &mut mounts);
     live_weight_volumes(fleet, &mut volumes, &mut mounts);
     (volumes, mounts)
 }
