@@ -9,11 +9,13 @@ mod live_weights;
 pub mod metric_names;
 mod proxy_config;
 mod route_auth;
+mod tcp_proxy;
 mod traffic_split;
 mod validate;
 mod validate_auth;
 mod validate_http;
 mod validate_split;
+mod validate_tcp;
 
 pub use acme_challenges::{
     is_valid_token as is_valid_acme_token, AcmeChallenges, ACME_CHALLENGES_PATH, ACME_CHALLENGE_PREFIX,
@@ -27,6 +29,7 @@ pub use http_rules::{
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
 pub use route_auth::{ClaimHeader, Cors, JwtAlgorithm, JwtAuth};
+pub use tcp_proxy::{SniRoute, TcpMode, TcpProxy};
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
 pub use validate::{is_valid_server_name, validate};
 pub use validate_split::check_live_weights;

@@ -68,6 +68,9 @@ pub struct Listener {
     /// One JSON line per request on standard output; off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<crate::AccessLog>,
+    /// Relay TCP instead of serving HTTP: TLS passthrough by SNI, or plain TCP.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<crate::TcpProxy>,
 }
 
 /// TLS termination on a listener (TLS 1.2 and 1.3 only, ALPN h2 and http/1.1).

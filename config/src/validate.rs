@@ -41,6 +41,7 @@ pub fn validate(config: &ProxyConfig) -> Result<(), Vec<FieldError>> {
     check_the_rest(config, &mut errors);
     crate::validate_http::check_http_rules(config, &mut errors);
     crate::validate_auth::check_route_auth(config, &mut errors);
+    crate::validate_tcp::check_tcp_listeners(config, &mut errors);
     if errors.is_empty() {
         Ok(())
     } else {
@@ -270,7 +271,7 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
 
 /// Everything else: a listener needs a route, CONNECT, limits, workers.
 fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
-    if !config.listeners.is_empty() && config.routes.is_empty() {
+    if config.listeners.iter().any(|l| l.tcp.is_none()) && config.routes.is_empty() {
         errors.push(err(
             "routes",
             "listeners are defined but no route; every request would get 404",

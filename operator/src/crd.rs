@@ -46,6 +46,8 @@ pub const GROUP: &str = "proxyfleet.io";
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, l.protocol == 'HTTP' && (has(l.servicePort) ? l.servicePort : l.port) == 80)").message("spec.tls.acme: HTTP-01 is validated on port 80: add a listener with protocol HTTP and servicePort 80").field_path(".tls.acme"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.all(l, !has(l.hostnames) || l.hostnames.all(h, !h.startsWith('*')))").message("spec.listeners[].hostnames: ACME HTTP-01 cannot validate wildcard names").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, has(l.hostnames) && size(l.hostnames) > 0) || (has(self.tls.dnsNames) && size(self.tls.dnsNames) > 0)").message("spec.tls.acme: name at least one hostname (spec.listeners[].hostnames or spec.tls.dnsNames) to order a certificate for").field_path(".tls.acme"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, (has(l.protocol) && l.protocol == 'TCP') == has(l.tcp))").message("spec.listeners[]: protocol TCP needs tcp (SNI routes or a defaultUpstream), and tcp needs protocol TCP").field_path(".listeners"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || ((!has(l.hostnames) || size(l.hostnames) == 0) && !has(l.clientCaSecret) && !has(l.httpsRedirect) && !has(l.accessLog)))").message("spec.listeners[]: a TCP listener relays bytes; hostnames, clientCaSecret, httpsRedirect and accessLog are for HTTP(S) listeners (name the SNI in tcp.routes[].serverNames)").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.name == l.name))").message("spec.listeners[].name must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.upstreams.all(u, self.upstreams.exists_one(v, v.name == u.name))").message("spec.upstreams[].name must be unique").field_path(".upstreams"))]
@@ -154,7 +156,8 @@ pub struct ListenerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 65535))]
     pub service_port: Option<i32>,
-    /// HTTPS (TLS terminated by the proxy, the default) or HTTP.
+    /// HTTPS (TLS terminated by the proxy, the default), HTTP, or TCP (bytes relayed: TLS
+    /// passthrough by SNI or plain TCP, see `tcp`).
     #[serde(default)]
     pub protocol: ListenerProtocol,
     /// Host names served on this listener; they become SANs of the managed certificate.
@@ -183,6 +186,10 @@ pub struct ListenerSpec {
     /// absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<proxyfleet_config::AccessLog>,
+    /// With protocol TCP: relay connections by the ClientHello's SNI without terminating TLS
+    /// (`mode: tlsPassthrough`), or to one upstream (`mode: tcp`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tcp: Option<proxyfleet_config::TcpProxy>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]
@@ -190,6 +197,8 @@ pub enum ListenerProtocol {
     #[default]
     HTTPS,
     HTTP,
+    /// TLS passthrough by SNI, or plain TCP (`tcp` says which).
+    TCP,
 }
 
 /// The Service in front of the proxies.

@@ -25,6 +25,7 @@ pub mod jwt;
 pub mod live_weights;
 pub mod metrics;
 pub mod mirror;
+pub mod passthrough;
 pub mod rate_limit;
 mod redirect;
 pub mod reload;

@@ -206,6 +206,9 @@ pub struct Metrics {
     pub rate_limited: Family<RouteOnly, Counter>,
     pub jwt_denied: Family<RouteReasonLabels, Counter>,
     pub cors_preflights: Family<RouteResultLabels, Counter>,
+    pub tcp_connections: Family<TcpResultLabels, Counter>,
+    pub tcp_bytes_family: Family<TcpBytesLabels, Counter>,
+    pub tcp_duration: HistogramFamilyOf<TcpLabels>,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
@@ -214,6 +217,37 @@ pub struct Metrics {
     pub refused_connections: Family<RefusalLabels, Counter>,
     pub misdirected_requests: Counter,
     pub spans_dropped: Counter,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpLabels {
+    pub listener: String,
+    pub route: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpResultLabels {
+    pub listener: String,
+    pub route: String,
+    /// `relayed`, `upstream_failed`, `no_route`, `not_tls`.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TcpBytesLabels {
+    pub listener: String,
+    pub route: String,
+    /// `to_upstream` or `to_client`.
+    pub direction: &'static str,
+}
+
+/// A histogram family of connection durations (1 ms … ~1 h).
+pub type HistogramFamilyOf<L> = Family<L, Histogram, fn() -> Histogram>;
+
+fn tcp_duration_histogram() -> Histogram {
+    Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(
+        0.001, 4.0, 12,
+    ))
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -300,6 +334,25 @@ impl Metrics {
                 "cors_preflights",
                 "CORS preflights answered by the proxy, by result (allowed or refused)",
             ),
+            tcp_connections: register(
+                &mut registry,
+                "tcp_connections",
+                "Connections of TCP listeners (TLS passthrough, plain TCP) by route and result",
+            ),
+            tcp_bytes_family: register(
+                &mut registry,
+                "tcp_bytes",
+                "Bytes relayed by TCP listeners, by route and direction",
+            ),
+            tcp_duration: {
+                let family: HistogramFamilyOf<TcpLabels> = Family::new_with_constructor(tcp_duration_histogram);
+                registry.register(
+                    "tcp_connection_duration_seconds",
+                    "Lifetime of relayed TCP connections, by route",
+                    family.clone(),
+                );
+                family
+            },
             ejections: register(
                 &mut registry,
                 "outlier_ejections",
@@ -325,6 +378,17 @@ impl Metrics {
     }
 
     /// Resolves the per-route handles once, so the request path only touches atomics.
+    /// The byte counter of a TCP route in one direction.
+    pub fn tcp_bytes(&self, labels: &TcpLabels, direction: &'static str) -> Counter {
+        self.tcp_bytes_family
+            .get_or_create(&TcpBytesLabels {
+                listener: labels.listener.clone(),
+                route: labels.route.clone(),
+                direction,
+            })
+            .clone()
+    }
+
     pub fn route_handles(&self, route: &str, upstream: &str) -> RouteMetrics {
         let labels = RouteLabels {
             route: route.to_string(),

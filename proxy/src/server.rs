@@ -239,6 +239,8 @@ struct ListenerContext {
     builder: ConnectionBuilders,
     name: String,
     is_tls: bool,
+    /// A TCP listener (passthrough or plain TCP): bytes are relayed, no HTTP.
+    is_tcp: bool,
     handshake_timeout: Duration,
     active: prometheus_client::metrics::gauge::Gauge,
     /// Client handshakes: full, resumed, failed.
@@ -283,6 +285,7 @@ impl ListenerContext {
             builder: ConnectionBuilders::new(&limits),
             name: listener.name.clone(),
             is_tls: listener.tls.is_some(),
+            is_tcp: listener.tcp.is_some(),
             handshake_timeout: limits.header_read_timeout.get(),
             active,
             handshakes,
@@ -339,6 +342,15 @@ impl ListenerContext {
         slot: ConnectionSlot,
     ) {
         self.active.inc();
+        if self.is_tcp {
+            let tcp = self.shared.state.load().tcp_listeners.get(&self.name).cloned();
+            if let (Some(tcp), Ok(local)) = (tcp, stream.local_addr()) {
+                crate::passthrough::serve(tcp, stream, remote, local).await;
+            }
+            drop((drain, slot));
+            self.active.dec();
+            return;
+        }
         let limits = &self.shared.state.load().config.limits;
         let (max_age, budget) = (
             limits.max_connection_age.map(|d| d.get()),

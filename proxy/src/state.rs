@@ -45,6 +45,8 @@ pub struct ProxyState {
     pub tracer: Option<crate::trace_context::Tracer>,
     pub certificates: Vec<(String, CertificateInfo)>,
     pub trust_bundle_sha256: Option<String>,
+    /// TCP listeners (passthrough, plain TCP) by name.
+    pub tcp_listeners: HashMap<String, Arc<crate::passthrough::CompiledTcpListener>>,
 }
 
 /// Fingerprint of an upstream's TLS files: a cluster is reused across reloads only when
@@ -156,6 +158,25 @@ fn listeners_tls(
     Ok((listener_tls, certificates))
 }
 
+/// Each TCP listener's routes, resolved against the upstreams.
+fn tcp_listeners(
+    config: &ProxyConfig,
+    upstreams: &HashMap<String, Arc<UpstreamCluster>>,
+    metrics: &Metrics,
+) -> Result<HashMap<String, Arc<crate::passthrough::CompiledTcpListener>>, StateError> {
+    let mut out = HashMap::new();
+    for l in &config.listeners {
+        let Some(t) = &l.tcp else { continue };
+        let compiled = crate::passthrough::CompiledTcpListener::new(&l.name, t, |u| upstreams.get(u).cloned(), metrics)
+            .ok_or_else(|| StateError::UnknownUpstream {
+                route: format!("listener {}", l.name),
+                upstream: "(a tcp route's)".into(),
+            })?;
+        out.insert(l.name.clone(), Arc::new(compiled));
+    }
+    Ok(out)
+}
+
 /// TLS listeners by name: the server config and the certificates it selects from.
 type ListenerTlsMap = HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>;
 
@@ -188,6 +209,7 @@ impl ProxyState {
             .map(|r| compile_route(r, &upstreams, metrics))
             .collect::<Result<Vec<_>, StateError>>()?;
 
+        let tcp_listeners = tcp_listeners(&config, &upstreams, metrics)?;
         let trust_bundle_sha256 =
             tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
 
@@ -210,6 +232,7 @@ impl ProxyState {
             listener_tls,
             certificates,
             trust_bundle_sha256,
+            tcp_listeners,
         })
     }
 

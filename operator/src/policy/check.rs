@@ -165,7 +165,19 @@ fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny
             .iter()
             .flat_map(|t| t.dns_names.iter().enumerate())
             .map(|(i, n)| (format!("spec.tls.dnsNames[{i}]"), n));
-        for (field, n) in hostnames.chain(extra) {
+        // A passthrough route claims its SNI names as a hostname does.
+        let sni = spec.listeners.iter().enumerate().flat_map(|(i, l)| {
+            l.tcp
+                .iter()
+                .flat_map(|t| t.routes.iter().enumerate())
+                .flat_map(move |(j, r)| {
+                    r.server_names
+                        .iter()
+                        .enumerate()
+                        .map(move |(k, n)| (format!("spec.listeners[{i}].tcp.routes[{j}].serverNames[{k}]"), n))
+                })
+        });
+        for (field, n) in hostnames.chain(extra).chain(sni) {
             if !suffixes.iter().any(|s| under(n, s)) {
                 deny(
                     field,
@@ -257,7 +269,10 @@ mod tests {
         );
         let bad = fleet(serde_json::json!({
             "replicas": 9,
-            "listeners": [{"name": "https", "port": 8443, "protocol": "HTTPS", "hostnames": ["evil.example.org"]}],
+            "listeners": [{"name": "https", "port": 8443, "protocol": "HTTPS", "hostnames": ["evil.example.org"]},
+                          {"name": "pass", "port": 9443, "protocol": "TCP", "tcp": {"routes": [
+                              {"name": "db", "serverNames": ["db.team-a.example.com", "db.bank.example.com"], "upstream": "app"}]}}],
+            "routes": [{"name": "r", "upstream": "app", "jwt": {"jwksSecret": "keys"}}],
             "image": "registry.example/proxyfleet/proxy-evil:1",
             "service": {"type": "LoadBalancer", "annotations": {"lb": "internet"}},
             "tls": {"certManager": {"issuerRef": {"name": "internal-ca", "kind": "ClusterIssuer"}},
@@ -277,10 +292,12 @@ mod tests {
                 "spec.service.annotations",
                 "spec.listeners[0].hostnames[0]",
                 "spec.tls.dnsNames[1]",
+                "spec.listeners[1].tcp.routes[0].serverNames[1]",
                 "spec.tls.certManager.issuerRef",
                 "spec.pod",
                 "spec.tuning",
                 "spec.upstreams[0].tls.insecureSkipVerify",
+                "spec.routes[0].jwt.jwksSecret",
                 "spec.upstreams[0].tls.caSecret",
             ]
         );

@@ -100,6 +100,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                 .access_log
                 .clone()
                 .map(|a| proxyfleet_config::AccessLog { path: None, ..a }),
+            tcp: l.tcp.clone(),
         })
         .collect();
     ProxyConfig {
@@ -193,6 +194,20 @@ mod tests {
         assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("keys"));
         assert_eq!(volumes[1].config_map.as_ref().unwrap().name, "public");
         assert_eq!(mounts[1].mount_path, "/etc/proxyfleet/jwks/1");
+    }
+
+    #[test]
+    fn a_tcp_listener_is_rendered_without_tls() {
+        let mut pxd = basic();
+        pxd.spec.listeners.push(serde_json::from_value(serde_json::json!({
+            "name": "pass", "port": 9443, "protocol": "TCP",
+            "tcp": {"routes": [{"name": "db", "serverNames": ["db.example.com"], "upstream": pxd.spec.upstreams[0].name}]}
+        })).unwrap());
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        let l = &config.listeners[1];
+        assert!(l.tls.is_none());
+        assert_eq!(l.tcp.as_ref().unwrap().routes[0].server_names, ["db.example.com"]);
     }
 
     #[test]

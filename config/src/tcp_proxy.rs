@@ -1,0 +1,69 @@
+//! A listener that relays TCP connections instead of serving HTTP: TLS passthrough routed by
+//! the ClientHello's SNI (the backend keeps its own certificate), or plain TCP to one upstream.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::HumanDuration;
+
+/// How a TCP listener picks its upstream.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase")]
+pub enum TcpMode {
+    /// Read the TLS ClientHello, route by its SNI, relay the bytes untouched (TLS is not
+    /// terminated: the backend's own certificate, end-to-end mTLS possible).
+    #[default]
+    TlsPassthrough,
+    /// Relay every connection to `defaultUpstream`, reading nothing.
+    Tcp,
+}
+
+/// The relay settings of a TCP listener.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct TcpProxy {
+    /// `tlsPassthrough` (default) or `tcp`.
+    #[serde(default)]
+    pub mode: TcpMode,
+    /// SNI routes (tlsPassthrough), matched in order; the first match wins.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64))]
+    pub routes: Vec<SniRoute>,
+    /// Where connections go that no route matches (no SNI, or an unknown name); refused when
+    /// absent. Required in `tcp` mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 63))]
+    pub default_upstream: Option<String>,
+    /// A connection with no byte either way for this long is closed. Default 1h.
+    #[serde(default = "default_idle_timeout")]
+    pub idle_timeout: HumanDuration,
+    /// The ClientHello must arrive within this long. Default 10s.
+    #[serde(default = "default_hello_timeout")]
+    pub client_hello_timeout: HumanDuration,
+    /// Send a PROXY protocol v2 header to the upstream first, so it sees the client's address.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub proxy_protocol: bool,
+}
+
+/// Connections whose SNI matches one of `serverNames` go to `upstream`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct SniRoute {
+    /// Name of the route, used in metrics.
+    #[schemars(length(min = 1, max = 63))]
+    pub name: String,
+    /// Exact (`db.example.com`) or wildcard (`*.example.com`) names.
+    #[schemars(length(min = 1, max = 64), inner(length(min = 1, max = 253)))]
+    pub server_names: Vec<String>,
+    /// One of `upstreams[].name`: its endpoints, balancing, connect timeout, connection limit
+    /// and outlier detection apply; its `tls` and `protocol` do not (the bytes pass as they are).
+    #[schemars(length(min = 1, max = 63))]
+    pub upstream: String,
+}
+
+fn default_idle_timeout() -> HumanDuration {
+    HumanDuration::from_secs(3600)
+}
+fn default_hello_timeout() -> HumanDuration {
+    HumanDuration::from_secs(10)
+}

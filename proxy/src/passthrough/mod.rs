@@ -1,0 +1,228 @@
+//! TCP listeners: TLS passthrough routed by the ClientHello's SNI, or plain TCP to one
+//! upstream. The upstream's endpoints, P2C balancing, connection limit, connect timeout and
+//! outlier ejection are the same as for HTTP; the bytes pass untouched.
+
+mod proxy_protocol;
+mod relay;
+pub mod sniff;
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::histogram::Histogram;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+use proxyfleet_config::{TcpMode, TcpProxy};
+
+use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
+use crate::router::HostMatch;
+use crate::upstream::{pick_avoiding, Endpoint, UpstreamCluster};
+use sniff::{Sniffed, Sniffer};
+
+/// Where one route's connections go, with its counters.
+pub struct TcpTarget {
+    matches: Vec<HostMatch>,
+    upstream: Arc<UpstreamCluster>,
+    relayed: Counter,
+    upstream_failed: Counter,
+    to_upstream: Counter,
+    to_client: Counter,
+    duration: Histogram,
+}
+
+/// A TCP listener's compiled settings (rebuilt on reload, like HTTP routes).
+pub struct CompiledTcpListener {
+    mode: TcpMode,
+    routes: Vec<TcpTarget>,
+    default: Option<TcpTarget>,
+    idle: Duration,
+    hello_timeout: Duration,
+    proxy_protocol: bool,
+    no_route: Counter,
+    not_tls: Counter,
+}
+
+impl CompiledTcpListener {
+    /// `lookup` resolves an upstream name (validated beforehand, so None only on a bug).
+    pub fn new(
+        listener: &str,
+        t: &TcpProxy,
+        lookup: impl Fn(&str) -> Option<Arc<UpstreamCluster>>,
+        metrics: &Metrics,
+    ) -> Option<Self> {
+        let target = |route: &str, names: &[String], upstream: &str| -> Option<TcpTarget> {
+            let labels = TcpLabels {
+                listener: listener.to_string(),
+                route: route.to_string(),
+            };
+            let result = |result| {
+                metrics
+                    .tcp_connections
+                    .get_or_create(&TcpResultLabels {
+                        listener: listener.to_string(),
+                        route: route.to_string(),
+                        result,
+                    })
+                    .clone()
+            };
+            let bytes = |direction| metrics.tcp_bytes(&labels, direction);
+            Some(TcpTarget {
+                matches: names.iter().map(|n| HostMatch::parse(n)).collect(),
+                upstream: lookup(upstream)?,
+                relayed: result("relayed"),
+                upstream_failed: result("upstream_failed"),
+                to_upstream: bytes("to_upstream"),
+                to_client: bytes("to_client"),
+                duration: metrics.tcp_duration.get_or_create(&labels).clone(),
+            })
+        };
+        let routes = t
+            .routes
+            .iter()
+            .map(|r| target(&r.name, &r.server_names, &r.upstream))
+            .collect::<Option<Vec<_>>>()?;
+        let default = match &t.default_upstream {
+            Some(u) => Some(target("default", &[], u)?),
+            None => None,
+        };
+        let refused = |result| {
+            metrics
+                .tcp_connections
+                .get_or_create(&TcpResultLabels {
+                    listener: listener.to_string(),
+                    route: String::new(),
+                    result,
+                })
+                .clone()
+        };
+        Some(Self {
+            mode: t.mode,
+            routes,
+            default,
+            idle: t.idle_timeout.get(),
+            hello_timeout: t.client_hello_timeout.get(),
+            proxy_protocol: t.proxy_protocol,
+            no_route: refused("no_route"),
+            not_tls: refused("not_tls"),
+        })
+    }
+
+    fn target(&self, server_name: Option<&str>) -> Option<&TcpTarget> {
+        server_name
+            .and_then(|n| self.routes.iter().find(|r| r.matches.iter().any(|m| m.matches(n))))
+            .or(self.default.as_ref())
+    }
+}
+
+/// Reads until the ClientHello is complete: the bytes read, and the server name.
+async fn read_client_hello(client: &mut TcpStream) -> Result<(Vec<u8>, Option<String>), ()> {
+    let mut sniffer = Sniffer::default();
+    let mut seen = Vec::with_capacity(2048);
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = client.read(&mut buf).await.map_err(|_| ())?;
+        if n == 0 {
+            return Err(());
+        }
+        seen.extend_from_slice(&buf[..n]);
+        match sniffer.feed(&buf[..n]) {
+            Sniffed::NeedMore => {}
+            Sniffed::Hello { server_name } => return Ok((seen, server_name)),
+            Sniffed::NotTls => return Err(()),
+        }
+    }
+}
+
+/// A connection held to an endpoint: one of its connection permits, counted in flight (so
+/// P2C prefers the endpoint with fewer open connections); both given back on drop.
+struct EndpointSlot(Arc<Endpoint>);
+
+impl EndpointSlot {
+    async fn take(endpoint: Arc<Endpoint>) -> Option<Self> {
+        endpoint.permits.acquire().await.ok()?.forget();
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Self(endpoint))
+    }
+}
+
+impl Drop for EndpointSlot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.permits.add_permits(1);
+    }
+}
+
+/// Connects to an endpoint of the upstream: P2C, at most two endpoints tried, each within the
+/// upstream's connect timeout and connection limit; failures count towards ejection.
+async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)> {
+    let endpoints = cluster.endpoints.load_full();
+    let timeout = cluster.config.pool.connect_timeout.get();
+    let od = &cluster.config.outlier_detection;
+    let mut tried: Option<http::uri::Authority> = None;
+    for _ in 0..2.min(endpoints.len()) {
+        let endpoint = pick_avoiding(&endpoints, tried.as_ref())?.clone();
+        let attempt = tokio::time::timeout(timeout, async {
+            let slot = EndpointSlot::take(endpoint.clone()).await?;
+            let tcp = TcpStream::connect(endpoint.authority.as_str()).await.ok()?;
+            Some((tcp, slot))
+        });
+        if let Ok(Some((tcp, slot))) = attempt.await {
+            cluster.metrics.connect_ok.inc();
+            endpoint.record_success();
+            let _ = tcp.set_nodelay(true);
+            return Some((tcp, slot));
+        }
+        cluster.metrics.connect_error.inc();
+        if endpoint.record_failure(od.consecutive_failures, od.ejection_time.get()) {
+            cluster.metrics.ejections.inc();
+            tracing::warn!(upstream = %cluster.name, endpoint = %endpoint.authority, "endpoint ejected after consecutive failures");
+        }
+        tried = Some(endpoint.authority.clone());
+    }
+    None
+}
+
+/// One client connection on a TCP listener.
+pub async fn serve(listener: Arc<CompiledTcpListener>, mut client: TcpStream, remote: SocketAddr, local: SocketAddr) {
+    let started = Instant::now();
+    let (first_bytes, server_name) = match listener.mode {
+        TcpMode::Tcp => (Vec::new(), None),
+        TcpMode::TlsPassthrough => {
+            match tokio::time::timeout(listener.hello_timeout, read_client_hello(&mut client)).await {
+                Ok(Ok(hello)) => hello,
+                _ => {
+                    listener.not_tls.inc();
+                    return;
+                }
+            }
+        }
+    };
+    let Some(target) = listener.target(server_name.as_deref()) else {
+        listener.no_route.inc();
+        tracing::debug!(client = %remote, sni = ?server_name, "tcp: no route for this server name");
+        return;
+    };
+    let Some((mut upstream, _slot)) = connect(&target.upstream).await else {
+        target.upstream_failed.inc();
+        return;
+    };
+    let mut preamble = if listener.proxy_protocol {
+        proxy_protocol::header(remote, local)
+    } else {
+        Vec::new()
+    };
+    preamble.extend_from_slice(&first_bytes);
+    if !preamble.is_empty() && upstream.write_all(&preamble).await.is_err() {
+        target.upstream_failed.inc();
+        return;
+    }
+    target.relayed.inc();
+    let moved = relay::relay(client, upstream, listener.idle).await;
+    target.to_upstream.inc_by(moved.to_upstream + first_bytes.len() as u64);
+    target.to_client.inc_by(moved.to_client);
+    target.duration.observe(started.elapsed().as_secs_f64());
+}

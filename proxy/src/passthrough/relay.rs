@@ -1,0 +1,134 @@
+//! Relaying bytes both ways between a client and an upstream, counting them. Each direction
+//! ends on its own: EOF from one side is passed on as a half-close (shutdown of the write side),
+//! so protocols that half-close keep working. Both end when neither moved a byte for `idle`.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
+use tokio::time::Instant;
+
+/// Bytes moved each way.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Relayed {
+    pub to_upstream: u64,
+    pub to_client: u64,
+}
+
+/// When a byte last moved, in ms since the relay started.
+struct Activity {
+    start: Instant,
+    last_ms: AtomicU64,
+}
+
+impl Activity {
+    fn touch(&self) {
+        self.last_ms
+            .store(self.start.elapsed().as_millis() as u64, Ordering::Relaxed);
+    }
+    fn idle_for(&self) -> Duration {
+        self.start
+            .elapsed()
+            .saturating_sub(Duration::from_millis(self.last_ms.load(Ordering::Relaxed)))
+    }
+}
+
+async fn one_way<R, W>(mut from: R, mut to: W, moved: &AtomicU64, activity: &Activity)
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
+    let mut buf = vec![0u8; 16 * 1024];
+    loop {
+        let n = match from.read(&mut buf).await {
+            Ok(0) | Err(_) => break,
+            Ok(n) => n,
+        };
+        if to.write_all(&buf[..n]).await.is_err() {
+            break;
+        }
+        moved.fetch_add(n as u64, Ordering::Relaxed);
+        activity.touch();
+    }
+    let _ = to.shutdown().await;
+}
+
+/// Copies `client` ⇄ `upstream` until both directions end or the connection idles out.
+pub async fn relay<C, U>(client: C, upstream: U, idle: Duration) -> Relayed
+where
+    C: AsyncRead + AsyncWrite + Unpin,
+    U: AsyncRead + AsyncWrite + Unpin,
+{
+    let (client_r, client_w) = tokio::io::split(client);
+    let (upstream_r, upstream_w) = tokio::io::split(upstream);
+    let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
+    let activity = Activity {
+        start: Instant::now(),
+        last_ms: AtomicU64::new(0),
+    };
+    let both = async {
+        tokio::join!(
+            one_way(client_r, upstream_w, &up, &activity),
+            one_way(upstream_r, client_w, &down, &activity)
+        )
+    };
+    let idled_out = async {
+        loop {
+            let idle_for = activity.idle_for();
+            if idle_for >= idle {
+                break;
+            }
+            tokio::time::sleep(idle - idle_for).await;
+        }
+    };
+    tokio::select! {
+        _ = both => {}
+        _ = idled_out => {}
+    }
+    Relayed {
+        to_upstream: up.into_inner(),
+        to_client: down.into_inner(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn half_close_passes_and_bytes_are_counted() {
+        let (client, mut client_peer) = tokio::io::duplex(64);
+        let (upstream, mut upstream_peer) = tokio::io::duplex(64);
+        let relay = tokio::spawn(relay(client, upstream, Duration::from_secs(60)));
+        client_peer.write_all(b"request").await.unwrap();
+        client_peer.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream_peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"request", "the client's EOF reached the upstream");
+        upstream_peer.write_all(b"answer after half-close").await.unwrap();
+        drop(upstream_peer);
+        let mut back = Vec::new();
+        client_peer.read_to_end(&mut back).await.unwrap();
+        assert_eq!(back, b"answer after half-close");
+        let r = relay.await.unwrap();
+        assert_eq!(
+            r,
+            Relayed {
+                to_upstream: 7,
+                to_client: 23
+            }
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_idle_connection_is_closed() {
+        let (client, _client_peer) = tokio::io::duplex(64);
+        let (upstream, _upstream_peer) = tokio::io::duplex(64);
+        let r = tokio::time::timeout(
+            Duration::from_secs(120),
+            relay(client, upstream, Duration::from_secs(30)),
+        )
+        .await;
+        assert_eq!(r.unwrap(), Relayed::default());
+    }
+}
