@@ -29,3 +29,17 @@ pub(crate) fn http_header_name_invalid(name: &str) -> bool {
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b))
 }
+
+/// Whether a DNS name or a `*.`-wildcard name is well formed.
+pub fn is_valid_server_name(name: &str) -> bool {
+    let bare = name.strip_prefix("*.").unwrap_or(name);
+    !bare.is_empty()
+        && bare.len() <= 253
+        && bare.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}

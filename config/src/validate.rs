@@ -4,22 +4,9 @@
 use std::collections::HashSet;
 use std::net::SocketAddr;
 
+pub use crate::field::is_valid_server_name;
 use crate::field::{err, http_header_name_invalid, http_token, FieldError};
 use crate::ProxyConfig;
-
-/// Whether a DNS name or a `*.`-wildcard name is well formed.
-pub fn is_valid_server_name(name: &str) -> bool {
-    let bare = name.strip_prefix("*.").unwrap_or(name);
-    !bare.is_empty()
-        && bare.len() <= 253
-        && bare.split('.').all(|label| {
-            !label.is_empty()
-                && label.len() <= 63
-                && label.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-')
-                && !label.starts_with('-')
-                && !label.ends_with('-')
-        })
-}
 
 /// Whether `host:port` is plausible (a name or IP, and a port 1-65535).
 fn is_host_port(s: &str) -> bool {

@@ -2,8 +2,7 @@
 
 use std::collections::HashSet;
 
-use crate::field::{err, http_header_name_invalid, http_token, FieldError};
-use crate::validate::is_valid_server_name;
+use crate::field::{err, http_header_name_invalid, http_token, is_valid_server_name, FieldError};
 use crate::{Cors, JwtAuth, ProxyConfig};
 
 /// Request headers a claim may not be written into: framing, routing and the token itself.

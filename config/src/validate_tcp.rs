@@ -2,8 +2,7 @@
 
 use std::collections::HashSet;
 
-use crate::field::{err, FieldError};
-use crate::validate::is_valid_server_name;
+use crate::field::{err, is_valid_server_name, FieldError};
 use crate::{Listener, ProxyConfig, TcpMode, TcpProxy};
 
 pub(crate) fn check_tcp_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {

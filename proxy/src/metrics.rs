@@ -133,6 +133,33 @@ fn register_static(registry: &mut Registry) -> HistogramFamily {
 }
 
 /// The counters of what the proxy refused or could not do for a client.
+/// The counters of the routes' admission phase (rate limit, JWT, CORS).
+fn register_route_filters(
+    registry: &mut Registry,
+) -> (
+    Family<RouteOnly, Counter>,
+    Family<RouteReasonLabels, Counter>,
+    Family<RouteResultLabels, Counter>,
+) {
+    (
+        register(
+            registry,
+            "rate_limited_requests",
+            "Requests refused with 429 by a route's rate limit",
+        ),
+        register(
+            registry,
+            "jwt_denied_requests",
+            "Requests refused with 401 by a route's JWT validation, by reason",
+        ),
+        register(
+            registry,
+            "cors_preflights",
+            "CORS preflights answered by the proxy, by result (allowed or refused)",
+        ),
+    )
+}
+
 fn register_guards(registry: &mut Registry) -> (Counter, Counter, Family<RefusalLabels, Counter>, Counter, Counter) {
     (
         register(
@@ -206,9 +233,7 @@ pub struct Metrics {
     pub rate_limited: Family<RouteOnly, Counter>,
     pub jwt_denied: Family<RouteReasonLabels, Counter>,
     pub cors_preflights: Family<RouteResultLabels, Counter>,
-    pub tcp_connections: Family<TcpResultLabels, Counter>,
-    pub tcp_bytes_family: Family<TcpBytesLabels, Counter>,
-    pub tcp_duration: HistogramFamilyOf<TcpLabels>,
+    pub tcp: TcpMetrics,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
@@ -239,6 +264,48 @@ pub struct TcpBytesLabels {
     pub route: String,
     /// `to_upstream` or `to_client`.
     pub direction: &'static str,
+}
+
+/// The metrics of TCP listeners (passthrough and plain TCP).
+pub struct TcpMetrics {
+    pub connections: Family<TcpResultLabels, Counter>,
+    bytes: Family<TcpBytesLabels, Counter>,
+    pub duration: HistogramFamilyOf<TcpLabels>,
+}
+
+impl TcpMetrics {
+    fn register(registry: &mut Registry) -> Self {
+        let duration: HistogramFamilyOf<TcpLabels> = Family::new_with_constructor(tcp_duration_histogram);
+        registry.register(
+            "tcp_connection_duration_seconds",
+            "Lifetime of relayed TCP connections, by route",
+            duration.clone(),
+        );
+        Self {
+            connections: register(
+                registry,
+                "tcp_connections",
+                "Connections of TCP listeners (TLS passthrough, plain TCP) by route and result",
+            ),
+            bytes: register(
+                registry,
+                "tcp_bytes",
+                "Bytes relayed by TCP listeners, by route and direction",
+            ),
+            duration,
+        }
+    }
+
+    /// The byte counter of a TCP route in one direction.
+    pub fn bytes(&self, labels: &TcpLabels, direction: &'static str) -> Counter {
+        self.bytes
+            .get_or_create(&TcpBytesLabels {
+                listener: labels.listener.clone(),
+                route: labels.route.clone(),
+                direction,
+            })
+            .clone()
+    }
 }
 
 /// A histogram family of connection durations (1 ms … ~1 h).
@@ -272,6 +339,7 @@ impl Metrics {
     pub fn new() -> Self {
         let mut registry = Registry::with_prefix(proxyfleet_config::metric_names::PREFIX);
         let request_duration = register_static(&mut registry);
+        let (rate_limited, jwt_denied, cors_preflights) = register_route_filters(&mut registry);
         let (malformed_requests, access_log_dropped, refused_connections, misdirected_requests, spans_dropped) =
             register_guards(&mut registry);
         Self {
@@ -319,40 +387,10 @@ impl Metrics {
                 "upgraded_connections",
                 "Connections switched to another protocol (WebSocket) by route",
             ),
-            rate_limited: register(
-                &mut registry,
-                "rate_limited_requests",
-                "Requests refused with 429 by a route's rate limit",
-            ),
-            jwt_denied: register(
-                &mut registry,
-                "jwt_denied_requests",
-                "Requests refused with 401 by a route's JWT validation, by reason",
-            ),
-            cors_preflights: register(
-                &mut registry,
-                "cors_preflights",
-                "CORS preflights answered by the proxy, by result (allowed or refused)",
-            ),
-            tcp_connections: register(
-                &mut registry,
-                "tcp_connections",
-                "Connections of TCP listeners (TLS passthrough, plain TCP) by route and result",
-            ),
-            tcp_bytes_family: register(
-                &mut registry,
-                "tcp_bytes",
-                "Bytes relayed by TCP listeners, by route and direction",
-            ),
-            tcp_duration: {
-                let family: HistogramFamilyOf<TcpLabels> = Family::new_with_constructor(tcp_duration_histogram);
-                registry.register(
-                    "tcp_connection_duration_seconds",
-                    "Lifetime of relayed TCP connections, by route",
-                    family.clone(),
-                );
-                family
-            },
+            rate_limited,
+            jwt_denied,
+            cors_preflights,
+            tcp: TcpMetrics::register(&mut registry),
             ejections: register(
                 &mut registry,
                 "outlier_ejections",
@@ -378,17 +416,6 @@ impl Metrics {
     }
 
     /// Resolves the per-route handles once, so the request path only touches atomics.
-    /// The byte counter of a TCP route in one direction.
-    pub fn tcp_bytes(&self, labels: &TcpLabels, direction: &'static str) -> Counter {
-        self.tcp_bytes_family
-            .get_or_create(&TcpBytesLabels {
-                listener: labels.listener.clone(),
-                route: labels.route.clone(),
-                direction,
-            })
-            .clone()
-    }
-
     pub fn route_handles(&self, route: &str, upstream: &str) -> RouteMetrics {
         let labels = RouteLabels {
             route: route.to_string(),

@@ -61,7 +61,8 @@ impl CompiledTcpListener {
             };
             let result = |result| {
                 metrics
-                    .tcp_connections
+                    .tcp
+                    .connections
                     .get_or_create(&TcpResultLabels {
                         listener: listener.to_string(),
                         route: route.to_string(),
@@ -69,7 +70,7 @@ impl CompiledTcpListener {
                     })
                     .clone()
             };
-            let bytes = |direction| metrics.tcp_bytes(&labels, direction);
+            let bytes = |direction| metrics.tcp.bytes(&labels, direction);
             Some(TcpTarget {
                 matches: names.iter().map(|n| HostMatch::parse(n)).collect(),
                 upstream: lookup(upstream)?,
@@ -77,7 +78,7 @@ impl CompiledTcpListener {
                 upstream_failed: result("upstream_failed"),
                 to_upstream: bytes("to_upstream"),
                 to_client: bytes("to_client"),
-                duration: metrics.tcp_duration.get_or_create(&labels).clone(),
+                duration: metrics.tcp.duration.get_or_create(&labels).clone(),
             })
         };
         let routes = t
@@ -91,7 +92,8 @@ impl CompiledTcpListener {
         };
         let refused = |result| {
             metrics
-                .tcp_connections
+                .tcp
+                .connections
                 .get_or_create(&TcpResultLabels {
                     listener: listener.to_string(),
                     route: String::new(),
