@@ -31,7 +31,7 @@ peer keys "$keys" public ed-9
 kubectl create secret generic -n "$ns" api-keys --save-config --from-file=jwks.json="$keys/first.jwks.json" >/dev/null
 kubectl create configmap -n "$ns" public-keys --from-file=jwks.json="$keys/public.jwks.json" >/dev/null
 
-kubectl apply -n "$ns" -f - >/dev/null <<YAML
+kubectl apply -n "$ns" -f - >/dev/null <<YAML || fail "the ProxyDeployment was refused"
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
 metadata:

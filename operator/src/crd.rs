@@ -46,6 +46,7 @@ pub const GROUP: &str = "proxyfleet.io";
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, l.protocol == 'HTTP' && (has(l.servicePort) ? l.servicePort : l.port) == 80)").message("spec.tls.acme: HTTP-01 is validated on port 80: add a listener with protocol HTTP and servicePort 80").field_path(".tls.acme"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.all(l, !has(l.hostnames) || l.hostnames.all(h, !h.startsWith('*')))").message("spec.listeners[].hostnames: ACME HTTP-01 cannot validate wildcard names").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, has(l.hostnames) && size(l.hostnames) > 0) || (has(self.tls.dnsNames) && size(self.tls.dnsNames) > 0)").message("spec.tls.acme: name at least one hostname (spec.listeners[].hostnames or spec.tls.dnsNames) to order a certificate for").field_path(".tls.acme"))]
+#[x_kube(validation = Rule::new("size(self.routes) > 0 || self.listeners.all(l, has(l.tcp))").message("spec.routes: at least one route is needed for HTTP(S) listeners").field_path(".routes"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, (has(l.protocol) && l.protocol == 'TCP') == has(l.tcp))").message("spec.listeners[]: protocol TCP needs tcp (SNI routes or a defaultUpstream), and tcp needs protocol TCP").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || ((!has(l.hostnames) || size(l.hostnames) == 0) && !has(l.clientCaSecret) && !has(l.httpsRedirect) && !has(l.accessLog)))").message("spec.listeners[]: a TCP listener relays bytes; hostnames, clientCaSecret, httpsRedirect and accessLog are for HTTP(S) listeners (name the SNI in tcp.routes[].serverNames)").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
@@ -74,8 +75,10 @@ pub struct ProxyDeploymentSpec {
     /// Ports the proxies listen on, and how they are exposed by the Service.
     #[schemars(length(min = 1, max = 16))]
     pub listeners: Vec<ListenerSpec>,
-    /// Routes, matched in order; the first match wins.
-    #[schemars(length(min = 1, max = 256))]
+    /// Routes of the HTTP(S) listeners, matched in order; the first match wins. None are
+    /// needed when every listener is TCP.
+    #[serde(default)]
+    #[schemars(length(max = 256))]
     pub routes: Vec<Route>,
     /// Upstream clusters the routes send traffic to.
     #[schemars(length(min = 1, max = 128))]
