@@ -18,7 +18,7 @@ peer() { "$venv/bin/python" "$root/e2e/peers/jwt_peers.py" "$@"; }
 
 node_ip=10.244.0.1   # the node's side of the CNI bridge: pods reach it
 keys=$(mktemp -d)
-peer serve "$node_ip" 18770 > /tmp/e2e-jwt-echo.log 2>&1 &
+"$venv/bin/python" "$root/e2e/peers/jwt_peers.py" serve "$node_ip" 18770 > /tmp/e2e-jwt-echo.log 2>&1 &   # $! is python itself
 echo_pid=$!
 install_operator
 ns=$(test_namespace e2e-jwt)
