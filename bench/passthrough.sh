@@ -77,14 +77,16 @@ mb_per_s() { awk '/^Transfer\/sec/ { v = $2; u = substr(v, length(v) - 1); v += 
 
 setup_quota_cgroup
 fronts="nginx proxyfleet haproxy"
-declare -A CONN BYTES
+declare -A CONN BYTES CPU
 for round in $(seq 1 "$rounds"); do
   for front in $fronts; do
     pid=$(start_pt $front); port=$(pt_port $front); wait_ready "$port"; sleep 1
     curl -sf --cacert "$work/certs/ca.crt" --resolve "localhost:$port:127.0.0.1" "https://localhost:$port/" >/dev/null \
       || log "$front: no answer through the passthrough"
     log "round $round, $front: new connections (wrk -t1 -c32 -H 'Connection: close' ${secs}s)"
+    t0=$(cputicks $(pids_of $pid))
     taskset -c 0 wrk -t1 -c32 -d"${secs}s" -H 'Connection: close' "https://localhost:$port/" > "$work/pt-conn-$front.txt" 2>&1 || true
+    CPU[$front]+=" $(us_per_request $(( $(cputicks $(pids_of $pid)) - t0 )) "$work/pt-conn-$front.txt")"
     CONN[$front]+=" $(awk '/Requests\/sec/ {print $2}' "$work/pt-conn-$front.txt")"
     log "round $round, $front: bytes (wrk -t1 -c8 keep-alive, 1 MiB responses, ${secs}s)"
     taskset -c 0 wrk -t1 -c8 -d"${secs}s" "https://localhost:$port/big.bin" > "$work/pt-bytes-$front.txt" 2>&1 || true
@@ -93,8 +95,9 @@ for round in $(seq 1 "$rounds"); do
   done
 done
 for front in $fronts; do
-  log "$front rounds: connections/s${CONN[$front]}; MB/s${BYTES[$front]}"
+  log "$front rounds: connections/s${CONN[$front]}; front CPU µs/connection${CPU[$front]}; MB/s${BYTES[$front]}"
   CONN[$front]=$(echo "${CONN[$front]}" | median); BYTES[$front]=$(echo "${BYTES[$front]}" | median)
+  CPU[$front]=$(echo "${CPU[$front]}" | median)
 done
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (b > 0) printf "%.2f", a / b; else print "nan" }'; }
 section=$(cat <<MD
@@ -104,11 +107,15 @@ section=$(cat <<MD
 Each front on CPU 1 with ${FRONT_CPU_PERCENT} % of it, routing by the ClientHello's SNI without
 terminating TLS: proxyfleet's TCP listener, HAProxy 2.6 \`mode tcp\` with \`req_ssl_sni\`, nginx 1.22
 \`stream\` with \`ssl_preread\`. wrk and the TLS upstream (nginx) on CPU 0, so the end-to-end
-TLS handshakes are the upstream's; medians of $rounds interleaved rounds.
+TLS handshakes are the upstream's and wrk's: they cap connections/s at about the same figure
+for all three, so the front's own cost is its CPU time per relayed connection (ratios in that
+row are inverted so that above 1 means proxyfleet is cheaper). Medians of $rounds interleaved
+rounds.
 
 | | nginx | proxyfleet | HAProxy | proxyfleet / nginx | proxyfleet / HAProxy |
 |---|---|---|---|---|---|
 | new connections/s (\`wrk -t1 -c32 -H 'Connection: close'\`) | ${CONN[nginx]} | ${CONN[proxyfleet]} | ${CONN[haproxy]} | $(ratio "${CONN[proxyfleet]}" "${CONN[nginx]}") | $(ratio "${CONN[proxyfleet]}" "${CONN[haproxy]}") |
+| front CPU µs per connection (same run; lower is better) | ${CPU[nginx]} | ${CPU[proxyfleet]} | ${CPU[haproxy]} | $(ratio "${CPU[nginx]}" "${CPU[proxyfleet]}") | $(ratio "${CPU[haproxy]}" "${CPU[proxyfleet]}") |
 | MB/s relayed (\`wrk -t1 -c8\`, 1 MiB responses, keep-alive) | ${BYTES[nginx]} | ${BYTES[proxyfleet]} | ${BYTES[haproxy]} | $(ratio "${BYTES[proxyfleet]}" "${BYTES[nginx]}") | $(ratio "${BYTES[proxyfleet]}" "${BYTES[haproxy]}") |
 <!-- passthrough.sh end -->
 MD
