@@ -116,14 +116,24 @@ mod tests {
         client_peer.read_to_end(&mut back).await.unwrap();
         assert_eq!(back, b"answer after half-close");
         let r = relay.await.unwrap();
-        assert_eq!(r, Relayed { to_upstream: 7, to_client: 23 });
+        assert_eq!(
+            r,
+            Relayed {
+                to_upstream: 7,
+                to_client: 23
+            }
+        );
     }
 
     #[tokio::test]
     async fn an_idle_connection_is_closed() {
         let (client, mut client_peer) = pair().await;
         let (upstream, _upstream_peer) = pair().await;
-        let r = tokio::time::timeout(Duration::from_secs(10), relay(client, upstream, Duration::from_millis(200))).await;
+        let r = tokio::time::timeout(
+            Duration::from_secs(10),
+            relay(client, upstream, Duration::from_millis(200)),
+        )
+        .await;
         assert_eq!(r.unwrap(), Relayed::default());
         let mut rest = Vec::new();
         client_peer.read_to_end(&mut rest).await.unwrap();
