@@ -29,7 +29,7 @@ pub use http_rules::{
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
 pub use proxy_config::*;
 pub use route_auth::{ClaimHeader, Cors, JwtAlgorithm, JwtAuth};
-pub use tcp_proxy::{SniRoute, TcpMode, TcpProxy};
+pub use tcp_proxy::{SniRoute, Socks5Auth, TcpMode, TcpProxy, SOCKS5_PASSWORD_FILE, SOCKS5_USERNAME_FILE};
 pub use traffic_split::{bucket_of, Backend, BackendOverride, CookieMatch, Mirror, StickyKey, BUCKETS};
 pub use validate::{is_valid_server_name, validate};
 pub use validate_split::check_live_weights;

@@ -16,6 +16,9 @@ pub enum TcpMode {
     TlsPassthrough,
     /// Relay every connection to `defaultUpstream`, reading nothing.
     Tcp,
+    /// A SOCKS5 forward proxy (RFC 1928 CONNECT): the target must pass the fleet's `connect`
+    /// allow-list and address checks, as for HTTP CONNECT.
+    Socks5,
 }
 
 /// The relay settings of a TCP listener.
@@ -43,7 +46,40 @@ pub struct TcpProxy {
     /// Send a PROXY protocol v2 header to the upstream first, so it sees the client's address.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub proxy_protocol: bool,
+    /// SOCKS5 authentication (mode socks5); no authentication when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub socks5: Option<Socks5Auth>,
 }
+
+/// SOCKS5 username/password authentication (RFC 1929): one user, from a Secret.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.credentialsDir)",
+    "message": "credentialsDir is for the standalone proxy; in a ProxyDeployment name credentialsSecret"
+}, {
+    "rule": "has(self.credentialsSecret)",
+    "message": "credentialsSecret is required: a Secret with username and password keys"
+}]))]
+pub struct Socks5Auth {
+    /// In a ProxyDeployment: a Secret of the fleet's namespace with `username` and `password`
+    /// keys (the shape of a `kubernetes.io/basic-auth` Secret), mounted and hot-reloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub credentials_secret: Option<String>,
+    /// Standalone proxy: a directory holding `username` and `password` files; re-read when they
+    /// change.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub credentials_dir: Option<String>,
+}
+
+/// The files a SOCKS5 credentials directory holds.
+pub const SOCKS5_USERNAME_FILE: &str = "username";
+pub const SOCKS5_PASSWORD_FILE: &str = "password";
 
 /// Connections whose SNI matches one of `serverNames` go to `upstream`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

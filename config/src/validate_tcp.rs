@@ -9,12 +9,19 @@ pub(crate) fn check_tcp_listeners(config: &ProxyConfig, errors: &mut Vec<FieldEr
     let upstreams: HashSet<&str> = config.upstreams.iter().map(|u| u.name.as_str()).collect();
     for (i, l) in config.listeners.iter().enumerate() {
         if let Some(t) = &l.tcp {
-            check_tcp(&format!("listeners[{i}]"), l, t, &upstreams, errors);
+            let context = (&upstreams, config.connect.is_some());
+            check_tcp(&format!("listeners[{i}]"), l, t, context, errors);
         }
     }
 }
 
-fn check_tcp(f: &str, l: &Listener, t: &TcpProxy, upstreams: &HashSet<&str>, errors: &mut Vec<FieldError>) {
+fn check_tcp(
+    f: &str,
+    l: &Listener,
+    t: &TcpProxy,
+    (upstreams, has_connect): (&HashSet<&str>, bool),
+    errors: &mut Vec<FieldError>,
+) {
     for (set, field) in [
         (l.tls.is_some(), "tls"),
         (l.https_redirect.is_some(), "httpsRedirect"),
@@ -28,16 +35,7 @@ fn check_tcp(f: &str, l: &Listener, t: &TcpProxy, upstreams: &HashSet<&str>, err
         }
     }
     let f = format!("{f}.tcp");
-    if t.mode == TcpMode::Tcp {
-        if t.default_upstream.is_none() {
-            errors.push(err(format!("{f}.defaultUpstream"), "required in tcp mode"));
-        }
-        if !t.routes.is_empty() {
-            errors.push(err(format!("{f}.routes"), "SNI routes need mode tlsPassthrough"));
-        }
-    } else if t.routes.is_empty() && t.default_upstream.is_none() {
-        errors.push(err(f.clone(), "give routes, a defaultUpstream, or both"));
-    }
+    check_mode(&f, t, has_connect, errors);
     if let Some(u) = &t.default_upstream {
         if !upstreams.contains(u.as_str()) {
             errors.push(err(format!("{f}.defaultUpstream"), format!("unknown upstream {u:?}")));
@@ -77,6 +75,53 @@ fn check_tcp(f: &str, l: &Listener, t: &TcpProxy, upstreams: &HashSet<&str>, err
     }
 }
 
+/// What each mode needs and refuses.
+fn check_mode(f: &str, t: &TcpProxy, has_connect: bool, errors: &mut Vec<FieldError>) {
+    let not_here = |field: &str, why: &str, errors: &mut Vec<FieldError>| errors.push(err(format!("{f}.{field}"), why));
+    if t.mode != TcpMode::Socks5 && t.socks5.is_some() {
+        not_here("socks5", "needs mode socks5", errors);
+    }
+    match t.mode {
+        TcpMode::Tcp => {
+            if t.default_upstream.is_none() {
+                not_here("defaultUpstream", "required in tcp mode", errors);
+            }
+            if !t.routes.is_empty() {
+                not_here("routes", "SNI routes need mode tlsPassthrough", errors);
+            }
+        }
+        TcpMode::TlsPassthrough => {
+            if t.routes.is_empty() && t.default_upstream.is_none() {
+                errors.push(err(f, "give routes, a defaultUpstream, or both"));
+            }
+        }
+        TcpMode::Socks5 => check_socks5(f, t, has_connect, errors),
+    }
+}
+
+fn check_socks5(f: &str, t: &TcpProxy, has_connect: bool, errors: &mut Vec<FieldError>) {
+    if !has_connect {
+        errors.push(err(
+            format!("{f}.mode"),
+            "socks5 needs connect: its allow-list and address checks decide where clients may go",
+        ));
+    }
+    for (set, field) in [
+        (!t.routes.is_empty(), "routes"),
+        (t.default_upstream.is_some(), "defaultUpstream"),
+        (t.proxy_protocol, "proxyProtocol"),
+    ] {
+        if set {
+            errors.push(err(format!("{f}.{field}"), "not used in socks5 mode (clients name their target)"));
+        }
+    }
+    if let Some(a) = &t.socks5 {
+        if a.credentials_dir.is_none() && a.credentials_secret.is_none() {
+            errors.push(err(format!("{f}.socks5.credentialsDir"), "required (username and password files)"));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     fn errors(listener: serde_json::Value) -> Vec<String> {
@@ -85,10 +130,38 @@ mod tests {
             "upstreams": [{"name": "db", "endpoints": ["127.0.0.1:5432"]}],
         }))
         .unwrap();
-        match crate::validate(&config) {
+        messages(&config)
+    }
+
+    fn messages(config: &crate::ProxyConfig) -> Vec<String> {
+        match crate::validate(config) {
             Ok(()) => Vec::new(),
             Err(e) => e.into_iter().map(|e| e.to_string()).collect(),
         }
+    }
+
+    #[test]
+    fn socks5_needs_connect_and_no_upstream() {
+        let e = errors(serde_json::json!({"name": "s", "address": "127.0.0.1:0",
+            "tcp": {"mode": "socks5", "defaultUpstream": "db", "socks5": {}}}));
+        for f in [
+            "listeners[0].tcp.mode: socks5 needs connect",
+            "listeners[0].tcp.defaultUpstream: not used",
+            "listeners[0].tcp.socks5.credentialsDir: required",
+        ] {
+            assert!(e.iter().any(|m| m.starts_with(f)), "{f}: {e:?}");
+        }
+        let config: crate::ProxyConfig = serde_json::from_value(serde_json::json!({
+            "listeners": [{"name": "s", "address": "127.0.0.1:0",
+                "tcp": {"mode": "socks5", "socks5": {"credentialsDir": "/etc/socks"}}}],
+            "upstreams": [],
+            "connect": {"allow": ["*.example.com:443"]},
+        }))
+        .unwrap();
+        assert_eq!(messages(&config), Vec::<String>::new());
+        let e = errors(serde_json::json!({"name": "p", "address": "127.0.0.1:0",
+            "tcp": {"defaultUpstream": "db", "socks5": {"credentialsDir": "/x"}}}));
+        assert!(e.iter().any(|m| m.starts_with("listeners[0].tcp.socks5: needs mode socks5")), "{e:?}");
     }
 
     #[test]

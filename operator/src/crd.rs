@@ -47,6 +47,9 @@ pub const GROUP: &str = "proxyfleet.io";
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.all(l, !has(l.hostnames) || l.hostnames.all(h, !h.startsWith('*')))").message("spec.listeners[].hostnames: ACME HTTP-01 cannot validate wildcard names").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("!has(self.tls) || !has(self.tls.acme) || self.listeners.exists(l, has(l.hostnames) && size(l.hostnames) > 0) || (has(self.tls.dnsNames) && size(self.tls.dnsNames) > 0)").message("spec.tls.acme: name at least one hostname (spec.listeners[].hostnames or spec.tls.dnsNames) to order a certificate for").field_path(".tls.acme"))]
 #[x_kube(validation = Rule::new("size(self.routes) > 0 || self.listeners.all(l, has(l.tcp))").message("spec.routes: at least one route is needed for HTTP(S) listeners").field_path(".routes"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || !has(l.tcp.mode) || l.tcp.mode != 'socks5' || has(self.connect))").message("spec.connect: a socks5 listener needs connect (its allow-list and address checks decide where clients may go)").field_path(".connect"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || !has(l.tcp.mode) || l.tcp.mode != 'socks5' || (!has(l.tcp.defaultUpstream) && (!has(l.tcp.routes) || size(l.tcp.routes) == 0) && (!has(l.tcp.proxyProtocol) || !l.tcp.proxyProtocol)))").message("spec.listeners[].tcp: a socks5 listener takes no routes, defaultUpstream or proxyProtocol (clients name their target; connect.allow decides)").field_path(".listeners"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || !has(l.tcp.socks5) || (has(l.tcp.mode) && l.tcp.mode == 'socks5'))").message("spec.listeners[].tcp.socks5 needs tcp.mode socks5").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, (has(l.protocol) && l.protocol == 'TCP') == has(l.tcp))").message("spec.listeners[]: protocol TCP needs tcp (SNI routes or a defaultUpstream), and tcp needs protocol TCP").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || ((!has(l.hostnames) || size(l.hostnames) == 0) && !has(l.clientCaSecret) && !has(l.httpsRedirect) && !has(l.accessLog)))").message("spec.listeners[]: a TCP listener relays bytes; hostnames, clientCaSecret, httpsRedirect and accessLog are for HTTP(S) listeners (name the SNI in tcp.routes[].serverNames)").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
@@ -190,7 +193,8 @@ pub struct ListenerSpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub access_log: Option<proxyfleet_config::AccessLog>,
     /// With protocol TCP: relay connections by the ClientHello's SNI without terminating TLS
-    /// (`mode: tlsPassthrough`), or to one upstream (`mode: tcp`).
+    /// (`mode: tlsPassthrough`), to one upstream (`mode: tcp`), or speak SOCKS5 (`mode:
+    /// socks5`, targets checked by `spec.connect`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp: Option<proxyfleet_config::TcpProxy>,
 }
@@ -200,7 +204,7 @@ pub enum ListenerProtocol {
     #[default]
     HTTPS,
     HTTP,
-    /// TLS passthrough by SNI, or plain TCP (`tcp` says which).
+    /// TLS passthrough by SNI, plain TCP or SOCKS5 (`tcp` says which).
     TCP,
 }
 

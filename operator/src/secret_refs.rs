@@ -19,6 +19,10 @@ pub struct SecretRef {
 const CA_KEYS: &[&str] = &["ca.crt"];
 const TLS_KEYS: &[&str] = &["tls.crt", "tls.key"];
 const JWKS_KEYS: &[&str] = &[crate::resources::config_map::JWKS_KEY];
+const SOCKS5_KEYS: &[&str] = &[
+    proxyfleet_config::SOCKS5_USERNAME_FILE,
+    proxyfleet_config::SOCKS5_PASSWORD_FILE,
+];
 
 /// ConfigMaps the spec names for the pods to mount (a route's JWKS): (field, ConfigMap).
 pub fn config_map_references(spec: &ProxyDeploymentSpec) -> Vec<(String, String)> {
@@ -41,6 +45,13 @@ pub fn references(spec: &ProxyDeploymentSpec) -> Vec<SecretRef> {
                 field: format!("spec.listeners[{i}].clientCaSecret"),
                 secret: s.clone(),
                 keys: CA_KEYS,
+            });
+        }
+        if let Some(s) = l.tcp.as_ref().and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref()) {
+            out.push(SecretRef {
+                field: format!("spec.listeners[{i}].tcp.socks5.credentialsSecret"),
+                secret: s.clone(),
+                keys: SOCKS5_KEYS,
             });
         }
     }

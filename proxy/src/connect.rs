@@ -76,8 +76,38 @@ pub fn address_allowed(ip: IpAddr, allowed_networks: &[proxyfleet_config::Cidr])
     !is_internal(ip) || allowed_networks.iter().any(|n| n.contains(ip))
 }
 
-/// Resolves `target` and connects to its first permitted address, within the timeout.
-async fn connect_target(connect: &ConnectProxy, target: &str) -> Result<TcpStream, Response<ClientBody>> {
+/// Why a tunnel's target could not be reached.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum DialError {
+    /// The name does not resolve.
+    DoesNotResolve,
+    /// Every address it resolves to is internal and not in `allowedNetworks`.
+    AddressNotAllowed,
+    /// Resolving or connecting took longer than the connect timeout.
+    TimedOut,
+    /// The target refused the connection.
+    Refused,
+    /// Any other connect error (no route, reset...).
+    Unreachable,
+}
+
+impl DialError {
+    /// The answer a CONNECT request gets.
+    fn response(self) -> Response<ClientBody> {
+        match self {
+            DialError::DoesNotResolve => status(StatusCode::BAD_GATEWAY, "CONNECT target does not resolve\n"),
+            DialError::AddressNotAllowed => status(StatusCode::FORBIDDEN, "CONNECT target address not allowed\n"),
+            DialError::TimedOut => status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n"),
+            DialError::Refused | DialError::Unreachable => {
+                status(StatusCode::BAD_GATEWAY, "CONNECT target unreachable\n")
+            }
+        }
+    }
+}
+
+/// Resolves `target` (`host:port`) and connects to its first permitted address, within the
+/// connect timeout. Shared by HTTP CONNECT and SOCKS5.
+pub async fn dial(connect: &ConnectProxy, target: &str) -> Result<TcpStream, DialError> {
     let networks: Vec<_> = connect
         .allowed_networks
         .iter()
@@ -86,20 +116,23 @@ async fn connect_target(connect: &ConnectProxy, target: &str) -> Result<TcpStrea
     let deadline = tokio::time::Instant::now() + connect.connect_timeout.get();
     let resolved = match tokio::time::timeout_at(deadline, tokio::net::lookup_host(target)).await {
         Ok(Ok(addrs)) => addrs.collect::<Vec<SocketAddr>>(),
-        Ok(Err(_)) => return Err(status(StatusCode::BAD_GATEWAY, "CONNECT target does not resolve\n")),
-        Err(_) => return Err(status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n")),
+        Ok(Err(_)) => return Err(DialError::DoesNotResolve),
+        Err(_) => return Err(DialError::TimedOut),
     };
     let Some(addr) = resolved.iter().find(|a| address_allowed(a.ip(), &networks)).copied() else {
-        tracing::debug!(%target, "CONNECT refused: the target resolves to internal addresses only");
-        return Err(status(StatusCode::FORBIDDEN, "CONNECT target address not allowed\n"));
+        tracing::debug!(%target, "tunnel refused: the target resolves to internal addresses only");
+        return Err(DialError::AddressNotAllowed);
     };
     match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
         Ok(Ok(s)) => Ok(s),
         Ok(Err(e)) => {
-            tracing::debug!(%target, %addr, error = %e, "CONNECT target unreachable");
-            Err(status(StatusCode::BAD_GATEWAY, "CONNECT target unreachable\n"))
+            tracing::debug!(%target, %addr, error = %e, "tunnel target unreachable");
+            Err(match e.kind() {
+                std::io::ErrorKind::ConnectionRefused => DialError::Refused,
+                _ => DialError::Unreachable,
+            })
         }
-        Err(_) => Err(status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n")),
+        Err(_) => Err(DialError::TimedOut),
     }
 }
 
@@ -117,13 +150,13 @@ pub async fn handle_connect(req: Request<Incoming>, shared: &Shared, client: Arc
         tracing::debug!(%target, "CONNECT refused by allow-list");
         return status(StatusCode::FORBIDDEN, "CONNECT target not allowed\n");
     }
-    let mut upstream = match connect_target(connect, &target).await {
+    let mut upstream = match dial(connect, &target).await {
         Ok(s) => s,
-        Err(resp) => {
-            if resp.status() == StatusCode::FORBIDDEN {
+        Err(e) => {
+            if e == DialError::AddressNotAllowed {
                 shared.metrics.refused_connections.get_or_create(&CONNECT_TARGET).inc();
             }
-            return resp;
+            return e.response();
         }
     };
     let idle = connect.idle_timeout.get();

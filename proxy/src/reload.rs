@@ -50,6 +50,19 @@ fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>
             .iter()
             .filter_map(|r| r.jwt.as_ref()?.jwks_file.as_deref()),
     );
+    let socks5_dirs: Vec<&str> = config
+        .listeners
+        .iter()
+        .filter_map(|l| l.tcp.as_ref()?.socks5.as_ref()?.credentials_dir.as_deref())
+        .collect();
+    let socks5_files: Vec<String> = socks5_dirs
+        .iter()
+        .flat_map(|d| {
+            [proxyfleet_config::SOCKS5_USERNAME_FILE, proxyfleet_config::SOCKS5_PASSWORD_FILE]
+                .map(|f| format!("{d}/{f}"))
+        })
+        .collect();
+    files.extend(socks5_files.iter().map(String::as_str));
     let config_path = config_path.and_then(|p| p.to_str());
     let all: Vec<&str> = files.into_iter().chain(config_path).collect();
     let names = all

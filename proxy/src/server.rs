@@ -345,7 +345,7 @@ impl ListenerContext {
         if self.is_tcp {
             let tcp = self.shared.state.load().tcp_listeners.get(&self.name).cloned();
             if let (Some(tcp), Ok(local)) = (tcp, stream.local_addr()) {
-                crate::passthrough::serve(tcp, stream, remote, local).await;
+                tcp.serve(stream, remote, local).await;
             }
             drop((drain, slot));
             self.active.dec();

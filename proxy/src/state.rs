@@ -31,6 +31,13 @@ pub enum StateError {
     },
     #[error("trust bundle: {0}")]
     TrustBundle(TlsError),
+    #[error("listener {listener}: {source}")]
+    Socks5 {
+        listener: String,
+        source: crate::socks5::CredentialsError,
+    },
+    #[error("listener {0}: mode socks5 needs connect (its allow-list)")]
+    Socks5WithoutConnect(String),
 }
 
 pub struct ProxyState {
@@ -45,8 +52,8 @@ pub struct ProxyState {
     pub tracer: Option<crate::trace_context::Tracer>,
     pub certificates: Vec<(String, CertificateInfo)>,
     pub trust_bundle_sha256: Option<String>,
-    /// TCP listeners (passthrough, plain TCP) by name.
-    pub tcp_listeners: HashMap<String, Arc<crate::passthrough::CompiledTcpListener>>,
+    /// TCP listeners (passthrough, plain TCP, SOCKS5) by name.
+    pub tcp_listeners: HashMap<String, Arc<crate::tcp_service::TcpService>>,
 }
 
 /// Fingerprint of an upstream's TLS files: a cluster is reused across reloads only when
@@ -158,25 +165,6 @@ fn listeners_tls(
     Ok((listener_tls, certificates))
 }
 
-/// Each TCP listener's routes, resolved against the upstreams.
-fn tcp_listeners(
-    config: &ProxyConfig,
-    upstreams: &HashMap<String, Arc<UpstreamCluster>>,
-    metrics: &Metrics,
-) -> Result<HashMap<String, Arc<crate::passthrough::CompiledTcpListener>>, StateError> {
-    let mut out = HashMap::new();
-    for l in &config.listeners {
-        let Some(t) = &l.tcp else { continue };
-        let compiled = crate::passthrough::CompiledTcpListener::new(&l.name, t, |u| upstreams.get(u).cloned(), metrics)
-            .ok_or_else(|| StateError::UnknownUpstream {
-                route: format!("listener {}", l.name),
-                upstream: "(a tcp route's)".into(),
-            })?;
-        out.insert(l.name.clone(), Arc::new(compiled));
-    }
-    Ok(out)
-}
-
 /// TLS listeners by name: the server config and the certificates it selects from.
 type ListenerTlsMap = HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>;
 
@@ -209,7 +197,7 @@ impl ProxyState {
             .map(|r| compile_route(r, &upstreams, metrics))
             .collect::<Result<Vec<_>, StateError>>()?;
 
-        let tcp_listeners = tcp_listeners(&config, &upstreams, metrics)?;
+        let tcp_listeners = crate::tcp_service::build(&config, &upstreams, metrics)?;
         let trust_bundle_sha256 =
             tls::bundle_fingerprint(&config.trust_bundle_files).map_err(StateError::TrustBundle)?;
 

@@ -45,6 +45,23 @@ fn routes_with_mounted_jwks(routes: &[proxyfleet_config::Route]) -> Vec<proxyfle
     out
 }
 
+/// Where listener `i`'s SOCKS5 credentials Secret is mounted (`username`, `password`).
+pub fn socks5_dir(i: usize) -> String {
+    format!("{SOCKS5_DIR}/{i}")
+}
+pub const SOCKS5_DIR: &str = "/etc/proxyfleet/socks5";
+
+/// A TCP listener as the proxy reads it: a SOCKS5 credentials Secret becomes its mount.
+fn tcp_with_mounted_secrets(i: usize, tcp: &Option<proxyfleet_config::TcpProxy>) -> Option<proxyfleet_config::TcpProxy> {
+    let mut tcp = tcp.clone()?;
+    if let Some(a) = tcp.socks5.as_mut() {
+        if a.credentials_secret.take().is_some() {
+            a.credentials_dir = Some(socks5_dir(i));
+        }
+    }
+    Some(tcp)
+}
+
 /// Where upstream `i`'s CA Secret (`ca`) or client certificate Secret (`client`) is mounted.
 pub fn upstream_secret_dir(i: usize, what: &str) -> String {
     format!("{UPSTREAM_TLS_DIR}/{i}/{what}")
@@ -77,7 +94,8 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
     let listeners = spec
         .listeners
         .iter()
-        .map(|l| Listener {
+        .enumerate()
+        .map(|(i, l)| Listener {
             name: l.name.clone(),
             address: format!("0.0.0.0:{}", l.port),
             tls: (l.protocol == ListenerProtocol::HTTPS && tls_mounted).then(|| ListenerTls {
@@ -100,7 +118,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                 .access_log
                 .clone()
                 .map(|a| proxyfleet_config::AccessLog { path: None, ..a }),
-            tcp: l.tcp.clone(),
+            tcp: tcp_with_mounted_secrets(i, &l.tcp),
         })
         .collect();
     ProxyConfig {
@@ -194,6 +212,32 @@ mod tests {
         assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("keys"));
         assert_eq!(volumes[1].config_map.as_ref().unwrap().name, "public");
         assert_eq!(mounts[1].mount_path, "/etc/proxyfleet/jwks/1");
+    }
+
+    #[test]
+    fn a_socks5_credentials_secret_becomes_a_mounted_directory() {
+        let mut pxd = basic();
+        pxd.spec.connect = Some(serde_json::from_value(serde_json::json!({"allow": ["*.example.com:443"]})).unwrap());
+        pxd.spec.listeners.push(
+            serde_json::from_value(serde_json::json!({
+                "name": "socks", "port": 1080, "protocol": "TCP",
+                "tcp": {"mode": "socks5", "socks5": {"credentialsSecret": "socks-user"}}
+            }))
+            .unwrap(),
+        );
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        let i = config.listeners.len() - 1;
+        let auth = config.listeners[i].tcp.as_ref().and_then(|t| t.socks5.clone()).unwrap();
+        assert_eq!(auth.credentials_dir, Some(format!("/etc/proxyfleet/socks5/{i}")));
+        assert!(auth.credentials_secret.is_none());
+        let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
+        crate::resources::deployment::socks5_volumes(&pxd.spec, &mut volumes, &mut mounts);
+        assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("socks-user"));
+        assert_eq!(mounts[0].mount_path, format!("/etc/proxyfleet/socks5/{i}"));
+        let refs = crate::secret_refs::references(&pxd.spec);
+        assert_eq!(refs[0].field, format!("spec.listeners[{i}].tcp.socks5.credentialsSecret"));
+        assert_eq!(refs[0].keys, ["username", "password"]);
     }
 
     #[test]

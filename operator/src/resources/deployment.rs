@@ -9,7 +9,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::config_map::{
-    jwks_dir, upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
+    jwks_dir, socks5_dir, upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
     LIVE_WEIGHTS_DIR, TLS_DIR,
 };
 use super::service_account::service_account_name;
@@ -83,6 +83,31 @@ fn live_weight_volumes(fleet: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<
         mounts.push(VolumeMount {
             name: name.into(),
             mount_path: path.into(),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+}
+
+/// Each SOCKS5 listener's credentials Secret (hot-reloaded by the proxy).
+pub(crate) fn socks5_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
+    for (i, l) in spec.listeners.iter().enumerate() {
+        let Some(secret) = l.tcp.as_ref().and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref()) else {
+            continue;
+        };
+        let name = format!("socks5-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            secret: Some(SecretVolumeSource {
+                secret_name: Some(secret.clone()),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name,
+            mount_path: socks5_dir(i),
             read_only: Some(true),
             ..Default::default()
         });
@@ -195,6 +220,7 @@ fn pod_volumes(
         }
     }
     jwks_volumes(spec, &mut volumes, &mut mounts);
+    socks5_volumes(spec, &mut volumes, &mut mounts);
     live_weight_volumes(fleet, &mut volumes, &mut mounts);
     (volumes, mounts)
 }

@@ -3,7 +3,7 @@
 //! outlier ejection are the same as for HTTP; the bytes pass untouched.
 
 mod proxy_protocol;
-mod relay;
+pub(crate) mod relay;
 pub mod sniff;
 
 use std::net::SocketAddr;
@@ -17,6 +17,7 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
 use proxyfleet_config::{TcpMode, TcpProxy};
+
 
 use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
 use crate::router::HostMatch;
@@ -36,7 +37,8 @@ pub struct TcpTarget {
 
 /// A TCP listener's compiled settings (rebuilt on reload, like HTTP routes).
 pub struct CompiledTcpListener {
-    mode: TcpMode,
+    /// Read the ClientHello and route by its SNI (tlsPassthrough), or not (tcp).
+    sniff_sni: bool,
     routes: Vec<TcpTarget>,
     default: Option<TcpTarget>,
     idle: Duration,
@@ -102,7 +104,7 @@ impl CompiledTcpListener {
                 .clone()
         };
         Some(Self {
-            mode: t.mode,
+            sniff_sni: t.mode == TcpMode::TlsPassthrough,
             routes,
             default,
             idle: t.idle_timeout.get(),
@@ -189,19 +191,18 @@ async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)>
 }
 
 /// One client connection on a TCP listener.
-pub async fn serve(listener: Arc<CompiledTcpListener>, mut client: TcpStream, remote: SocketAddr, local: SocketAddr) {
+pub async fn serve(listener: &CompiledTcpListener, mut client: TcpStream, remote: SocketAddr, local: SocketAddr) {
     let started = Instant::now();
-    let (first_bytes, server_name) = match listener.mode {
-        TcpMode::Tcp => (Vec::new(), None),
-        TcpMode::TlsPassthrough => {
-            match tokio::time::timeout(listener.hello_timeout, read_client_hello(&mut client)).await {
-                Ok(Ok(hello)) => hello,
-                _ => {
-                    listener.not_tls.inc();
-                    return;
-                }
+    let (first_bytes, server_name) = if listener.sniff_sni {
+        match tokio::time::timeout(listener.hello_timeout, read_client_hello(&mut client)).await {
+            Ok(Ok(hello)) => hello,
+            _ => {
+                listener.not_tls.inc();
+                return;
             }
         }
+    } else {
+        (Vec::new(), None)
     };
     let Some(target) = listener.target(server_name.as_deref()) else {
         listener.no_route.inc();
