@@ -102,6 +102,10 @@ pub struct CertificateFiles {
     /// Serve this certificate when the client sends no SNI or an unknown name. At most one.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub default: bool,
+    /// A DER OCSP response to staple, when this file exists: stapled only while it is a
+    /// successful, fresh `good` response for this certificate; re-read when it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ocsp_file: Option<String>,
 }
 
 /// Routes a request to an upstream.

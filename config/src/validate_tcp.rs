@@ -112,12 +112,18 @@ fn check_socks5(f: &str, t: &TcpProxy, has_connect: bool, errors: &mut Vec<Field
         (t.proxy_protocol, "proxyProtocol"),
     ] {
         if set {
-            errors.push(err(format!("{f}.{field}"), "not used in socks5 mode (clients name their target)"));
+            errors.push(err(
+                format!("{f}.{field}"),
+                "not used in socks5 mode (clients name their target)",
+            ));
         }
     }
     if let Some(a) = &t.socks5 {
         if a.credentials_dir.is_none() && a.credentials_secret.is_none() {
-            errors.push(err(format!("{f}.socks5.credentialsDir"), "required (username and password files)"));
+            errors.push(err(
+                format!("{f}.socks5.credentialsDir"),
+                "required (username and password files)",
+            ));
         }
     }
 }
@@ -161,7 +167,11 @@ mod tests {
         assert_eq!(messages(&config), Vec::<String>::new());
         let e = errors(serde_json::json!({"name": "p", "address": "127.0.0.1:0",
             "tcp": {"defaultUpstream": "db", "socks5": {"credentialsDir": "/x"}}}));
-        assert!(e.iter().any(|m| m.starts_with("listeners[0].tcp.socks5: needs mode socks5")), "{e:?}");
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("listeners[0].tcp.socks5: needs mode socks5")),
+            "{e:?}"
+        );
     }
 
     #[test]

@@ -44,6 +44,7 @@ CONF
 nginx -c "$work/nginx.conf" -p "$work" || fail "nginx did not start: $(cat "$work/error.log")"
 cd "$root"
 
+kubectl create secret generic socks-user -n "$ns" --from-literal=username=alice --from-literal=password=s3cret >/dev/null
 kubectl apply -n "$ns" -f - >/dev/null <<YAML || fail "the ProxyDeployment was refused"
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -60,6 +61,8 @@ spec:
           - {name: db, serverNames: [db.example.com], upstream: db}
           - {name: apps, serverNames: ["*.apps.example.com"], upstream: apps}
     - {name: pp, port: 9444, protocol: TCP, tcp: {defaultUpstream: pp, proxyProtocol: true, idleTimeout: 5m}}
+    - {name: socks, port: 1080, protocol: TCP, tcp: {mode: socks5, socks5: {credentialsSecret: socks-user}}}
+  connect: {allow: ["$node_ip:18781"], allowedNetworks: ["$node_ip/32"]}
   upstreams:
     - {name: db, endpoints: ["$node_ip:18780"], pool: {connectTimeout: 2s}}
     - {name: apps, endpoints: ["$node_ip:18781"]}
@@ -107,6 +110,21 @@ done
 [ "$total" -ge 100 ] || fail "only $total relayed connections counted for route apps"
 say "route apps: $total connections relayed across the pods"
 
+say "SOCKS5 (curl): a password from a Secret, the connect allow-list deciding the target"
+socks() { curl -sS --max-time 5 --cacert "$work/ca.crt" -x "socks5://$1@$ip:1080" --resolve "$2:$node_ip" "https://$2/" "${@:3}"; }
+out=$(socks alice:s3cret shop.apps.example.com:18781 -f) || fail "no answer through SOCKS5"
+[ "$out" = "apps sni=shop.apps.example.com" ] || fail "unexpected answer through SOCKS5: $out"
+rc=0; socks alice:s3cret db.example.com:18780 -o /dev/null 2>/dev/null || rc=$?
+[ "$rc" = 97 ] || fail "a target outside connect.allow was not refused by the SOCKS5 server (curl exit $rc)"
+rc=0; socks alice:wrong shop.apps.example.com:18781 -o /dev/null 2>/dev/null || rc=$?
+[ "$rc" = 97 ] || fail "a wrong SOCKS5 password was not refused (curl exit $rc)"
+socks_counts=$(for p in $pods; do curl -fsS --max-time 5 "http://$p:9901/metrics"; done |
+  awk '/^proxyfleet_tcp_connections_total\{.*route="socks5"/ && $2 > 0 { split($1, a, "result=\""); r = a[2]; sub(/".*/, "", r); c[r] += $2 } END { for (r in c) printf "%s=%d ", r, c[r] }')
+for want in relayed=1 not_allowed=1 auth_failed=1; do
+  case " $socks_counts" in *" $want "*) ;; *) fail "SOCKS5 counters: want $want, got $socks_counts" ;; esac
+done
+say "SOCKS5 counters: $socks_counts"
+
 say "bad TCP listeners refused at admission, naming the field"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
 apiVersion: proxyfleet.io/v1alpha1
@@ -128,4 +146,14 @@ spec:
 YAML
 ) && fail "protocol TCP without tcp was accepted"
 echo "$out" | grep -q 'protocol TCP needs tcp' || fail "unexpected refusal: $out"
+out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
+apiVersion: proxyfleet.io/v1alpha1
+kind: ProxyDeployment
+metadata: {name: bad-tcp}
+spec:
+  listeners: [{name: socks, port: 1080, protocol: TCP, tcp: {mode: socks5}}]
+  upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
+YAML
+) && fail "a socks5 listener without connect was accepted"
+echo "$out" | grep -q 'spec.connect: Invalid value.*a socks5 listener needs connect' || fail "unexpected refusal: $out"
 say "TLS passthrough and TCP passed"

@@ -47,7 +47,11 @@ pub fn references(spec: &ProxyDeploymentSpec) -> Vec<SecretRef> {
                 keys: CA_KEYS,
             });
         }
-        if let Some(s) = l.tcp.as_ref().and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref()) {
+        if let Some(s) = l
+            .tcp
+            .as_ref()
+            .and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref())
+        {
             out.push(SecretRef {
                 field: format!("spec.listeners[{i}].tcp.socks5.credentialsSecret"),
                 secret: s.clone(),

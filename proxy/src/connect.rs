@@ -1,39 +1,15 @@
 //! HTTP CONNECT forward proxying to an allow-list of `host:port` targets.
 
-use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
-use tokio::net::TcpStream;
 
 use crate::body::{self, ClientBody};
 use crate::forwarding::ClientInfo;
 use crate::shared::Shared;
-use proxyfleet_config::ConnectProxy;
-
-/// Whether `target` (host:port) is allowed by a pattern list (`*.` prefix, `*` port).
-pub fn allowed(patterns: &[String], target: &str) -> bool {
-    let Some((host, port)) = target.rsplit_once(':') else {
-        return false;
-    };
-    patterns.iter().any(|p| {
-        let Some((ph, pp)) = p.rsplit_once(':') else {
-            return false;
-        };
-        let port_ok = pp == "*" || pp == port;
-        let host_ok = match ph.strip_prefix("*.") {
-            Some(suffix) => {
-                host.len() > suffix.len()
-                    && host.ends_with(suffix)
-                    && host.as_bytes()[host.len() - suffix.len() - 1] == b'.'
-            }
-            None => ph.eq_ignore_ascii_case(host),
-        };
-        port_ok && host_ok
-    })
-}
+use crate::tunnel_target::{allowed, dial, DialError};
 
 fn status(code: StatusCode, text: &'static str) -> Response<ClientBody> {
     let mut r = Response::new(body::full(text));
@@ -41,98 +17,13 @@ fn status(code: StatusCode, text: &'static str) -> Response<ClientBody> {
     r
 }
 
-/// Addresses a tunnel may not reach unless `allowedNetworks` names them: this host, its link,
-/// private and shared networks (a cluster's pods and Services live there), multicast.
-fn is_internal(ip: IpAddr) -> bool {
-    match ip {
-        IpAddr::V4(v4) => {
-            let o = v4.octets();
-            v4.is_loopback()
-                || v4.is_private()
-                || v4.is_link_local()
-                || v4.is_unspecified()
-                || v4.is_broadcast()
-                || v4.is_multicast()
-                || o[0] == 0
-                || (o[0] == 100 && (o[1] & 0xc0) == 64)
-        }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
-            Some(v4) => is_internal(IpAddr::V4(v4)),
-            None => {
-                let seg0 = v6.segments()[0];
-                v6.is_loopback()
-                    || v6.is_unspecified()
-                    || v6.is_multicast()
-                    || (seg0 & 0xfe00) == 0xfc00
-                    || (seg0 & 0xffc0) == 0xfe80
-            }
-        },
-    }
-}
-
-/// Whether a resolved address may be reached (checked on the address, not the name, so a
-/// name that resolves to an internal address is refused: DNS rebinding).
-pub fn address_allowed(ip: IpAddr, allowed_networks: &[proxyfleet_config::Cidr]) -> bool {
-    !is_internal(ip) || allowed_networks.iter().any(|n| n.contains(ip))
-}
-
-/// Why a tunnel's target could not be reached.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum DialError {
-    /// The name does not resolve.
-    DoesNotResolve,
-    /// Every address it resolves to is internal and not in `allowedNetworks`.
-    AddressNotAllowed,
-    /// Resolving or connecting took longer than the connect timeout.
-    TimedOut,
-    /// The target refused the connection.
-    Refused,
-    /// Any other connect error (no route, reset...).
-    Unreachable,
-}
-
-impl DialError {
-    /// The answer a CONNECT request gets.
-    fn response(self) -> Response<ClientBody> {
-        match self {
-            DialError::DoesNotResolve => status(StatusCode::BAD_GATEWAY, "CONNECT target does not resolve\n"),
-            DialError::AddressNotAllowed => status(StatusCode::FORBIDDEN, "CONNECT target address not allowed\n"),
-            DialError::TimedOut => status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n"),
-            DialError::Refused | DialError::Unreachable => {
-                status(StatusCode::BAD_GATEWAY, "CONNECT target unreachable\n")
-            }
-        }
-    }
-}
-
-/// Resolves `target` (`host:port`) and connects to its first permitted address, within the
-/// connect timeout. Shared by HTTP CONNECT and SOCKS5.
-pub async fn dial(connect: &ConnectProxy, target: &str) -> Result<TcpStream, DialError> {
-    let networks: Vec<_> = connect
-        .allowed_networks
-        .iter()
-        .filter_map(|n| proxyfleet_config::Cidr::parse(n))
-        .collect();
-    let deadline = tokio::time::Instant::now() + connect.connect_timeout.get();
-    let resolved = match tokio::time::timeout_at(deadline, tokio::net::lookup_host(target)).await {
-        Ok(Ok(addrs)) => addrs.collect::<Vec<SocketAddr>>(),
-        Ok(Err(_)) => return Err(DialError::DoesNotResolve),
-        Err(_) => return Err(DialError::TimedOut),
-    };
-    let Some(addr) = resolved.iter().find(|a| address_allowed(a.ip(), &networks)).copied() else {
-        tracing::debug!(%target, "tunnel refused: the target resolves to internal addresses only");
-        return Err(DialError::AddressNotAllowed);
-    };
-    match tokio::time::timeout_at(deadline, TcpStream::connect(addr)).await {
-        Ok(Ok(s)) => Ok(s),
-        Ok(Err(e)) => {
-            tracing::debug!(%target, %addr, error = %e, "tunnel target unreachable");
-            Err(match e.kind() {
-                std::io::ErrorKind::ConnectionRefused => DialError::Refused,
-                _ => DialError::Unreachable,
-            })
-        }
-        Err(_) => Err(DialError::TimedOut),
+/// The answer a CONNECT request gets when its target cannot be reached.
+fn dial_response(e: DialError) -> Response<ClientBody> {
+    match e {
+        DialError::DoesNotResolve => status(StatusCode::BAD_GATEWAY, "CONNECT target does not resolve\n"),
+        DialError::AddressNotAllowed => status(StatusCode::FORBIDDEN, "CONNECT target address not allowed\n"),
+        DialError::TimedOut => status(StatusCode::GATEWAY_TIMEOUT, "CONNECT target timed out\n"),
+        DialError::Refused | DialError::Unreachable => status(StatusCode::BAD_GATEWAY, "CONNECT target unreachable\n"),
     }
 }
 
@@ -156,7 +47,7 @@ pub async fn handle_connect(req: Request<Incoming>, shared: &Shared, client: Arc
             if e == DialError::AddressNotAllowed {
                 shared.metrics.refused_connections.get_or_create(&CONNECT_TARGET).inc();
             }
-            return e.response();
+            return dial_response(e);
         }
     };
     let idle = connect.idle_timeout.get();
@@ -173,43 +64,3 @@ pub async fn handle_connect(req: Request<Incoming>, shared: &Shared, client: Arc
 const CONNECT_TARGET: crate::metrics::RefusalLabels = crate::metrics::RefusalLabels {
     reason: "connect_target",
 };
-
-#[cfg(test)]
-mod tests {
-    use super::allowed;
-
-    #[test]
-    fn allow_list_patterns() {
-        let p = vec!["api.example.com:443".to_string(), "*.internal:*".to_string()];
-        assert!(allowed(&p, "api.example.com:443"));
-        assert!(!allowed(&p, "api.example.com:80"));
-        assert!(allowed(&p, "db.internal:5432"));
-        assert!(!allowed(&p, "internal:5432"));
-        assert!(!allowed(&p, "evil.com:443"));
-    }
-
-    #[test]
-    fn internal_addresses_need_an_explicit_network() {
-        use super::address_allowed;
-        let nets = [proxyfleet_config::Cidr::parse("10.1.0.0/16").unwrap()];
-        for internal in [
-            "127.0.0.1",
-            "10.0.0.5",
-            "172.16.3.4",
-            "192.168.1.1",
-            "169.254.169.254",
-            "100.64.0.1",
-            "0.0.0.0",
-            "::1",
-            "fd00::1",
-            "fe80::1",
-            "::ffff:127.0.0.1",
-        ] {
-            assert!(!address_allowed(internal.parse().unwrap(), &[]), "{internal}");
-        }
-        assert!(address_allowed("10.1.2.3".parse().unwrap(), &nets));
-        assert!(!address_allowed("10.2.2.3".parse().unwrap(), &nets));
-        assert!(address_allowed("93.184.216.34".parse().unwrap(), &[]));
-        assert!(address_allowed("2606:2800:220:1::1".parse().unwrap(), &[]));
-    }
-}

@@ -25,6 +25,7 @@ pub mod jwt;
 pub mod live_weights;
 pub mod metrics;
 pub mod mirror;
+pub mod ocsp;
 pub mod passthrough;
 pub mod rate_limit;
 mod redirect;
@@ -41,6 +42,7 @@ pub mod state;
 pub mod tcp_service;
 pub mod tls;
 pub mod trace_context;
+pub mod tunnel_target;
 pub mod upgrade;
 pub mod upstream;
 

@@ -160,6 +160,21 @@ fn register_route_filters(
     )
 }
 
+fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>, Family<OcspLabels, Counter>) {
+    (
+        register(
+            registry,
+            "certificate_not_after_timestamp_seconds",
+            "notAfter of each served certificate, Unix seconds",
+        ),
+        register(
+            registry,
+            "ocsp_staples",
+            "OCSP responses found beside certificates, by whether they were stapled (counted on each load)",
+        ),
+    )
+}
+
 fn register_guards(registry: &mut Registry) -> (Counter, Counter, Family<RefusalLabels, Counter>, Counter, Counter) {
     (
         register(
@@ -227,6 +242,7 @@ pub struct Metrics {
     pub active_connections: Family<ListenerLabels, Gauge>,
     pub reloads: Family<ResultLabels, Counter>,
     pub certificate_not_after: Family<CertLabels, Gauge>,
+    pub ocsp_staples: Family<OcspLabels, Counter>,
     pub faults: Family<FaultLabels, Counter>,
     pub retries: Family<RouteOnly, Counter>,
     pub upgrades: Family<RouteOnly, Counter>,
@@ -330,6 +346,14 @@ pub struct RouteResultLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OcspLabels {
+    pub listener: String,
+    /// `stapled`, or why not: `invalid`, `not_successful`, `mismatched`, `not_good`, `stale`;
+    /// `expired` when a stapled response's nextUpdate passes in service.
+    pub result: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RefusalLabels {
     /// `per_client_ip` (the client's cap), `connect_target` (a CONNECT to a refused address).
     pub reason: &'static str,
@@ -342,6 +366,7 @@ impl Metrics {
         let (rate_limited, jwt_denied, cors_preflights) = register_route_filters(&mut registry);
         let (malformed_requests, access_log_dropped, refused_connections, misdirected_requests, spans_dropped) =
             register_guards(&mut registry);
+        let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -375,11 +400,8 @@ impl Metrics {
                 "config_reloads",
                 "Configuration and certificate reloads by result",
             ),
-            certificate_not_after: register(
-                &mut registry,
-                "certificate_not_after_timestamp_seconds",
-                "notAfter of each served certificate, Unix seconds",
-            ),
+            certificate_not_after,
+            ocsp_staples,
             faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),
             retries: register(&mut registry, "upstream_retries", "Retried upstream requests by route"),
             upgrades: register(

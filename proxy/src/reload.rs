@@ -26,6 +26,7 @@ fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>
             for c in &t.certificates {
                 files.push(&c.cert_file);
                 files.push(&c.key_file);
+                files.extend(c.ocsp_file.as_deref());
             }
             if let Some(ca) = &t.client_ca_file {
                 files.push(ca);
@@ -58,8 +59,11 @@ fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>
     let socks5_files: Vec<String> = socks5_dirs
         .iter()
         .flat_map(|d| {
-            [proxyfleet_config::SOCKS5_USERNAME_FILE, proxyfleet_config::SOCKS5_PASSWORD_FILE]
-                .map(|f| format!("{d}/{f}"))
+            [
+                proxyfleet_config::SOCKS5_USERNAME_FILE,
+                proxyfleet_config::SOCKS5_PASSWORD_FILE,
+            ]
+            .map(|f| format!("{d}/{f}"))
         })
         .collect();
     files.extend(socks5_files.iter().map(String::as_str));

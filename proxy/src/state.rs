@@ -31,13 +31,8 @@ pub enum StateError {
     },
     #[error("trust bundle: {0}")]
     TrustBundle(TlsError),
-    #[error("listener {listener}: {source}")]
-    Socks5 {
-        listener: String,
-        source: crate::socks5::CredentialsError,
-    },
-    #[error("listener {0}: mode socks5 needs connect (its allow-list)")]
-    Socks5WithoutConnect(String),
+    #[error(transparent)]
+    TcpListener(#[from] crate::tcp_service::TcpServiceError),
 }
 
 pub struct ProxyState {
@@ -129,6 +124,7 @@ fn compile_route(
 fn listeners_tls(
     config: &ProxyConfig,
     resumption: &HashMap<String, Arc<ServerResumption>>,
+    metrics: &Metrics,
 ) -> Result<(ListenerTlsMap, Vec<(String, CertificateInfo)>), StateError> {
     let mut listener_tls = HashMap::new();
     let mut certificates = Vec::new();
@@ -146,7 +142,26 @@ fn listeners_tls(
         for c in &loaded {
             certificates.push((l.name.clone(), c.info.clone()));
         }
-        let sni = Arc::new(SniCertificates::new(&loaded));
+        let ocsp = |result| {
+            metrics
+                .ocsp_staples
+                .get_or_create(&crate::metrics::OcspLabels {
+                    listener: l.name.clone(),
+                    result,
+                })
+                .clone()
+        };
+        for c in &loaded {
+            match &c.ocsp {
+                Some(Ok(_)) => ocsp("stapled").inc(),
+                Some(Err(refusal)) => {
+                    tracing::warn!(listener = %l.name, reason = refusal.label(), "OCSP response not stapled");
+                    ocsp(refusal.label()).inc()
+                }
+                None => 0,
+            };
+        }
+        let sni = Arc::new(SniCertificates::new(&loaded).with_staple_expiry_counter(ocsp("expired")));
         let fallback;
         let res = match resumption.get(&l.name) {
             Some(r) => r.as_ref(),
@@ -175,7 +190,7 @@ impl ProxyState {
         metrics: &Metrics,
         resumption: &HashMap<String, Arc<ServerResumption>>,
     ) -> Result<Self, StateError> {
-        let (listener_tls, certificates) = listeners_tls(&config, resumption)?;
+        let (listener_tls, certificates) = listeners_tls(&config, resumption, metrics)?;
 
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {

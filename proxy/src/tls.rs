@@ -134,6 +134,53 @@ pub struct LoadedCertificate {
     pub info: CertificateInfo,
     pub names: Vec<String>,
     pub default: bool,
+    /// What became of the OCSP response beside it (None: there is none).
+    pub ocsp: Option<Result<StapledUntil, crate::ocsp::Refusal>>,
+}
+
+/// A stapled key is served until `until_unix`, then `plain` (the same key, no staple).
+#[derive(Clone)]
+pub struct StapledUntil {
+    pub until_unix: i64,
+    pub plain: Arc<CertifiedKey>,
+}
+
+fn now_unix() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() as i64)
+}
+
+/// Staples the response in `path`, if there is one and it is fit (see `ocsp::check`).
+fn staple(
+    certified: &mut CertifiedKey,
+    path: Option<&str>,
+) -> Result<Option<Result<StapledUntil, crate::ocsp::Refusal>>, TlsError> {
+    let Some(path) = path else { return Ok(None) };
+    let response = match std::fs::read(path) {
+        Ok(r) => r,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(TlsError::Read {
+                what: "OCSP response",
+                path: path.to_string(),
+                source,
+            })
+        }
+    };
+    let checked = crate::ocsp::check(
+        &response,
+        certified.end_entity_cert().map_or(&[], |c| c.as_ref()),
+        now_unix(),
+    );
+    Ok(Some(checked.map(|s| {
+        let plain = Arc::new(certified.clone());
+        certified.ocsp = Some(s.der);
+        StapledUntil {
+            until_unix: s.valid_until_unix,
+            plain,
+        }
+    })))
 }
 
 pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, TlsError> {
@@ -146,7 +193,7 @@ pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, T
             path: files.key_file.clone(),
             source,
         })?;
-    let certified = CertifiedKey::new(chain, signing_key);
+    let mut certified = CertifiedKey::new(chain, signing_key);
     if certified.keys_match().is_err() {
         return Err(TlsError::Mismatch {
             path: files.cert_file.clone(),
@@ -165,11 +212,13 @@ pub fn load_certificate(files: &CertificateFiles) -> Result<LoadedCertificate, T
     } else {
         files.server_names.iter().map(|n| n.to_ascii_lowercase()).collect()
     };
+    let ocsp = staple(&mut certified, files.ocsp_file.as_deref())?;
     Ok(LoadedCertificate {
         key: Arc::new(certified),
         info,
         names,
         default: files.default,
+        ocsp,
     })
 }
 
@@ -180,6 +229,11 @@ pub struct SniCertificates {
     exact: HashMap<String, Arc<CertifiedKey>>,
     wildcard: HashMap<String, Arc<CertifiedKey>>,
     default: Option<Arc<CertifiedKey>>,
+    /// Keys with an OCSP staple, and when the staple must stop being served.
+    staples: Vec<(Arc<CertifiedKey>, StapledUntil)>,
+    /// Counts the first handshake after a staple's nextUpdate (the response was not renewed).
+    staple_expired: Option<prometheus_client::metrics::counter::Counter>,
+    expired_counted: std::sync::atomic::AtomicBool,
 }
 
 impl fmt::Debug for SniCertificates {
@@ -204,6 +258,9 @@ impl SniCertificates {
             }
             if c.default {
                 s.default = Some(c.key.clone());
+            }
+            if let Some(Ok(stapled)) = &c.ocsp {
+                s.staples.push((c.key.clone(), stapled.clone()));
             }
         }
         // With a single certificate and no explicit default, serve it to everyone.
@@ -252,9 +309,38 @@ impl SniCertificates {
     }
 }
 
+impl SniCertificates {
+    /// Counts in `counter` when a stapled response outlives its nextUpdate.
+    pub fn with_staple_expiry_counter(mut self, counter: prometheus_client::metrics::counter::Counter) -> Self {
+        self.staple_expired = Some(counter);
+        self
+    }
+
+    /// The key without its staple once the staple has expired (checked only for stapled keys).
+    fn unstapled_if_expired(&self, key: &Arc<CertifiedKey>) -> Option<Arc<CertifiedKey>> {
+        let (_, stapled) = self.staples.iter().find(|(k, _)| Arc::ptr_eq(k, key))?;
+        if now_unix() < stapled.until_unix {
+            return None;
+        }
+        if !self.expired_counted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+            tracing::warn!("an OCSP staple passed its nextUpdate; serving without it until a fresh response is stored");
+            if let Some(c) = &self.staple_expired {
+                c.inc();
+            }
+        }
+        Some(stapled.plain.clone())
+    }
+}
+
 impl ResolvesServerCert for SniCertificates {
     fn resolve(&self, hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.select(hello.server_name())
+        let key = self.select(hello.server_name())?;
+        if key.ocsp.is_some() {
+            if let Some(plain) = self.unstapled_if_expired(&key) {
+                return Some(plain);
+            }
+        }
+        Some(key)
     }
 }
 
@@ -485,5 +571,37 @@ mod tests {
             suites.len(),
             rustls::crypto::ring::default_provider().cipher_suites.len()
         );
+    }
+
+    #[test]
+    fn an_expired_staple_is_no_longer_served() {
+        use super::*;
+        let generated = rcgen::generate_simple_self_signed(vec!["a.example.com".to_string()]).unwrap();
+        let key = PrivateKeyDer::Pkcs8(generated.signing_key.serialize_der().into());
+        let signing = provider().key_provider.load_private_key(key).unwrap();
+        let plain = Arc::new(CertifiedKey::new(vec![generated.cert.der().clone()], signing));
+        let mut stapled = (*plain).clone();
+        stapled.ocsp = Some(vec![1, 2, 3]);
+        let loaded = |until_unix| LoadedCertificate {
+            key: Arc::new(stapled.clone()),
+            info: describe(generated.cert.der()).unwrap(),
+            names: vec!["a.example.com".into()],
+            default: true,
+            ocsp: Some(Ok(StapledUntil {
+                until_unix,
+                plain: plain.clone(),
+            })),
+        };
+        let fresh = SniCertificates::new(&[loaded(now_unix() + 60)]);
+        let key = fresh.select(Some("a.example.com")).unwrap();
+        assert!(fresh.unstapled_if_expired(&key).is_none());
+        let counter = prometheus_client::metrics::counter::Counter::default();
+        let expired = SniCertificates::new(&[loaded(now_unix() - 1)]).with_staple_expiry_counter(counter.clone());
+        let key = expired.select(Some("a.example.com")).unwrap();
+        for _ in 0..3 {
+            let served = expired.unstapled_if_expired(&key).unwrap();
+            assert!(served.ocsp.is_none());
+        }
+        assert_eq!(counter.get(), 1, "counted once");
     }
 }

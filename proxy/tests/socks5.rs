@@ -50,12 +50,19 @@ upstreams: []
 async fn round_trip(mut s: Socks5Stream<tokio::net::TcpStream>, line: &str) -> String {
     s.write_all(line.as_bytes()).await.unwrap();
     let mut buf = vec![0u8; 64];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await.unwrap().unwrap();
+    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+        .await
+        .unwrap()
+        .unwrap();
     String::from_utf8_lossy(&buf[..n]).into_owned()
 }
 
 fn count(m: &str, result: &str) -> f64 {
-    metric_sum(m, "proxyfleet_tcp_connections_total", &[&format!("result=\"{result}\"")])
+    metric_sum(
+        m,
+        "proxyfleet_tcp_connections_total",
+        &[&format!("result=\"{result}\"")],
+    )
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -88,7 +95,11 @@ async fn socks5_connects_to_allowed_targets_only() {
     assert_eq!(count(&m, "not_allowed"), 2.0);
     assert_eq!(count(&m, "target_failed"), 1.0);
     assert!(
-        metric_sum(&m, "proxyfleet_tcp_bytes_total", &["route=\"socks5\"", "direction=\"to_client\""]) == 18.0,
+        metric_sum(
+            &m,
+            "proxyfleet_tcp_bytes_total",
+            &["route=\"socks5\"", "direction=\"to_client\""]
+        ) == 18.0,
         "{m}"
     );
 }
@@ -117,9 +128,14 @@ async fn passwords_are_required_and_hot_reloaded() {
     let proxy = start_proxy(&dir, &config(&auth, &format!("\"{echo}\""))).await;
     let socks = proxy.addr("socks");
 
-    let ok = Socks5Stream::connect_with_password(socks, echo, "alice", "s3cret").await.unwrap();
+    let ok = Socks5Stream::connect_with_password(socks, echo, "alice", "s3cret")
+        .await
+        .unwrap();
     assert_eq!(round_trip(ok, "hi").await, "echo: hi");
-    let e = Socks5Stream::connect_with_password(socks, echo, "alice", "wrong").await.err().unwrap();
+    let e = Socks5Stream::connect_with_password(socks, echo, "alice", "wrong")
+        .await
+        .err()
+        .unwrap();
     assert!(matches!(e, SocksError::PasswordAuthFailure(_)), "{e:?}");
     let e = Socks5Stream::connect(socks, echo).await.err().unwrap();
     assert!(matches!(e, SocksError::NoAcceptableAuthMethods), "{e:?}");
@@ -128,14 +144,19 @@ async fn passwords_are_required_and_hot_reloaded() {
     write(&creds, "password", "rotated");
     let mut rotated = false;
     for _ in 0..100 {
-        if Socks5Stream::connect_with_password(socks, echo, "alice", "rotated").await.is_ok() {
+        if Socks5Stream::connect_with_password(socks, echo, "alice", "rotated")
+            .await
+            .is_ok()
+        {
             rotated = true;
             break;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(rotated, "the new password was not reloaded");
-    assert!(Socks5Stream::connect_with_password(socks, echo, "alice", "s3cret").await.is_err());
+    assert!(Socks5Stream::connect_with_password(socks, echo, "alice", "s3cret")
+        .await
+        .is_err());
 
     let m = metrics(&proxy).await;
     assert!(count(&m, "auth_failed") >= 3.0, "{m}");
@@ -164,7 +185,11 @@ async fn bind_udp_associate_and_bad_bytes_are_refused_with_their_codes() {
     let [a, b, c, d] = [127u8, 0, 0, 1];
     let [hi, lo] = echo.port().to_be_bytes();
     assert_eq!(reply_code(socks, &[5, 2, 0, 1, a, b, c, d, hi, lo]).await, 7, "BIND");
-    assert_eq!(reply_code(socks, &[5, 3, 0, 1, a, b, c, d, hi, lo]).await, 7, "UDP ASSOCIATE");
+    assert_eq!(
+        reply_code(socks, &[5, 3, 0, 1, a, b, c, d, hi, lo]).await,
+        7,
+        "UDP ASSOCIATE"
+    );
     assert_eq!(reply_code(socks, &[5, 1, 0, 9, 0, 0]).await, 8, "address type");
     // Not SOCKS at all: closed without an answer, and the listener keeps serving.
     assert_eq!(raw(socks, b"GET / HTTP/1.1\r\n\r\n").await, "");

@@ -30,6 +30,9 @@ pub fn jwks_dir(i: usize) -> String {
     format!("{JWKS_DIR}/{i}")
 }
 
+/// The key of the certificate Secret holding a DER OCSP response to staple (optional).
+pub const OCSP_KEY: &str = "tls.ocsp";
+
 /// The key of a JWKS Secret or ConfigMap the pods read.
 pub const JWKS_KEY: &str = "jwks.json";
 
@@ -52,7 +55,10 @@ pub fn socks5_dir(i: usize) -> String {
 pub const SOCKS5_DIR: &str = "/etc/proxyfleet/socks5";
 
 /// A TCP listener as the proxy reads it: a SOCKS5 credentials Secret becomes its mount.
-fn tcp_with_mounted_secrets(i: usize, tcp: &Option<proxyfleet_config::TcpProxy>) -> Option<proxyfleet_config::TcpProxy> {
+fn tcp_with_mounted_secrets(
+    i: usize,
+    tcp: &Option<proxyfleet_config::TcpProxy>,
+) -> Option<proxyfleet_config::TcpProxy> {
     let mut tcp = tcp.clone()?;
     if let Some(a) = tcp.socks5.as_mut() {
         if a.credentials_secret.take().is_some() {
@@ -82,6 +88,7 @@ fn upstreams_with_mounted_secrets(upstreams: &[Upstream]) -> Vec<Upstream> {
                 key_file: format!("{dir}/tls.key"),
                 server_names: Vec::new(),
                 default: false,
+                ocsp_file: None,
             });
         }
     }
@@ -104,6 +111,8 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                     key_file: format!("{TLS_DIR}/tls.key"),
                     server_names: Vec::new(),
                     default: true,
+                    // Stapled when the Secret carries one (cert-manager and our CA do not).
+                    ocsp_file: Some(format!("{TLS_DIR}/{OCSP_KEY}")),
                 }],
                 client_ca_file: l
                     .client_ca_secret
@@ -233,10 +242,16 @@ mod tests {
         assert!(auth.credentials_secret.is_none());
         let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
         crate::resources::deployment::socks5_volumes(&pxd.spec, &mut volumes, &mut mounts);
-        assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("socks-user"));
+        assert_eq!(
+            volumes[0].secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("socks-user")
+        );
         assert_eq!(mounts[0].mount_path, format!("/etc/proxyfleet/socks5/{i}"));
         let refs = crate::secret_refs::references(&pxd.spec);
-        assert_eq!(refs[0].field, format!("spec.listeners[{i}].tcp.socks5.credentialsSecret"));
+        assert_eq!(
+            refs[0].field,
+            format!("spec.listeners[{i}].tcp.socks5.credentialsSecret")
+        );
         assert_eq!(refs[0].keys, ["username", "password"]);
     }
 

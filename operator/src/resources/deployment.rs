@@ -9,8 +9,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
 use super::config_map::{
-    jwks_dir, socks5_dir, upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR, CONFIG_FILE,
-    LIVE_WEIGHTS_DIR, TLS_DIR,
+    jwks_dir, socks5_dir, upstream_secret_dir, ADMIN_PORT, ADMIN_TOKEN_DIR, CLIENT_CA_DIR, CLIENT_TLS_DIR, CONFIG_DIR,
+    CONFIG_FILE, LIVE_WEIGHTS_DIR, TLS_DIR,
 };
 use super::service_account::service_account_name;
 use super::{OperatorSettings, Owner};
@@ -92,7 +92,11 @@ fn live_weight_volumes(fleet: &str, volumes: &mut Vec<Volume>, mounts: &mut Vec<
 /// Each SOCKS5 listener's credentials Secret (hot-reloaded by the proxy).
 pub(crate) fn socks5_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
     for (i, l) in spec.listeners.iter().enumerate() {
-        let Some(secret) = l.tcp.as_ref().and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref()) else {
+        let Some(secret) = l
+            .tcp
+            .as_ref()
+            .and_then(|t| t.socks5.as_ref()?.credentials_secret.as_ref())
+        else {
             continue;
         };
         let name = format!("socks5-{i}");

@@ -18,7 +18,6 @@ use tokio::net::TcpStream;
 
 use proxyfleet_config::{TcpMode, TcpProxy};
 
-
 use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
 use crate::router::HostMatch;
 use crate::upstream::{pick_avoiding, Endpoint, UpstreamCluster};

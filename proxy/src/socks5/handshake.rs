@@ -331,7 +331,10 @@ mod tests {
         let Parsed::Done(r, 14) = request(&name) else { panic!() };
         assert_eq!(r.target, Target::Domain("ex.com!".into(), 80));
         assert_eq!(request(&[5, 1, 0, 3, 0, 0, 80]), Parsed::Invalid(Invalid::DomainName));
-        assert_eq!(request(&[5, 1, 0, 3, 1, b' ', 0, 80]), Parsed::Invalid(Invalid::DomainName));
+        assert_eq!(
+            request(&[5, 1, 0, 3, 1, b' ', 0, 80]),
+            Parsed::Invalid(Invalid::DomainName)
+        );
         assert_eq!(request(&[5, 1, 0, 9, 0]), Parsed::Invalid(Invalid::AddressType));
         assert_eq!(Invalid::AddressType.reply(), Reply::AddressTypeNotSupported);
         assert_eq!(request(&[5, 1, 1, 1]), Parsed::Invalid(Invalid::Reserved));

@@ -17,8 +17,8 @@ use tokio::net::TcpStream;
 
 use proxyfleet_config::{ConnectProxy, TcpProxy, SOCKS5_PASSWORD_FILE, SOCKS5_USERNAME_FILE};
 
-use crate::connect::{allowed, dial, DialError};
 use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
+use crate::tunnel_target::{allowed, dial, DialError};
 use handshake::{Command, Credentials, Invalid, Parsed, Reply};
 
 /// The one user allowed in, read from the credentials directory.
