@@ -2,12 +2,13 @@
 //! by one watch; a watch that must wake a controller does so after the cache holds the change,
 //! so the reconcile it triggers reads what woke it.
 
-use futures::channel::mpsc::{unbounded, UnboundedReceiver};
+use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -16,18 +17,26 @@ use kube::{Client, Resource};
 use serde::de::DeserializeOwned;
 
 use crate::app::spec::AppRollout;
+use crate::cache_trim::Trim;
 use crate::context::Stores;
 use crate::crd::ProxyDeployment;
 use crate::labels;
 use crate::policy::spec::ProxyFleetPolicy;
 use crate::resources::OperatorSettings;
 
-/// What wakes the fleet controller besides its own watches.
+/// What wakes the controllers besides their own watches. Every one is sent after the cache
+/// holds the change that caused it, so the reconcile it triggers reads that change.
 pub struct Wake {
     /// Namespaces whose CA Secret or labels changed (every fleet there is woken).
     pub ca_namespaces: UnboundedReceiver<String>,
-    /// Fleets an AppRollout or an app track's Service names.
+    /// Fleets an owned object (Deployment, Service, Secret), an AppRollout or an app track's
+    /// Service points at. The caches' watches stand in for `Controller::owns`: one watch per
+    /// kind, not one per controller and kind.
     pub fleets: UnboundedReceiver<ObjectRef<ProxyDeployment>>,
+    /// AppRollouts whose Deployment or Service changed.
+    pub apps: UnboundedReceiver<ObjectRef<AppRollout>>,
+    /// Fleets an AppRollout names (a new bundle revision to propagate).
+    pub propagated: UnboundedReceiver<ObjectRef<ProxyDeployment>>,
     /// A member cluster Secret changed: every fleet (placements may select it).
     pub all_fleets: UnboundedReceiver<()>,
     /// A ProxyFleetPolicy changed: every fleet (the fleet controller enforces them).
@@ -43,16 +52,54 @@ pub struct Caches {
     pub task: crate::task::AbortOnDrop<()>,
 }
 
+/// The senders behind [`Wake`]'s owner wake-ups.
+#[derive(Clone)]
+struct Owners {
+    fleets: UnboundedSender<ObjectRef<ProxyDeployment>>,
+    apps: UnboundedSender<ObjectRef<AppRollout>>,
+}
+
+impl Owners {
+    /// Wakes whichever fleet or AppRollout controls `object` (what `Controller::owns` does).
+    fn wake<K: Resource>(&self, object: &K) {
+        if let Some(fleet) = controller_of::<ProxyDeployment>(object.meta()) {
+            let _ = self.fleets.unbounded_send(fleet);
+        }
+        if let Some(app) = controller_of::<AppRollout>(object.meta()) {
+            let _ = self.apps.unbounded_send(app);
+        }
+    }
+}
+
+/// The object of kind `O` that controls an object with metadata `meta`, if one does.
+pub fn controller_of<O: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> Option<ObjectRef<O>> {
+    let owner = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == O::kind(&()) && r.api_version == O::api_version(&()))?;
+    Some(ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?))
+}
+
 impl Caches {
     pub fn start(client: &Client, settings: &OperatorSettings) -> Self {
-        let (deployments, f1) = owned_store::<Deployment>(client, settings);
+        let (fleet_tx, fleets) = unbounded::<ObjectRef<ProxyDeployment>>();
+        let (app_tx, apps_woken) = unbounded::<ObjectRef<AppRollout>>();
+        let (propagated_tx, propagated) = unbounded::<ObjectRef<ProxyDeployment>>();
+        let owners = Owners {
+            fleets: fleet_tx.clone(),
+            apps: app_tx,
+        };
+        let deployment_owners = owners.clone();
+        let (deployments, f1) = owned_store_with(client, settings, move |d: &Deployment| deployment_owners.wake(d));
         let (config_maps, f2) = owned_store::<ConfigMap>(client, settings);
         // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
-        let (fleet_tx, fleets) = unbounded::<ObjectRef<ProxyDeployment>>();
-        let (apps, f8) = crate::app::controller::store(client, settings, fleet_tx.clone());
+        let (apps, f8) = crate::app::controller::store(client, settings, [fleet_tx.clone(), propagated_tx]);
         // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
         let app_store = apps.clone();
+        let service_owners = owners.clone();
         let (services, f3) = owned_store_with(client, settings, move |svc: &Service| {
+            service_owners.wake(svc);
             if let Some(fleet) = crate::app::controller::fleet_of_service(&app_store, svc) {
                 let _ = fleet_tx.unbounded_send(fleet);
             }
@@ -61,20 +108,7 @@ impl Caches {
         let (pdbs, f5) = owned_store::<PodDisruptionBudget>(client, settings);
         let (revisions, f7) = owned_store::<ControllerRevision>(client, settings);
         let (network_policies, f11) = owned_store::<NetworkPolicy>(client, settings);
-        // A namespace's CA Secret is shared by its fleets (no owner reference): any change to
-        // it (a rotation step, a rotation request) wakes every fleet of that namespace.
-        let (ca_tx, ca_namespaces) = unbounded::<String>();
-        let ca_tx_for_namespaces = ca_tx.clone();
-        let (secrets, f6) = owned_store_with(client, settings, move |secret: &Secret| {
-            if crate::certs::ca::is_ca_secret(secret) {
-                let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
-            }
-        });
-        // A namespace's labels choose its policies: a change wakes its fleets.
-        let ns_tx = ca_tx_for_namespaces;
-        let (namespaces, f9) = namespace_store(client, settings, move |ns| {
-            let _ = ns_tx.unbounded_send(ns.metadata.name.clone().unwrap_or_default());
-        });
+        let (ca_namespaces, (secrets, f6), (namespaces, f9)) = namespace_wide(client, settings, owners);
         let (all_tx, all_fleets) = unbounded::<()>();
         // A policy change may allow or refuse any fleet.
         let (policy_tx, policies_changed) = unbounded::<()>();
@@ -115,6 +149,8 @@ impl Caches {
             wake: Wake {
                 ca_namespaces,
                 fleets,
+                apps: apps_woken,
+                propagated,
                 all_fleets,
                 policies: policies_changed,
             },
@@ -141,6 +177,37 @@ impl Caches {
     }
 }
 
+/// The caches whose changes wake every fleet of a namespace, and the namespaces they name: a
+/// namespace's CA Secret is shared by its fleets (no owner reference), so any change to it (a
+/// rotation step, a rotation request) wakes them all; a namespace's labels choose its
+/// policies. The Secret cache also wakes the owners of the other Secrets.
+#[allow(clippy::type_complexity)]
+fn namespace_wide(
+    client: &Client,
+    settings: &OperatorSettings,
+    owners: Owners,
+) -> (
+    UnboundedReceiver<String>,
+    (Store<Secret>, impl std::future::Future<Output = ()>),
+    (
+        Store<PartialObjectMeta<Namespace>>,
+        impl std::future::Future<Output = ()>,
+    ),
+) {
+    let (ca_tx, ca_namespaces) = unbounded::<String>();
+    let ns_tx = ca_tx.clone();
+    let secrets = owned_store_with(client, settings, move |secret: &Secret| {
+        owners.wake(secret);
+        if crate::certs::ca::is_ca_secret(secret) {
+            let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
+        }
+    });
+    let namespaces = namespace_store(client, settings, move |ns| {
+        let _ = ns_tx.unbounded_send(ns.metadata.name.clone().unwrap_or_default());
+    });
+    (ca_namespaces, secrets, namespaces)
+}
+
 /// Member cluster Secrets (ours, and Argo CD's when the chart names its namespace); every
 /// change is sent to `tx`.
 fn cluster_secret_stores(
@@ -165,13 +232,16 @@ fn cluster_secret_stores(
         let tx = tx.clone();
         let api: Api<Secret> = Api::namespaced(client.clone(), &ns);
         watches.push(
-            reflector::reflector(writer, watcher(api, watcher::Config::default().labels(&selector)))
-                .default_backoff()
-                .touched_objects()
-                .for_each(move |_| {
-                    let _ = tx.unbounded_send(());
-                    futures::future::ready(())
-                }),
+            reflector::reflector(
+                writer,
+                watcher(api, watcher::Config::default().labels(&selector)).modify(Secret::trim),
+            )
+            .default_backoff()
+            .touched_objects()
+            .for_each(move |_| {
+                let _ = tx.unbounded_send(());
+                futures::future::ready(())
+            }),
         );
         stores.push(reader);
     }
@@ -179,20 +249,19 @@ fn cluster_secret_stores(
 }
 
 /// A cache of the objects `api` and `config` select, calling `on_touched` for each after the
-/// cache holds it; every cache here is one of these. `managedFields` are dropped before the
-/// cache keeps an object: nothing reads them, and they are often the larger part of its
-/// metadata (issue 24: the operator's memory at 1 000 fleets).
+/// cache holds it; every cache here is one of these. Objects are trimmed to what a reconcile
+/// reads before the cache keeps them ([`Trim`]).
 fn store_all<K>(
     api: Api<K>,
     config: watcher::Config,
     mut on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
     let (reader, writer) = reflector::store();
-    let stripped = watcher(api, config).modify(|o| o.meta_mut().managed_fields = None);
-    let stream = reflector::reflector(writer, stripped)
+    let trimmed = watcher(api, config).modify(K::trim);
+    let stream = reflector::reflector(writer, trimmed)
         .default_backoff()
         .touched_objects()
         .for_each(move |object| {
@@ -238,7 +307,8 @@ fn namespace_store(
 /// A cache of one owned kind, limited to objects we manage, kept by a background task.
 pub fn owned_store<K>(client: &Client, settings: &OperatorSettings) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    K: Trim
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
@@ -257,7 +327,8 @@ pub fn owned_store_with<K>(
     on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+    K: Trim
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
         + Clone
         + DeserializeOwned
         + std::fmt::Debug
@@ -269,4 +340,43 @@ where
         .labels(&labels::managed_selector())
         .any_semantic();
     store_all(settings.api(client), config, on_touched)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+
+    fn owned_by(kind: &str, api_version: &str, controller: bool) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("team-a".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "edge".into(),
+                uid: "u1".into(),
+                controller: Some(controller),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_controlling_owner_of_the_right_kind_is_woken() {
+        let meta = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", true);
+        assert_eq!(
+            controller_of::<ProxyDeployment>(&meta),
+            Some(ObjectRef::new("edge").within("team-a"))
+        );
+        assert_eq!(controller_of::<AppRollout>(&meta), None);
+    }
+
+    #[test]
+    fn owners_that_do_not_control_or_are_of_another_group_are_not() {
+        let not_controller = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", false);
+        assert_eq!(controller_of::<ProxyDeployment>(&not_controller), None);
+        let other_group = owned_by("ProxyDeployment", "example.com/v1", true);
+        assert_eq!(controller_of::<ProxyDeployment>(&other_group), None);
+    }
 }

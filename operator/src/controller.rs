@@ -5,7 +5,7 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
-use k8s_openapi::api::core::v1::{Secret, Service};
+use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
@@ -620,24 +620,31 @@ pub async fn run(
         apps,
         cluster_secrets,
     ));
-    let owned_cfg = watcher::Config::default().labels(&labels::managed_selector());
     let scope = ctx.settings.clone();
-    let controller = Controller::new(
+    let (fleets, changes) = crate::cache_trim::controller_input(
         scope.api::<ProxyDeployment>(&client),
         watcher::Config::default().any_semantic(),
     );
+    let controller = Controller::for_stream(changes, fleets);
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
     // They end with this future: a leader that lost its lease is aborted here and must not
     // leave the caches' watches or the other controllers running.
     let caches_task = task;
-    let mut others = Others::start(&client, &ctx, wake.all_fleets);
+    let mut others = Others::start(
+        &client,
+        &ctx,
+        OthersWake {
+            apps: wake.apps,
+            propagated: wake.propagated,
+            clusters_changed: wake.all_fleets,
+        },
+    );
+    // Owned objects wake their fleet through `wake.fleets` (the caches' watches), not through
+    // `owns` watches of their own.
     controller
         .reconcile_on(ca_changes)
         .reconcile_on(wake.fleets)
         .reconcile_all_on(wake.policies)
-        .owns(scope.api::<Deployment>(&client), owned_cfg.clone())
-        .owns(scope.api::<Service>(&client), owned_cfg.clone())
-        .owns(scope.api::<Secret>(&client), owned_cfg)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -652,6 +659,13 @@ pub async fn run(
     drop(caches_task);
 }
 
+/// What wakes the other controllers, from the shared caches.
+struct OthersWake {
+    apps: futures::channel::mpsc::UnboundedReceiver<ObjectRef<crate::app::spec::AppRollout>>,
+    propagated: futures::channel::mpsc::UnboundedReceiver<ObjectRef<ProxyDeployment>>,
+    clusters_changed: futures::channel::mpsc::UnboundedReceiver<()>,
+}
+
 /// The controllers beside the fleet controller, over the same caches and context: app
 /// rollouts, propagation to members, and the namespace CAs' rotation.
 struct Others {
@@ -660,11 +674,7 @@ struct Others {
 }
 
 impl Others {
-    fn start(
-        client: &Client,
-        ctx: &Arc<Context>,
-        clusters_changed: futures::channel::mpsc::UnboundedReceiver<()>,
-    ) -> Self {
+    fn start(client: &Client, ctx: &Arc<Context>, wake: OthersWake) -> Self {
         let mut out = Others {
             stop: Vec::new(),
             tasks: Vec::new(),
@@ -682,12 +692,13 @@ impl Others {
             AbortOnDrop(tokio::spawn(crate::app::controller::run(
                 client.clone(),
                 ctx.clone(),
+                wake.apps,
                 app,
             ))),
             AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
-                (scope.api::<ProxyDeployment>(client), scope.api(client)),
+                scope.api::<ProxyDeployment>(client),
                 ctx.clone(),
-                clusters_changed,
+                (wake.clusters_changed, wake.propagated),
                 propagation,
             ))),
             AbortOnDrop(tokio::spawn(crate::certs::controller::run(

@@ -8,6 +8,7 @@ pub mod admin;
 pub mod app;
 pub mod apply;
 pub mod backoff;
+pub mod cache_trim;
 pub mod caches;
 pub mod canary;
 pub mod certs;

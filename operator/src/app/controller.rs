@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use futures::channel::mpsc::UnboundedSender;
+use futures::channel::mpsc::{UnboundedReceiver, UnboundedSender};
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
+use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
@@ -16,48 +17,57 @@ use kube::{Client, ResourceExt};
 
 use super::reconcile::{error_policy, reconcile};
 use super::spec::AppRollout;
+use crate::cache_trim::Trim;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
-use crate::labels;
 
 /// A cache of every AppRollout, and the task keeping it; each change sends the fleet the
-/// rollout names (before and after an edit) to `fleets`, after the cache holds it.
+/// rollout names (before and after an edit) to each of `fleets`, after the cache holds it.
 pub fn store(
     client: &Client,
     settings: &crate::resources::OperatorSettings,
-    fleets: UnboundedSender<ObjectRef<ProxyDeployment>>,
+    fleets: [UnboundedSender<ObjectRef<ProxyDeployment>>; 2],
 ) -> (Store<AppRollout>, impl std::future::Future<Output = ()>) {
     let (reader, writer) = reflector::store();
     let api: Api<AppRollout> = settings.api(client);
-    let task = reflector::reflector(writer, watcher(api, watcher::Config::default()))
+    let trimmed = watcher(api, watcher::Config::default()).modify(AppRollout::trim);
+    let task = reflector::reflector(writer, trimmed)
         .default_backoff()
         .touched_objects()
         .for_each(move |ar| {
             if let Ok(ar) = ar {
                 let fleet = ObjectRef::new(&ar.spec.route.proxy_deployment).within(&ar.namespace().unwrap_or_default());
-                let _ = fleets.unbounded_send(fleet);
+                for tx in &fleets {
+                    let _ = tx.unbounded_send(fleet.clone());
+                }
             }
             futures::future::ready(())
         });
     (reader, task)
 }
 
-/// Runs the AppRollout controller until `stop` completes.
+/// Runs the AppRollout controller until `stop` completes. `owned_changed` carries the
+/// rollouts whose own Deployments or Services changed (from the shared caches' watches).
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
+    owned_changed: UnboundedReceiver<ObjectRef<AppRollout>>,
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
-    let owned = watcher::Config::default().labels(&labels::managed_selector());
     let apps = ctx.apps.clone();
     let s = &ctx.settings;
-    Controller::new(s.api::<AppRollout>(&client), watcher::Config::default())
-        .owns(s.api::<Deployment>(&client), owned.clone())
-        .owns(s.api::<Service>(&client), owned)
-        // A new template in the team's Deployment starts a rollout.
-        .watches(s.api::<Deployment>(&client), watcher::Config::default(), move |d| {
-            releasing(&apps, &d)
-        })
+    // A new template in the team's Deployment starts a rollout: its name is all that is read,
+    // so the watch asks for metadata only.
+    let team_deployments = watcher(
+        s.api::<PartialObjectMeta<Deployment>>(&client),
+        watcher::Config::default(),
+    )
+    .touched_objects();
+    let (rollouts, changes) =
+        crate::cache_trim::controller_input(s.api::<AppRollout>(&client), watcher::Config::default());
+    Controller::for_stream(changes, rollouts)
+        .reconcile_on(owned_changed)
+        .watches_stream(team_deployments, move |d| releasing(&apps, &d))
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -78,7 +88,7 @@ pub fn fleet_of_service(apps: &Store<AppRollout>, svc: &Service) -> Option<Objec
 }
 
 /// The AppRollouts whose workload is `d`.
-fn releasing(apps: &Store<AppRollout>, d: &Deployment) -> Vec<ObjectRef<AppRollout>> {
+fn releasing(apps: &Store<AppRollout>, d: &PartialObjectMeta<Deployment>) -> Vec<ObjectRef<AppRollout>> {
     let (name, namespace) = (d.name_any(), d.namespace());
     apps.state()
         .iter()

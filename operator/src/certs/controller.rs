@@ -41,7 +41,8 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let selector = format!("{}=true", ca::CA_LABEL);
-    Controller::new(api, watcher::Config::default().labels(&selector))
+    let (cas, changes) = crate::cache_trim::controller_input(api, watcher::Config::default().labels(&selector));
+    Controller::for_stream(changes, cas)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {

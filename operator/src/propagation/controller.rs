@@ -15,7 +15,6 @@ use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::reconcile::{self, Outcome};
-use crate::app::spec::AppRollout;
 use crate::conditions::PROPAGATED;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
@@ -143,22 +142,24 @@ fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> 
 }
 
 /// Runs until `stop` completes. `clusters_changed` fires when a member cluster Secret changes
-/// (every placement may select it); a change to a member's copy wakes its hub object.
+/// (every placement may select it); `apps_changed` names the fleet of an AppRollout that
+/// changed (its spec, or its status when its Deployment's template changed: a new bundle
+/// revision), from the shared AppRollout cache; a change to a member's copy wakes its hub
+/// object.
 pub async fn run(
-    (api, apps): (Api<ProxyDeployment>, Api<AppRollout>),
+    api: Api<ProxyDeployment>,
     ctx: Arc<Context>,
-    clusters_changed: impl futures::Stream<Item = ()> + Send + 'static,
+    (clusters_changed, apps_changed): (
+        impl futures::Stream<Item = ()> + Send + 'static,
+        impl futures::Stream<Item = ObjectRef<ProxyDeployment>> + Send + 'static,
+    ),
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let (wake, woken) = futures::channel::mpsc::channel(256);
     let _members = crate::task::AbortOnDrop(tokio::spawn(super::member_watch::run(ctx.clone(), wake)));
-    // A hub app's change (its spec, or its status when its Deployment's template changed) is a
-    // new revision for the fleet it names.
-    Controller::new(api, watcher::Config::default().any_semantic())
-        .watches(apps, watcher::Config::default().any_semantic(), |app| {
-            let namespace = app.metadata.namespace.clone()?;
-            Some(ObjectRef::new(&app.spec.route.proxy_deployment).within(&namespace))
-        })
+    let (fleets, changes) = crate::cache_trim::controller_input(api, watcher::Config::default().any_semantic());
+    Controller::for_stream(changes, fleets)
+        .reconcile_on(apps_changed)
         .reconcile_all_on(clusters_changed)
         .reconcile_on(woken)
         .graceful_shutdown_on(stop)

@@ -1,0 +1,153 @@
+//! What the caches keep of each object: what a reconcile reads, nothing more (issue 24: the
+//! operator's memory at 1 000 fleets). Every watch that fills a cache trims each object
+//! before the cache holds it.
+//!
+//! Never kept: `managedFields` (nothing reads them; often the larger part of the metadata) and
+//! kubectl's `last-applied-configuration` annotation (a second copy of the object). Per kind,
+//! beyond that:
+//! - ConfigMap: the data of the immutable ones (the rendered proxy configurations, named by
+//!   their hash) is dropped — the applier compares the desired hash annotation, never the
+//!   data; the others (the live weights) keep theirs (an app rollout compares its key before
+//!   writing).
+//! - ControllerRevision: `data` (a copy of the spec) is dropped — the history reads the
+//!   revision label and number; `kubectl proxyfleet history/rollback` read the API server.
+//! - Deployment, Service, Secret, ServiceAccount, PodDisruptionBudget, NetworkPolicy and the
+//!   custom resources are kept whole: the reconcile re-applies a kept Deployment's template,
+//!   renders Services' cluster IPs, reads certificates, and reads every spec.
+
+use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
+use k8s_openapi::api::networking::v1::NetworkPolicy;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::Api;
+use kube::core::PartialObjectMeta;
+use kube::runtime::reflector::{self, Store};
+use kube::runtime::{watcher, WatchStreamExt};
+use kube::Resource;
+use serde::de::DeserializeOwned;
+
+/// kubectl's client-side apply record: the whole object again, as an annotation.
+pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// Drops what no reconcile reads from an object about to be cached.
+pub trait Trim: Resource {
+    fn trim(&mut self) {
+        trim_meta(self);
+    }
+}
+
+fn trim_meta<K: Resource + ?Sized>(object: &mut K) {
+    let meta = object.meta_mut();
+    meta.managed_fields = None;
+    if let Some(a) = meta.annotations.as_mut() {
+        a.remove(LAST_APPLIED);
+    }
+}
+
+impl Trim for Deployment {}
+impl Trim for Service {}
+impl Trim for Secret {}
+impl Trim for ServiceAccount {}
+impl Trim for PodDisruptionBudget {}
+impl Trim for NetworkPolicy {}
+impl Trim for PartialObjectMeta<Namespace> {}
+impl Trim for crate::crd::ProxyDeployment {}
+impl Trim for crate::app::spec::AppRollout {}
+impl Trim for crate::policy::spec::ProxyFleetPolicy {}
+
+impl Trim for ConfigMap {
+    fn trim(&mut self) {
+        trim_meta(self);
+        if self.immutable == Some(true) {
+            self.data = None;
+            self.binary_data = None;
+        }
+    }
+}
+
+impl Trim for ControllerRevision {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.data = None;
+    }
+}
+
+/// The input of a controller of `K`: its own cache, trimmed like every other ([`Trim`]), and
+/// the stream of changes to reconcile (for `Controller::for_stream`).
+pub fn controller_input<K>(
+    api: Api<K>,
+    config: watcher::Config,
+) -> (
+    Store<K>,
+    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
+)
+where
+    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+{
+    let (reader, writer) = reflector::store();
+    let trimmed = watcher(api, config).modify(K::trim);
+    // No backoff here: the controller backs off its triggers itself.
+    let stream = reflector::reflector(writer, trimmed).applied_objects();
+    (reader, stream)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ManagedFieldsEntry, ObjectMeta};
+    use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
+
+    fn meta(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            managed_fields: Some(vec![ManagedFieldsEntry::default()]),
+            annotations: Some(
+                [
+                    (LAST_APPLIED.to_string(), "{}".to_string()),
+                    ("proxyfleet.io/desired-hash".to_string(), "h".to_string()),
+                ]
+                .into(),
+            ),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn immutable_config_maps_lose_their_data_the_others_keep_it() {
+        let data = Some([("proxy.yaml".to_string(), "x".to_string())].into());
+        let mut config = ConfigMap {
+            metadata: meta("edge-config-abc"),
+            data: data.clone(),
+            immutable: Some(true),
+            ..Default::default()
+        };
+        config.trim();
+        assert_eq!(config.data, None);
+        assert_eq!(config.metadata.managed_fields, None);
+        let annotations = config.metadata.annotations.unwrap_or_default();
+        assert!(!annotations.contains_key(LAST_APPLIED));
+        assert!(
+            annotations.contains_key("proxyfleet.io/desired-hash"),
+            "the applier reads it"
+        );
+
+        let mut weights = ConfigMap {
+            metadata: meta("edge-weights"),
+            data: data.clone(),
+            ..Default::default()
+        };
+        weights.trim();
+        assert_eq!(weights.data, data);
+    }
+
+    #[test]
+    fn revisions_keep_their_number_not_their_data() {
+        let mut cr = ControllerRevision {
+            metadata: meta("edge-abc"),
+            data: Some(RawExtension(serde_json::json!({"spec": {}}))),
+            revision: 3,
+        };
+        cr.trim();
+        assert_eq!((cr.data, cr.revision), (None, 3));
+    }
+}
