@@ -153,7 +153,8 @@ ok=$(jq '.ok' /tmp/app-load.json)
 [ "$failed" = 0 ] || fail "$failed failed requests during the healthy rollout"
 say "healthy rollout: $ok requests, 0 failed"
 # The plugin's verbs take approllout/NAME.
-"$PLUGIN" -n "$ns" get apr shop | grep -q "approllout/shop .*weight=0%" || fail "kubectl proxyfleet get apr"
+apr=$("$PLUGIN" -n "$ns" get apr shop) || fail "kubectl proxyfleet get apr failed"
+grep -q "approllout/shop .*weight=0%" <<<"$apr" || fail "kubectl proxyfleet get apr: $apr"
 "$PLUGIN" -n "$ns" status approllout/shop --timeout 30 >/dev/null || fail "kubectl proxyfleet status approllout/shop"
 
 say "3. v3 answering 20 % 500 → rolled back"

@@ -625,7 +625,8 @@ pub async fn run(
         scope.api::<ProxyDeployment>(&client),
         watcher::Config::default().any_semantic(),
     );
-    let controller = Controller::for_stream(changes, fleets);
+    let controller = Controller::for_stream(changes, fleets)
+        .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.reconcile_concurrency));
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
     // They end with this future: a leader that lost its lease is aborted here and must not
     // leave the caches' watches or the other controllers running.

@@ -52,6 +52,10 @@ struct Args {
     /// needs Roles there instead of ClusterRoles. Empty: every namespace.
     #[arg(long, env = "PROXYFLEET_WATCH_NAMESPACES", value_delimiter = ',', default_value = "")]
     watch_namespaces: Vec<String>,
+    /// Fleets reconciled at once (0: no limit). Every reconcile talks to the API server; a
+    /// bound keeps a burst of new fleets from opening a connection each.
+    #[arg(long, env = "PROXYFLEET_RECONCILE_CONCURRENCY", default_value_t = proxyfleet_operator::resources::DEFAULT_RECONCILE_CONCURRENCY)]
+    reconcile_concurrency: u16,
     /// Log format: json or text.
     #[arg(long, default_value = "json", env = "PROXYFLEET_LOG_FORMAT")]
     log_format: String,
@@ -81,6 +85,7 @@ fn settings_of(args: &Args) -> OperatorSettings {
         propagation_resync: args.propagation_resync.get(),
         propagation_cleanup_timeout: args.propagation_cleanup_timeout.get(),
         operator_namespace: args.lease_namespace.clone(),
+        reconcile_concurrency: args.reconcile_concurrency,
         ..Default::default()
     };
     if let Some(img) = &args.default_proxy_image {

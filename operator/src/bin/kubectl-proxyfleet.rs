@@ -369,6 +369,7 @@ async fn app_command(cli: &Cli) -> Option<ExitCode> {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    quiet_on_closed_stdout();
     let cli = Cli::parse();
     let api = match api(&cli.namespace).await {
         Ok(a) => a,
@@ -404,5 +405,15 @@ async fn main() -> ExitCode {
             eprintln!("{e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+/// A closed stdout (`kubectl proxyfleet get … | head`, `| grep -q`) ends the command quietly,
+/// as it ends other command-line tools, instead of a panic in `println!`.
+fn quiet_on_closed_stdout() {
+    // SAFETY: sets the process-wide disposition of SIGPIPE back to the default; no handler
+    // (no code that could run on a signal) is installed.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
     }
 }

@@ -33,6 +33,8 @@ pub struct OperatorSettings {
     pub watch_namespace: Option<String>,
     /// The operator's own namespace: its pods may reach the fleets' admin ports.
     pub operator_namespace: String,
+    /// Fleets reconciled at once (0: no limit).
+    pub reconcile_concurrency: u16,
 }
 
 impl OperatorSettings {
@@ -48,6 +50,9 @@ impl OperatorSettings {
     }
 }
 
+/// See docs/operator-footprint.md for the measurement behind it.
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 0;
+
 impl Default for OperatorSettings {
     fn default() -> Self {
         Self {
@@ -59,6 +64,7 @@ impl Default for OperatorSettings {
             propagation_cleanup_timeout: std::time::Duration::from_secs(300),
             watch_namespace: None,
             operator_namespace: "proxyfleet-system".into(),
+            reconcile_concurrency: DEFAULT_RECONCILE_CONCURRENCY,
         }
     }
 }
