@@ -4,6 +4,7 @@
 # time until all have reported status, and API writes of a quiet resync (should be 0).
 # The operator runs as a process (release build) against the cluster's kubeconfig.
 #   Usage: bench/operator-scale.sh [N]    (default 200; prints a Markdown table)
+#   PROXYFLEET_OPERATOR=path runs that binary instead of the release build.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/e2e/lib/testlib.sh"
@@ -14,9 +15,10 @@ kubectl apply -f "$root/crds/" >/dev/null
 kubectl -n proxyfleet-system scale deploy/proxyfleet-operator --replicas=0 >/dev/null 2>&1 || true
 kubectl delete ns pf-scale --ignore-not-found --wait=true >/dev/null
 kubectl create ns pf-scale >/dev/null
-"$CARGO_TARGET_DIR_RELEASE/proxyfleet-operator" --metrics-addr 127.0.0.1:18099 --log-format text >/tmp/operator-scale.log 2>&1 &
+"${PROXYFLEET_OPERATOR:-$CARGO_TARGET_DIR_RELEASE/proxyfleet-operator}" --metrics-addr 127.0.0.1:18099 --log-format text >/tmp/operator-scale.log 2>&1 &
 OP=$!
-trap 'kill $OP 2>/dev/null || true; kubectl delete ns pf-scale --wait=false >/dev/null 2>&1 || true' EXIT
+# KEEP=1 leaves the fleets in place (to measure an operator restarted over them).
+trap 'kill $OP 2>/dev/null || true; [ "${KEEP:-0}" = 1 ] || kubectl delete ns pf-scale --wait=false >/dev/null 2>&1 || true' EXIT
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' /proc/$OP/status; }
 writes() { curl -s 127.0.0.1:18099/metrics | awk '/^proxyfleet_operator_api_writes_total/ {s += $2} END {print s + 0}'; }
 sleep 5

@@ -51,7 +51,7 @@ impl OperatorSettings {
 }
 
 /// See docs/operator-footprint.md for the measurement behind it.
-pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 0;
+pub const DEFAULT_RECONCILE_CONCURRENCY: u16 = 16;
 
 impl Default for OperatorSettings {
     fn default() -> Self {
