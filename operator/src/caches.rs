@@ -72,7 +72,7 @@ impl Owners {
 }
 
 /// The object of kind `O` that controls an object with metadata `meta`, if one does.
-pub fn controller_of<O: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> Option<ObjectRef<O>> {
+fn controller_of<O: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> Option<ObjectRef<O>> {
     let owner = meta
         .owner_references
         .as_ref()?
