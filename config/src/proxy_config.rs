@@ -86,6 +86,9 @@ pub struct ListenerTls {
     /// Allow clients to resume sessions (tickets and a session cache). Default true.
     #[serde(default = "default_true")]
     pub session_resumption: bool,
+    /// HTTP/3 over QUIC on the same port number over UDP; off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http3: Option<crate::Http3>,
 }
 
 /// A certificate chain and its private key, on disk (e.g. a mounted Secret).

@@ -93,6 +93,15 @@ fn check_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
                     errors.push(err(format!("{f}.tls.certificates[{j}].keyFile"), "must not be empty"));
                 }
             }
+            if let Some(h) = &tls.http3 {
+                crate::http3::check_http3(&format!("{f}.tls.http3"), h, errors);
+                if h.zero_rtt && !tls.session_resumption {
+                    errors.push(err(
+                        format!("{f}.tls.http3.zeroRtt"),
+                        "0-RTT resumes a session: it needs sessionResumption",
+                    ));
+                }
+            }
         }
     }
     if config.admin.address.parse::<SocketAddr>().is_err() {

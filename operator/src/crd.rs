@@ -52,6 +52,7 @@ pub const GROUP: &str = "proxyfleet.io";
 #[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || !has(l.tcp.socks5) || (has(l.tcp.mode) && l.tcp.mode == 'socks5'))").message("spec.listeners[].tcp.socks5 needs tcp.mode socks5").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, (has(l.protocol) && l.protocol == 'TCP') == has(l.tcp))").message("spec.listeners[]: protocol TCP needs tcp (SNI routes or a defaultUpstream), and tcp needs protocol TCP").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.tcp) || ((!has(l.hostnames) || size(l.hostnames) == 0) && !has(l.clientCaSecret) && !has(l.httpsRedirect) && !has(l.accessLog)))").message("spec.listeners[]: a TCP listener relays bytes; hostnames, clientCaSecret, httpsRedirect and accessLog are for HTTP(S) listeners (name the SNI in tcp.routes[].serverNames)").field_path(".listeners"))]
+#[x_kube(validation = Rule::new("self.listeners.all(l, !has(l.http3) || !has(l.protocol) || l.protocol == 'HTTPS')").message("spec.listeners[].http3 is for HTTPS listeners (QUIC always carries TLS)").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.port == l.port))").message("spec.listeners[].port must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.listeners.all(l, self.listeners.exists_one(m, m.name == l.name))").message("spec.listeners[].name must be unique").field_path(".listeners"))]
 #[x_kube(validation = Rule::new("self.upstreams.all(u, self.upstreams.exists_one(v, v.name == u.name))").message("spec.upstreams[].name must be unique").field_path(".upstreams"))]
@@ -197,6 +198,17 @@ pub struct ListenerSpec {
     /// socks5`, targets checked by `spec.connect`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tcp: Option<proxyfleet_config::TcpProxy>,
+    /// HTTPS listeners: also serve HTTP/3 over QUIC on the same port number over UDP (the
+    /// Service gets a UDP port beside the TCP one) and advertise it with `Alt-Svc`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub http3: Option<proxyfleet_config::Http3>,
+}
+
+impl ListenerSpec {
+    /// The port clients reach on the Service.
+    pub fn service_port(&self) -> i32 {
+        self.service_port.unwrap_or(self.port)
+    }
 }
 
 #[derive(Serialize, Deserialize, Clone, Copy, Debug, Default, PartialEq, Eq, JsonSchema)]

@@ -62,6 +62,20 @@ pub struct ListenerLog {
 }
 
 impl ListenerLog {
+    /// The listener's access log, when it has one.
+    pub fn for_listener(
+        listener: &proxyfleet_config::Listener,
+        metrics: &crate::metrics::Metrics,
+    ) -> Option<Arc<Self>> {
+        let a = listener.access_log.as_ref()?;
+        Some(Arc::new(Self {
+            logger: AccessLogger::for_path(a.path.as_deref(), metrics.access_log_dropped.clone()),
+            listener: listener.name.as_str().into(),
+            sample_percent: a.sample_percent,
+            include_query: a.include_query,
+        }))
+    }
+
     /// Whether this request is sampled (errors are logged whatever the sample).
     pub fn sampled(&self) -> bool {
         self.sample_percent >= 100.0 || fastrand::f64() * 100.0 < self.sample_percent

@@ -16,10 +16,52 @@ pub struct BodyTooLarge {
     pub limit: u64,
 }
 
-/// The client's request body failed (malformed chunking, connection cut): the client's fault.
+/// The client's request body failed (malformed chunking, connection cut, a reset QUIC
+/// stream): the client's fault.
 #[derive(Debug, thiserror::Error)]
 #[error("reading the client's request body: {0}")]
-pub struct ClientBodyError(#[source] pub hyper::Error);
+pub struct ClientBodyError(#[source] pub Box<dyn std::error::Error + Send + Sync>);
+
+pin_project_lite::pin_project! {
+    #[project = RequestBodyProj]
+    /// A client's request body: from hyper (HTTP/1.1, HTTP/2) or from an HTTP/3 stream.
+    pub enum RequestBody {
+        Hyper { #[pin] inner: Incoming },
+        H3 { #[pin] inner: crate::http3::H3Body },
+    }
+}
+
+impl From<Incoming> for RequestBody {
+    fn from(inner: Incoming) -> Self {
+        Self::Hyper { inner }
+    }
+}
+
+impl Body for RequestBody {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        match self.project() {
+            RequestBodyProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
+            RequestBodyProj::H3 { inner } => inner.poll_frame(cx).map_err(Into::into),
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Self::Hyper { inner } => inner.is_end_stream(),
+            Self::H3 { inner } => inner.is_end_stream(),
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        match self {
+            Self::Hyper { inner } => inner.size_hint(),
+            Self::H3 { inner } => inner.size_hint(),
+        }
+    }
+}
 
 /// The client's request body sent nothing for `limits.clientBodyTimeout`.
 #[derive(Debug, thiserror::Error)]
@@ -41,14 +83,14 @@ pin_project_lite::pin_project! {
     /// counted against the body-size limit and timed between reads as it streams.
     pub enum UpstreamBody {
         Empty,
-        Streaming { #[pin] inner: Incoming, remaining: u64, rules: BodyRules, wait: crate::stall::Wait },
+        Streaming { #[pin] inner: RequestBody, remaining: u64, rules: BodyRules, wait: crate::stall::Wait },
         /// A small body read whole first (a mirrored request's: both copies send it).
         Buffered { data: Option<Bytes> },
     }
 }
 
 impl UpstreamBody {
-    pub fn streaming(inner: Incoming, rules: BodyRules) -> Self {
+    pub fn streaming(inner: RequestBody, rules: BodyRules) -> Self {
         Self::Streaming {
             inner,
             remaining: rules.max_bytes,

@@ -2,8 +2,8 @@
 
 use std::sync::Arc;
 
+use crate::body::RequestBody;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 
 use crate::body::{self, ClientBody};
@@ -29,7 +29,11 @@ fn dial_response(e: DialError) -> Response<ClientBody> {
 
 /// CONNECT: allowed by name, resolved and connected before the client gets its 200; the
 /// tunnel then holds the client's connection slot and closes after the idle timeout.
-pub async fn handle_connect(req: Request<Incoming>, shared: &Shared, client: Arc<ClientInfo>) -> Response<ClientBody> {
+pub async fn handle_connect(
+    req: Request<RequestBody>,
+    shared: &Shared,
+    client: Arc<ClientInfo>,
+) -> Response<ClientBody> {
     let state = shared.state.load_full();
     let Some(connect) = &state.config.connect else {
         return status(StatusCode::METHOD_NOT_ALLOWED, "CONNECT is not enabled\n");

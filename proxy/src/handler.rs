@@ -13,7 +13,7 @@ use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::access_log::{Destination, ListenerLog, LogWanted, PendingLog, RequestFacts};
-use crate::body::{self, ClientBody, UpstreamBody};
+use crate::body::{self, ClientBody, RequestBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
@@ -31,7 +31,7 @@ fn is_idempotent(m: &Method) -> bool {
 }
 
 pub async fn handle(
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     shared: Arc<Shared>,
     client: Arc<ClientInfo>,
 ) -> Result<Response<ClientBody>, Infallible> {
@@ -92,7 +92,7 @@ fn ensure_request_id(headers: &mut HeaderMap) -> HeaderValue {
 /// A request on a listener with an access log: its line is written when the response body
 /// is done, for sampled requests and for every 5xx.
 async fn logged(
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     shared: &Shared,
     state: &Arc<ProxyState>,
     client: Arc<ClientInfo>,
@@ -119,7 +119,7 @@ async fn logged(
 
 /// Request filter, routing, then the routed phases.
 async fn handle_request(
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     shared: &Shared,
     state: &Arc<ProxyState>,
     client: Arc<ClientInfo>,
@@ -177,7 +177,10 @@ struct RequestContext<'a> {
 }
 
 /// Checks before routing: body size, request target, Host rules; normalises the path.
-fn request_filter(req: &mut Request<Incoming>, limits: &proxyfleet_config::Limits) -> Result<(), Response<ClientBody>> {
+fn request_filter(
+    req: &mut Request<RequestBody>,
+    limits: &proxyfleet_config::Limits,
+) -> Result<(), Response<ClientBody>> {
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
         match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
             Some(n) if n > limits.max_request_body_bytes => {
@@ -255,7 +258,7 @@ fn host_problem<B>(req: &Request<B>) -> Option<&'static str> {
 async fn routed(
     shared: &Shared,
     route: &CompiledRoute,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     ctx: RequestContext<'_>,
 ) -> Response<ClientBody> {
     let RequestContext {
@@ -343,7 +346,7 @@ fn finish(
 async fn mirrored(
     mirror: &crate::mirror::CompiledMirror,
     parts: &http::request::Parts,
-    incoming: Incoming,
+    incoming: RequestBody,
     body_rules: body::BodyRules,
 ) -> Result<UpstreamBody, Response<ClientBody>> {
     use http_body_util::BodyExt;
@@ -381,7 +384,7 @@ enum Attempt {
 
 async fn forward(
     target: Target<'_>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &ClientInfo,
     trusted: &[proxyfleet_config::Cidr],
     body_rules: body::BodyRules,
@@ -402,7 +405,7 @@ async fn forward(
 /// The first attempt and any retries.
 async fn attempts(
     target: Target<'_>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &ClientInfo,
     trusted: &[proxyfleet_config::Cidr],
     body_rules: body::BodyRules,

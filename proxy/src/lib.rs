@@ -20,6 +20,7 @@ mod first_byte;
 mod forwarding;
 pub mod grpc;
 pub mod handler;
+pub mod http3;
 pub mod http_rules;
 pub mod jwt;
 pub mod live_weights;

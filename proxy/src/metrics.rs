@@ -239,6 +239,12 @@ pub struct Metrics {
     pub upstream_handshakes: Family<HandshakeLabels, Counter>,
     pub upstream_requests: Family<PoolLabels, Counter>,
     pub client_handshakes: Family<ClientHandshakeLabels, Counter>,
+    /// HTTP/3 client connections by kind: `accepted`, `failed` (handshake), `refused`
+    /// (connection limits).
+    pub quic_connections: Family<ClientHandshakeLabels, Counter>,
+    /// HTTP/3 requests that arrived before the handshake completed (0-RTT early data), by
+    /// kind: `served` at once (replay-safe), `waited` for the handshake.
+    pub quic_early_requests: Family<ClientHandshakeLabels, Counter>,
     pub active_connections: Family<ListenerLabels, Gauge>,
     pub reloads: Family<ResultLabels, Counter>,
     pub certificate_not_after: Family<CertLabels, Gauge>,
@@ -393,6 +399,16 @@ impl Metrics {
                 &mut registry,
                 "client_tls_handshakes",
                 "Client TLS handshakes by kind (full, resumed or failed)",
+            ),
+            quic_connections: register(
+                &mut registry,
+                "quic_connections",
+                "HTTP/3 (QUIC) client connections by kind (accepted, failed or refused)",
+            ),
+            quic_early_requests: register(
+                &mut registry,
+                "quic_early_requests",
+                "HTTP/3 requests received as 0-RTT early data, by kind (served at once, or waited for the handshake)",
             ),
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
             reloads: register(

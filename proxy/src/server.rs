@@ -158,6 +158,18 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
                 source,
             })?,
         );
+        if let Some(endpoint) = bind_quic(l, &tcp, &shared)? {
+            let (l, shared, graceful, limit, stop) = (
+                l.clone(),
+                shared.clone(),
+                graceful.clone(),
+                conn_limit.clone(),
+                stop_accepting_rx.clone(),
+            );
+            accept_tasks.push(tokio::spawn(async move {
+                crate::http3::serve(&l, endpoint, shared, graceful, limit, stop).await
+            }));
+        }
         accept_tasks.push(tokio::spawn(accept_loop(
             l.clone(),
             tcp,
@@ -184,6 +196,20 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         shutdown_tx,
         done,
     })
+}
+
+/// The QUIC endpoint of a listener with `tls.http3`: UDP, on the TCP listener's own address.
+fn bind_quic(l: &Listener, tcp: &TcpListener, shared: &Shared) -> Result<Option<quinn::Endpoint>, ServerError> {
+    let Some((config, ..)) = shared.state.load().listener_quic.get(&l.name).cloned() else {
+        return Ok(None);
+    };
+    let failed = |source| ServerError::Bind {
+        what: format!("listener {} (HTTP/3, UDP)", l.name),
+        address: l.address.clone(),
+        source,
+    };
+    let address = tcp.local_addr().map_err(failed)?;
+    crate::http3::bind(address, &config).map(Some).map_err(failed)
 }
 
 fn bind(address: &str) -> std::io::Result<TcpListener> {
@@ -247,10 +273,12 @@ struct ListenerContext {
     handshakes: [prometheus_client::metrics::counter::Counter; 3],
     access_log: Option<Arc<crate::access_log::ListenerLog>>,
     https_redirect: Option<proxyfleet_config::HttpsRedirect>,
+    /// `Alt-Svc` advertising HTTP/3, added to every response when `tls.http3` advertises.
+    alt_svc: Option<http::HeaderValue>,
 }
 
 impl ListenerContext {
-    fn new(listener: &Listener, shared: Arc<Shared>) -> Self {
+    fn new(listener: &Listener, shared: Arc<Shared>, port: u16) -> Self {
         let active = shared
             .metrics
             .active_connections
@@ -270,17 +298,7 @@ impl ListenerContext {
         };
         let handshakes = [hs("full"), hs("resumed"), hs("failed")];
         let limits = shared.state.load().config.limits.clone();
-        let access_log = listener.access_log.as_ref().map(|a| {
-            Arc::new(crate::access_log::ListenerLog {
-                logger: crate::access_log::AccessLogger::for_path(
-                    a.path.as_deref(),
-                    shared.metrics.access_log_dropped.clone(),
-                ),
-                listener: listener.name.as_str().into(),
-                sample_percent: a.sample_percent,
-                include_query: a.include_query,
-            })
-        });
+        let access_log = crate::access_log::ListenerLog::for_listener(listener, &shared.metrics);
         Self {
             builder: ConnectionBuilders::new(&limits),
             name: listener.name.clone(),
@@ -291,6 +309,12 @@ impl ListenerContext {
             handshakes,
             access_log,
             https_redirect: listener.https_redirect.clone(),
+            alt_svc: listener
+                .tls
+                .as_ref()
+                .and_then(|t| t.http3.as_ref())
+                .filter(|h| h.advertises())
+                .and_then(|h| http::HeaderValue::from_str(&h.alt_svc(port)).ok()),
             shared,
         }
     }
@@ -316,9 +340,11 @@ impl ListenerContext {
            + 'static {
         let shared = self.shared.clone();
         let redirect = self.https_redirect.clone();
-        hyper::service::service_fn(move |req| {
+        let alt_svc = self.alt_svc.clone();
+        hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
             let in_flight = budget.count();
             let (shared, client, redirect) = (shared.clone(), client.clone(), redirect.clone());
+            let alt_svc = alt_svc.clone();
             async move {
                 let _in_flight = in_flight;
                 match redirect {
@@ -327,7 +353,13 @@ impl ListenerContext {
                         .acme
                         .answer(&req)
                         .unwrap_or_else(|| crate::redirect::https_redirect(&req, &r))),
-                    None => handler::handle(req, shared, client).await,
+                    None => {
+                        let mut resp = handler::handle(req.map(Into::into), shared, client).await?;
+                        if let Some(v) = alt_svc {
+                            resp.headers_mut().entry(http::header::ALT_SVC).or_insert(v);
+                        }
+                        Ok(resp)
+                    }
                 }
             }
         })
@@ -407,7 +439,8 @@ async fn accept_loop(
     conn_limit: Arc<Semaphore>,
     mut stop_accepting: watch::Receiver<bool>,
 ) {
-    let ctx = Arc::new(ListenerContext::new(&listener, shared));
+    let port = tcp.local_addr().map_or(0, |a| a.port());
+    let ctx = Arc::new(ListenerContext::new(&listener, shared, port));
     loop {
         let Ok(permit) = conn_limit.clone().acquire_owned().await else {
             return;

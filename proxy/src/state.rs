@@ -33,6 +33,8 @@ pub enum StateError {
     TrustBundle(TlsError),
     #[error(transparent)]
     TcpListener(#[from] crate::tcp_service::TcpServiceError),
+    #[error(transparent)]
+    Quic(#[from] crate::http3::QuicConfigError),
 }
 
 pub struct ProxyState {
@@ -41,6 +43,9 @@ pub struct ProxyState {
     pub upstreams: HashMap<String, Arc<UpstreamCluster>>,
     /// Current TLS config of each TLS listener, by listener name, with its certificates.
     pub listener_tls: ListenerTlsMap,
+    /// The QUIC config of each listener with `tls.http3`, its certificates, and whether it
+    /// takes 0-RTT.
+    pub listener_quic: ListenerQuicMap,
     /// `forwarding.trustedProxies`, parsed.
     pub trusted_proxies: Vec<proxyfleet_config::Cidr>,
     /// `tracing`: trace context and span export.
@@ -180,8 +185,24 @@ fn listeners_tls(
     Ok((listener_tls, certificates))
 }
 
+/// The QUIC config of every listener with `tls.http3`, from its TLS config.
+fn listeners_quic(config: &ProxyConfig, tls: &ListenerTlsMap) -> Result<ListenerQuicMap, StateError> {
+    let mut out = HashMap::new();
+    for l in &config.listeners {
+        let (Some(h3), Some((server, certs))) = (l.tls.as_ref().and_then(|t| t.http3.as_ref()), tls.get(&l.name))
+        else {
+            continue;
+        };
+        let quic = crate::http3::quic_server_config(&l.name, server, h3)?;
+        out.insert(l.name.clone(), (quic, certs.clone(), h3.zero_rtt));
+    }
+    Ok(out)
+}
+
 /// TLS listeners by name: the server config and the certificates it selects from.
 type ListenerTlsMap = HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>;
+/// HTTP/3 listeners by name: the QUIC config, its certificates, and whether 0-RTT is on.
+type ListenerQuicMap = HashMap<String, (Arc<quinn::ServerConfig>, Arc<SniCertificates>, bool)>;
 
 impl ProxyState {
     pub fn build(
@@ -191,6 +212,7 @@ impl ProxyState {
         resumption: &HashMap<String, Arc<ServerResumption>>,
     ) -> Result<Self, StateError> {
         let (listener_tls, certificates) = listeners_tls(&config, resumption, metrics)?;
+        let listener_quic = listeners_quic(&config, &listener_tls)?;
 
         let mut upstreams = HashMap::new();
         for u in &config.upstreams {
@@ -233,6 +255,7 @@ impl ProxyState {
             routes,
             upstreams,
             listener_tls,
+            listener_quic,
             certificates,
             trust_bundle_sha256,
             tcp_listeners,

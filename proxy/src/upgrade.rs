@@ -7,9 +7,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::io::{AsyncRead, AsyncWrite};
 
@@ -22,7 +22,7 @@ use crate::upstream::UpstreamCluster;
 /// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
 pub async fn tunnel(
     target: Target<'_>,
-    mut req: Request<Incoming>,
+    mut req: Request<RequestBody>,
     client: Arc<ClientInfo>,
     trusted: &[proxyfleet_config::Cidr],
     started: Instant,
@@ -97,7 +97,7 @@ fn websocket_key() -> HeaderValue {
 /// added, then the upgrade asked for again.
 fn upstream_request(
     target: Target<'_>,
-    req: Request<Incoming>,
+    req: Request<RequestBody>,
     client: &ClientInfo,
     trusted: &[proxyfleet_config::Cidr],
     endpoint: &http::uri::Authority,

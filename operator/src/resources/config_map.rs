@@ -119,6 +119,11 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
                     .as_ref()
                     .map(|_| format!("{CLIENT_CA_DIR}/{}/ca.crt", l.name)),
                 session_resumption: true,
+                // Alt-Svc names the port clients reach: the Service's.
+                http3: l.http3.clone().map(|h| proxyfleet_config::Http3 {
+                    advertised_port: h.advertised_port.or(u16::try_from(l.service_port()).ok()),
+                    ..h
+                }),
             }),
             https_redirect: l.https_redirect.clone(),
             // Lines go to the pod's standard output (`kubectl logs`), never to a file a

@@ -246,6 +246,16 @@ fn proxy_container(
             ..Default::default()
         })
         .collect();
+    ports.extend(
+        spec.listeners
+            .iter()
+            .filter(|l| l.http3.is_some())
+            .map(|l| ContainerPort {
+                container_port: l.port,
+                protocol: Some("UDP".into()),
+                ..Default::default()
+            }),
+    );
     ports.push(ContainerPort {
         name: Some("admin".into()),
         container_port: ADMIN_PORT,

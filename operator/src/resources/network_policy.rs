@@ -26,6 +26,13 @@ fn tcp(port: i32) -> NetworkPolicyPort {
     }
 }
 
+fn udp(port: i32) -> NetworkPolicyPort {
+    NetworkPolicyPort {
+        protocol: Some("UDP".into()),
+        ..tcp(port)
+    }
+}
+
 fn namespaces(labels: &[(&str, &str)]) -> NetworkPolicyPeer {
     NetworkPolicyPeer {
         namespace_selector: Some(LabelSelector {
@@ -39,7 +46,13 @@ fn namespaces(labels: &[(&str, &str)]) -> NetworkPolicyPeer {
 pub fn desired_network_policy(owner: &Owner, spec: &ProxyDeploymentSpec, operator_namespace: &str) -> NetworkPolicy {
     let listeners = NetworkPolicyIngressRule {
         from: None,
-        ports: Some(spec.listeners.iter().map(|l| tcp(l.port)).collect()),
+        ports: Some(
+            spec.listeners
+                .iter()
+                .map(|l| tcp(l.port))
+                .chain(spec.listeners.iter().filter(|l| l.http3.is_some()).map(|l| udp(l.port)))
+                .collect(),
+        ),
     };
     let admin = NetworkPolicyIngressRule {
         from: Some(vec![

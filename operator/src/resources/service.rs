@@ -21,6 +21,20 @@ fn ports(spec: &ProxyDeploymentSpec, with_admin: bool) -> Vec<ServicePort> {
             ..Default::default()
         })
         .collect();
+    // HTTP/3: the same port number over UDP, to the container's UDP port (unnamed: container
+    // port names are at most 15 characters and must be unique).
+    ports.extend(
+        spec.listeners
+            .iter()
+            .filter(|l| l.http3.is_some())
+            .map(|l| ServicePort {
+                name: Some(format!("{}-h3", l.name)),
+                port: l.service_port(),
+                target_port: Some(IntOrString::Int(l.port)),
+                protocol: Some("UDP".into()),
+                ..Default::default()
+            }),
+    );
     if with_admin {
         ports.push(ServicePort {
             name: Some("admin".into()),
@@ -89,5 +103,28 @@ mod tests {
         let p = &spec.ports.unwrap()[0];
         assert_eq!(p.port, 443);
         assert_eq!(p.target_port, Some(IntOrString::String("https".into())));
+    }
+
+    #[test]
+    fn http3_adds_the_same_port_over_udp_everywhere_it_is_reached() {
+        let mut pxd = basic();
+        pxd.spec.listeners[0].http3 = Some(Default::default());
+        let owner = Owner::of(&pxd).unwrap();
+        let ports = desired_service(&owner, &pxd.spec).spec.unwrap().ports.unwrap();
+        let udp: Vec<_> = ports.iter().filter(|p| p.protocol.as_deref() == Some("UDP")).collect();
+        assert_eq!(udp.len(), 1);
+        assert_eq!(
+            (udp[0].name.as_deref(), udp[0].port, udp[0].target_port.clone()),
+            (Some("https-h3"), 443, Some(IntOrString::Int(8443)))
+        );
+        let np = crate::resources::network_policy::desired_network_policy(&owner, &pxd.spec, "ops");
+        let rule = &np.spec.unwrap().ingress.unwrap()[0];
+        let udp_allowed = rule.ports.iter().flatten().any(|p| p.protocol.as_deref() == Some("UDP"));
+        assert!(udp_allowed, "the NetworkPolicy lets QUIC in");
+        // Alt-Svc names the Service port, not the container port.
+        let config = crate::resources::config_map::render_proxy_config(&pxd.spec, true);
+        let h3 = config.listeners[0].tls.as_ref().unwrap().http3.as_ref().unwrap();
+        assert_eq!(h3.advertised_port, Some(443));
+        proxyfleet_config::validate(&config).unwrap();
     }
 }
