@@ -175,6 +175,26 @@ fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>,
     )
 }
 
+type QuicFamilies = (
+    Family<ClientHandshakeLabels, Counter>,
+    Family<ClientHandshakeLabels, Counter>,
+);
+
+fn register_quic(registry: &mut Registry) -> QuicFamilies {
+    (
+        register(
+            registry,
+            "quic_connections",
+            "HTTP/3 (QUIC) client connections by kind (accepted, failed or refused)",
+        ),
+        register(
+            registry,
+            "quic_early_requests",
+            "HTTP/3 requests received as 0-RTT early data, by kind (served at once, or waited for the handshake)",
+        ),
+    )
+}
+
 fn register_guards(registry: &mut Registry) -> (Counter, Counter, Family<RefusalLabels, Counter>, Counter, Counter) {
     (
         register(
@@ -373,6 +393,7 @@ impl Metrics {
         let (malformed_requests, access_log_dropped, refused_connections, misdirected_requests, spans_dropped) =
             register_guards(&mut registry);
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
+        let (quic_connections, quic_early_requests) = register_quic(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -400,16 +421,8 @@ impl Metrics {
                 "client_tls_handshakes",
                 "Client TLS handshakes by kind (full, resumed or failed)",
             ),
-            quic_connections: register(
-                &mut registry,
-                "quic_connections",
-                "HTTP/3 (QUIC) client connections by kind (accepted, failed or refused)",
-            ),
-            quic_early_requests: register(
-                &mut registry,
-                "quic_early_requests",
-                "HTTP/3 requests received as 0-RTT early data, by kind (served at once, or waited for the handshake)",
-            ),
+            quic_connections,
+            quic_early_requests,
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
             reloads: register(
                 &mut registry,

@@ -145,39 +145,9 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     let mut listener_addrs = HashMap::new();
     let mut accept_tasks = Vec::new();
     for l in &config.listeners {
-        let tcp = bind(&l.address).map_err(|source| ServerError::Bind {
-            what: format!("listener {}", l.name),
-            address: l.address.clone(),
-            source,
-        })?;
-        listener_addrs.insert(
-            l.name.clone(),
-            tcp.local_addr().map_err(|source| ServerError::Bind {
-                what: l.name.clone(),
-                address: l.address.clone(),
-                source,
-            })?,
-        );
-        if let Some(endpoint) = bind_quic(l, &tcp, &shared)? {
-            let (l, shared, graceful, limit, stop) = (
-                l.clone(),
-                shared.clone(),
-                graceful.clone(),
-                conn_limit.clone(),
-                stop_accepting_rx.clone(),
-            );
-            accept_tasks.push(tokio::spawn(async move {
-                crate::http3::serve(&l, endpoint, shared, graceful, limit, stop).await
-            }));
-        }
-        accept_tasks.push(tokio::spawn(accept_loop(
-            l.clone(),
-            tcp,
-            shared.clone(),
-            graceful.clone(),
-            conn_limit.clone(),
-            stop_accepting_rx.clone(),
-        )));
+        let (addr, tasks) = start_listener(l, &shared, &graceful, &conn_limit, &stop_accepting_rx)?;
+        listener_addrs.insert(l.name.clone(), addr);
+        accept_tasks.extend(tasks);
     }
     crate::reload::spawn_watch(shared.clone());
 
@@ -196,6 +166,49 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         shutdown_tx,
         done,
     })
+}
+
+/// Binds one listener (TCP, and UDP for HTTP/3) and starts accepting; returns its address
+/// and its accept tasks.
+fn start_listener(
+    l: &Listener,
+    shared: &Arc<Shared>,
+    graceful: &Arc<crate::connection_life::Drain>,
+    conn_limit: &Arc<Semaphore>,
+    stop_accepting_rx: &watch::Receiver<bool>,
+) -> Result<(SocketAddr, Vec<tokio::task::JoinHandle<()>>), ServerError> {
+    let mut accept_tasks = Vec::new();
+    let tcp = bind(&l.address).map_err(|source| ServerError::Bind {
+        what: format!("listener {}", l.name),
+        address: l.address.clone(),
+        source,
+    })?;
+    let addr = tcp.local_addr().map_err(|source| ServerError::Bind {
+        what: l.name.clone(),
+        address: l.address.clone(),
+        source,
+    })?;
+    if let Some(endpoint) = bind_quic(l, &tcp, shared)? {
+        let (l, shared, graceful, limit, stop) = (
+            l.clone(),
+            shared.clone(),
+            graceful.clone(),
+            conn_limit.clone(),
+            stop_accepting_rx.clone(),
+        );
+        accept_tasks.push(tokio::spawn(async move {
+            crate::http3::serve(&l, endpoint, shared, graceful, limit, stop).await
+        }));
+    }
+    accept_tasks.push(tokio::spawn(accept_loop(
+        l.clone(),
+        tcp,
+        shared.clone(),
+        graceful.clone(),
+        conn_limit.clone(),
+        stop_accepting_rx.clone(),
+    )));
+    Ok((addr, accept_tasks))
 }
 
 /// The QUIC endpoint of a listener with `tls.http3`: UDP, on the TCP listener's own address.

@@ -119,7 +119,11 @@ mod tests {
         );
         let np = crate::resources::network_policy::desired_network_policy(&owner, &pxd.spec, "ops");
         let rule = &np.spec.unwrap().ingress.unwrap()[0];
-        let udp_allowed = rule.ports.iter().flatten().any(|p| p.protocol.as_deref() == Some("UDP"));
+        let udp_allowed = rule
+            .ports
+            .iter()
+            .flatten()
+            .any(|p| p.protocol.as_deref() == Some("UDP"));
         assert!(udp_allowed, "the NetworkPolicy lets QUIC in");
         // Alt-Svc names the Service port, not the container port.
         let config = crate::resources::config_map::render_proxy_config(&pxd.spec, true);

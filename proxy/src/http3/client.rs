@@ -92,8 +92,30 @@ impl Client {
 
     /// Sends a request with its body and reads the whole response.
     pub async fn request(&mut self, req: Request<Bytes>) -> Result<Reply, ClientError> {
+        self.sender().request(req).await
+    }
+
+    /// A handle that sends requests on this connection, concurrently with others.
+    pub fn sender(&self) -> Sender {
+        Sender(self.send.clone())
+    }
+
+    /// Closes the connection (H3_NO_ERROR).
+    pub fn close(self) {
+        self.connection.close(quinn::VarInt::from_u32(0x100), b"");
+        self.driver.abort();
+    }
+}
+
+/// Sends requests on one connection; clones share it.
+#[derive(Clone)]
+pub struct Sender(h3::client::SendRequest<h3_quinn::OpenStreams, Bytes>);
+
+impl Sender {
+    /// Sends a request with its body and reads the whole response.
+    pub async fn request(&mut self, req: Request<Bytes>) -> Result<Reply, ClientError> {
         let (parts, body) = req.into_parts();
-        let mut stream = self.send.send_request(Request::from_parts(parts, ())).await?;
+        let mut stream = self.0.send_request(Request::from_parts(parts, ())).await?;
         if !body.is_empty() {
             stream.send_data(body).await?;
         }
@@ -110,11 +132,5 @@ impl Client {
             body: data.freeze(),
             trailers,
         })
-    }
-
-    /// Closes the connection (H3_NO_ERROR).
-    pub fn close(self) {
-        self.connection.close(quinn::VarInt::from_u32(0x100), b"");
-        self.driver.abort();
     }
 }
