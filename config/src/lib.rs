@@ -4,6 +4,7 @@ mod acme_challenges;
 mod admin_report;
 mod duration;
 mod field;
+mod grpc_transcoding;
 mod http3;
 mod http_rules;
 mod live_weights;
@@ -24,6 +25,7 @@ pub use acme_challenges::{
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
 pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
 pub use field::FieldError;
+pub use grpc_transcoding::{GrpcTranscoding, DESCRIPTOR_SET_KEY};
 pub use http3::{Http3, HTTP3_DEFAULT_IDLE_TIMEOUT};
 pub use http_rules::{
     AccessLog, Cidr, Forwarding, HeaderOps, HeaderRules, HeaderValueRule, HttpsRedirect, Rewrite, TraceSettings,

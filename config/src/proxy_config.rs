@@ -164,6 +164,9 @@ pub struct Route {
     /// CORS: preflights answered by the proxy, response headers for allowed origins.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub cors: Option<crate::Cors>,
+    /// Serve the upstream's gRPC methods as HTTP/JSON by their `google.api.http` rules.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub grpc_transcoding: Option<crate::GrpcTranscoding>,
     /// An upgraded (WebSocket) connection with no byte either way for this long is closed.
     /// Default 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]

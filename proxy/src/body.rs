@@ -28,6 +28,8 @@ pin_project_lite::pin_project! {
     pub enum RequestBody {
         Hyper { #[pin] inner: Incoming },
         H3 { #[pin] inner: crate::http3::H3Body },
+        /// A body the proxy made (a transcoded gRPC request).
+        Full { data: Option<Bytes> },
     }
 }
 
@@ -45,6 +47,7 @@ impl Body for RequestBody {
         match self.project() {
             RequestBodyProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
             RequestBodyProj::H3 { inner } => inner.poll_frame(cx).map_err(Into::into),
+            RequestBodyProj::Full { data } => Poll::Ready(data.take().map(|d| Ok(Frame::data(d)))),
         }
     }
 
@@ -52,6 +55,7 @@ impl Body for RequestBody {
         match self {
             Self::Hyper { inner } => inner.is_end_stream(),
             Self::H3 { inner } => inner.is_end_stream(),
+            Self::Full { data } => data.is_none(),
         }
     }
 
@@ -59,6 +63,7 @@ impl Body for RequestBody {
         match self {
             Self::Hyper { inner } => inner.size_hint(),
             Self::H3 { inner } => inner.size_hint(),
+            Self::Full { data } => SizeHint::with_exact(data.as_ref().map_or(0, |d| d.len() as u64)),
         }
     }
 }
@@ -160,6 +165,8 @@ pin_project_lite::pin_project! {
         Upstream { #[pin] inner: Incoming },
         Own { #[pin] inner: http_body_util::Full<Bytes> },
         Logged { inner: Pin<Box<ClientBody>>, log: crate::access_log::PendingLog },
+        /// Parts made as they go (a transcoded server stream's JSON lines).
+        Channel { rx: tokio::sync::mpsc::Receiver<Bytes> },
     }
 }
 
@@ -177,6 +184,7 @@ impl Body for ClientBody {
         match self.project() {
             ClientBodyProj::Upstream { inner } => inner.poll_frame(cx),
             ClientBodyProj::Own { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
+            ClientBodyProj::Channel { rx } => rx.poll_recv(cx).map(|d| d.map(|d| Ok(Frame::data(d)))),
             ClientBodyProj::Logged { inner, log } => {
                 let polled = inner.as_mut().poll_frame(cx);
                 if let Poll::Ready(Some(Ok(frame))) = &polled {
@@ -194,6 +202,7 @@ impl Body for ClientBody {
             Self::Upstream { inner } => inner.is_end_stream(),
             Self::Own { inner } => inner.is_end_stream(),
             Self::Logged { inner, .. } => inner.is_end_stream(),
+            Self::Channel { .. } => false,
         }
     }
 
@@ -202,6 +211,7 @@ impl Body for ClientBody {
             Self::Upstream { inner } => inner.size_hint(),
             Self::Own { inner } => inner.size_hint(),
             Self::Logged { inner, .. } => inner.size_hint(),
+            Self::Channel { .. } => SizeHint::default(),
         }
     }
 }

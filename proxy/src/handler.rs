@@ -302,6 +302,14 @@ async fn routed(
     let target = Target { route, backend };
     let mut resp = if is_websocket_upgrade(&req) {
         crate::upgrade::tunnel(target, req, client, trusted, upstream_started).await
+    } else if let Some(t) = route.transcoder.as_ref().filter(|_| !crate::grpc::is_grpc(&req)) {
+        match t.prepare(req, body_rules.max_bytes).await {
+            Ok((grpc, call)) => {
+                let resp = forward(target, grpc, &client, trusted, body_rules, upstream_started).await;
+                call.respond(resp).await
+            }
+            Err(resp) => resp,
+        }
     } else {
         forward(target, req, &client, trusted, body_rules, upstream_started).await
     };

@@ -43,6 +43,7 @@ pub mod state;
 pub mod tcp_service;
 pub mod tls;
 pub mod trace_context;
+pub mod transcode;
 pub mod tunnel_target;
 pub mod upgrade;
 pub mod upstream;

@@ -243,6 +243,17 @@ where
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TranscodeLabels {
+    pub route: String,
+    /// The gRPC method, `pkg.Service/Method` as its full name.
+    pub method: String,
+    /// The gRPC status name (`OK`, `NOT_FOUND`, …).
+    pub code: &'static str,
+}
+
+pub type TranscodeFamily = Family<TranscodeLabels, Counter>;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct MirrorLabels {
     pub route: String,
     pub upstream: String,
@@ -265,6 +276,8 @@ pub struct Metrics {
     /// HTTP/3 requests that arrived before the handshake completed (0-RTT early data), by
     /// kind: `served` at once (replay-safe), `waited` for the handshake.
     pub quic_early_requests: Family<ClientHandshakeLabels, Counter>,
+    /// HTTP/JSON requests transcoded to gRPC, by route, method and gRPC status.
+    pub transcoded: TranscodeFamily,
     pub active_connections: Family<ListenerLabels, Gauge>,
     pub reloads: Family<ResultLabels, Counter>,
     pub certificate_not_after: Family<CertLabels, Gauge>,
@@ -423,6 +436,11 @@ impl Metrics {
             ),
             quic_connections,
             quic_early_requests,
+            transcoded: register(
+                &mut registry,
+                "grpc_transcoded_requests",
+                "HTTP/JSON requests transcoded to gRPC calls, by route, gRPC method and gRPC status",
+            ),
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
             reloads: register(
                 &mut registry,

@@ -51,6 +51,12 @@ fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>
             .iter()
             .filter_map(|r| r.jwt.as_ref()?.jwks_file.as_deref()),
     );
+    files.extend(
+        config
+            .routes
+            .iter()
+            .filter_map(|r| r.grpc_transcoding.as_ref()?.descriptor_set_file.as_deref()),
+    );
     let socks5_dirs: Vec<&str> = config
         .listeners
         .iter()

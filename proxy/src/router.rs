@@ -100,6 +100,8 @@ pub struct CompiledRoute {
     /// JWT validation and CORS, compiled by the state (with the key set and the route's
     /// counters); None when the route has none.
     pub jwt: Option<crate::jwt::CompiledJwt>,
+    /// `grpcTranscoding`: HTTP/JSON requests become gRPC calls.
+    pub transcoder: Option<crate::transcode::Transcoder>,
     pub cors: Option<crate::cors::CompiledCors>,
 }
 
@@ -134,6 +136,7 @@ impl CompiledRoute {
             upgrade_idle_timeout: route.upgrade_idle_timeout.map_or(UPGRADE_IDLE_TIMEOUT, |d| d.get()),
             jwt: None,
             cors: None,
+            transcoder: None,
         }
     }
 

@@ -29,6 +29,11 @@ pub enum StateError {
         route: String,
         source: crate::jwt::JwksError,
     },
+    #[error("route {route}: grpcTranscoding: {source}")]
+    Transcoding {
+        route: String,
+        source: crate::transcode::TranscodeLoadError,
+    },
     #[error("trust bundle: {0}")]
     TrustBundle(TlsError),
     #[error(transparent)]
@@ -116,6 +121,14 @@ fn compile_route(
             source,
         })?;
         compiled.jwt = Some(jwt);
+    }
+    if let Some(t) = &r.grpc_transcoding {
+        let loaded =
+            crate::transcode::Transcoder::load(&r.name, t, metrics).map_err(|source| StateError::Transcoding {
+                route: r.name.clone(),
+                source,
+            })?;
+        compiled.transcoder = Some(loaded);
     }
     compiled.cors = r
         .cors

@@ -12,34 +12,6 @@ use tonic_health::pb::HealthCheckRequest;
 
 use support::*;
 
-/// A tonic server (h2c) with the standard health service; "app" is SERVING.
-async fn grpc_upstream() -> std::net::SocketAddr {
-    let (reporter, service) = tonic_health::server::health_reporter();
-    reporter
-        .set_service_status("app", tonic_health::ServingStatus::Serving)
-        .await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        let _keep = reporter;
-        tonic::transport::Server::builder()
-            .add_service(service)
-            .serve_with_incoming(tokio_stream_of(listener))
-            .await
-            .unwrap();
-    });
-    addr
-}
-
-fn tokio_stream_of(
-    listener: tokio::net::TcpListener,
-) -> impl futures_util::Stream<Item = Result<tokio::net::TcpStream, std::io::Error>> {
-    futures_util::stream::unfold(listener, |l| async move {
-        let r = l.accept().await.map(|(s, _)| s);
-        Some((r, l))
-    })
-}
-
 fn config(upstream: &str, extra_route: &str) -> String {
     format!(
         "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes:\n{extra_route}  - {{name: grpc, upstream: g, timeout: 5s}}\nupstreams:\n  - {{name: g, endpoints: [\"{upstream}\"], protocol: h2}}\n  - {{name: down, endpoints: [\"127.0.0.1:1\"], protocol: h2}}\n"

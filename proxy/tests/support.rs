@@ -411,3 +411,31 @@ pub async fn admin_put(proxy: &Proxy, path: &str, token: &str, body: &str) -> (u
     let body = resp.into_body().collect().await.unwrap().to_bytes();
     (status, String::from_utf8_lossy(&body).into_owned())
 }
+
+/// A tonic server (h2c) with the standard health service; "app" is SERVING.
+pub async fn grpc_upstream() -> std::net::SocketAddr {
+    let (reporter, service) = tonic_health::server::health_reporter();
+    reporter
+        .set_service_status("app", tonic_health::ServingStatus::Serving)
+        .await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        let _keep = reporter;
+        tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming(tokio_stream_of(listener))
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+fn tokio_stream_of(
+    listener: tokio::net::TcpListener,
+) -> impl futures_util::Stream<Item = Result<tokio::net::TcpStream, std::io::Error>> {
+    futures_util::stream::unfold(listener, |l| async move {
+        let r = l.accept().await.map(|(s, _)| s);
+        Some((r, l))
+    })
+}

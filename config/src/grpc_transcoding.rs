@@ -1,0 +1,70 @@
+//! REST/JSON ↔ gRPC transcoding on a route (the grpc-gateway design): HTTP/JSON requests are
+//! mapped to gRPC calls by the methods' `google.api.http` annotations in a protobuf
+//! descriptor set.
+
+use schemars::JsonSchema;
+use serde::{Deserialize, Serialize};
+
+use crate::field::{err, FieldError};
+
+/// The key of a descriptor-set ConfigMap (`binaryData`) that holds the descriptor set.
+pub const DESCRIPTOR_SET_KEY: &str = "descriptors.pb";
+
+/// Serve the route's gRPC methods as HTTP/JSON too, by their `google.api.http` rules. gRPC
+/// requests (`content-type: application/grpc`) still pass through unchanged.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+#[schemars(extend("x-kubernetes-validations" = [{
+    "rule": "!has(self.descriptorSetFile)",
+    "message": "descriptorSetFile is for the standalone proxy; in a ProxyDeployment name descriptorSetConfigMap"
+}, {
+    "rule": "has(self.descriptorSetConfigMap)",
+    "message": "name the ConfigMap holding the descriptor set (binaryData descriptors.pb)"
+}]))]
+pub struct GrpcTranscoding {
+    /// A binary `FileDescriptorSet` (`protoc --include_imports --descriptor_set_out`), on disk
+    /// (standalone proxy); re-read when it changes.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(min = 1, max = 4096))]
+    pub descriptor_set_file: Option<String>,
+    /// In a ProxyDeployment: a ConfigMap of the fleet's namespace whose `binaryData`
+    /// `descriptors.pb` holds the descriptor set, mounted into the pods and hot-reloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub descriptor_set_config_map: Option<String>,
+    /// Only these services (full names, `pkg.Service`); every service of the set when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schemars(length(max = 64), inner(length(min = 1, max = 512)))]
+    pub services: Vec<String>,
+    /// Responses name fields as in the .proto (`user_id`) instead of lowerCamelCase JSON names.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub use_proto_field_names: bool,
+    /// Responses include fields that hold their default value (proto3 JSON `EmitUnpopulated`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub emit_defaults: bool,
+}
+
+pub(crate) fn check_transcoding(f: &str, t: &GrpcTranscoding, errors: &mut Vec<FieldError>) {
+    match (&t.descriptor_set_file, &t.descriptor_set_config_map) {
+        (None, None) => errors.push(err(
+            f.to_string(),
+            "name descriptorSetFile (standalone) or descriptorSetConfigMap",
+        )),
+        (Some(p), _) if p.is_empty() => errors.push(err(format!("{f}.descriptorSetFile"), "must not be empty")),
+        _ => {}
+    }
+    for (i, s) in t.services.iter().enumerate() {
+        let valid = !s.is_empty()
+            && s.split('.')
+                .all(|p| !p.is_empty() && p.chars().all(|c| c.is_ascii_alphanumeric() || c == '_'));
+        if !valid {
+            errors.push(err(
+                format!("{f}.services[{i}]"),
+                format!("{s:?} is not a full service name (pkg.Service)"),
+            ));
+        }
+    }
+}

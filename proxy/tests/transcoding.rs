@@ -1,0 +1,142 @@
+//! REST/JSON ↔ gRPC transcoding with a real gRPC server (tonic's standard health service) behind
+//! the proxy: a GET with a path variable, a query parameter and a POST body become Check calls
+//! answered in canonical JSON; a gRPC error becomes its HTTP status and a google.rpc.Status
+//! body; a server stream arrives as JSON lines; bad requests get 400 naming the field; plain
+//! gRPC still passes on the same route; calls are counted per method.
+
+mod support;
+
+use support::*;
+
+fn config(upstream: std::net::SocketAddr, extra: &str) -> String {
+    let pb = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/health_http.pb");
+    format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\n\
+routes:\n  - name: api\n    upstream: g\n    timeout: 5s\n    grpcTranscoding: {{descriptorSetFile: {pb}{extra}}}\n\
+upstreams:\n  - {{name: g, endpoints: [\"{upstream}\"], protocol: h2}}\n"
+    )
+}
+
+async fn call(proxy: &Proxy, method: &str, path: &str, body: &str) -> (u16, String, String) {
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::builder()
+        .method(method)
+        .uri(path)
+        .header("host", "api.test")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    let status = resp.status().as_u16();
+    let ct = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    use http_body_util::BodyExt;
+    let body = resp.into_body().collect().await.unwrap().to_bytes();
+    (status, ct, String::from_utf8_lossy(&body).into_owned())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_requests_become_grpc_calls_and_answers_become_json() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode");
+    let proxy = start_proxy(&dir, &config(up, "")).await;
+
+    let (status, ct, body) = call(&proxy, "GET", "/v1/health/app", "").await;
+    assert_eq!((status, ct.as_str()), (200, "application/json"), "{body}");
+    assert_eq!(body.trim(), r#"{"status":"SERVING"}"#);
+    let (status, _, body) = call(&proxy, "GET", "/v1/health?service=app", "").await;
+    assert_eq!((status, body.trim()), (200, r#"{"status":"SERVING"}"#));
+    let (status, _, body) = call(&proxy, "POST", "/v1/health:check", r#"{"service": "app"}"#).await;
+    assert_eq!((status, body.trim()), (200, r#"{"status":"SERVING"}"#));
+
+    // The server's NOT_FOUND becomes 404 with a google.rpc.Status body.
+    let (status, _, body) = call(&proxy, "GET", "/v1/health/nope", "").await;
+    assert_eq!(status, 404, "{body}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["code"], 5, "{body}");
+
+    // Bad requests: unknown field, wrong type, no binding.
+    let (status, _, body) = call(&proxy, "POST", "/v1/health:check", r#"{"servce": "app"}"#).await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("servce"), "{body}");
+    let (status, _, body) = call(&proxy, "POST", "/v1/health:check", r#"{"service": 7}"#).await;
+    assert_eq!(status, 400, "{body}");
+    let (status, _, body) = call(&proxy, "GET", "/v1/health?nosuch=1", "").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(body.contains("nosuch"), "{body}");
+    let (status, _, body) = call(&proxy, "DELETE", "/v1/health/app", "").await;
+    assert_eq!(status, 404, "{body}");
+
+    let m = metrics(&proxy).await;
+    let ok = metric_sum(
+        &m,
+        "proxyfleet_grpc_transcoded_requests_total",
+        &["method=\"grpc.health.v1.Health.Check\"", "code=\"OK\""],
+    );
+    assert_eq!(ok, 3.0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_grpc_transcoded_requests_total", &["code=\"NOT_FOUND\""]),
+        1.0
+    );
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_stream_arrives_as_json_lines() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-stream");
+    let proxy = start_proxy(&dir, &config(up, ", emitDefaults: true")).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut send, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = http::Request::get("/v1/health/app:watch")
+        .header("host", "api.test")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = send.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.headers()["content-type"], "application/x-ndjson");
+    // Watch sends the current status at once and then stays open: the first line arrives
+    // while the stream goes on.
+    use http_body_util::BodyExt;
+    let mut body = resp.into_body();
+    let frame = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame())
+        .await
+        .expect("a line while the stream is open")
+        .unwrap()
+        .unwrap();
+    let line = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
+    assert_eq!(line, "{\"result\":{\"status\":\"SERVING\"}}\n");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_grpc_still_passes_on_a_transcoding_route() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-grpc");
+    let proxy = start_proxy(&dir, &config(up, "")).await;
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", proxy.addr("http")))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut c = tonic_health::pb::health_client::HealthClient::new(channel);
+    let r = c
+        .check(tonic_health::pb::HealthCheckRequest { service: "app".into() })
+        .await
+        .expect("a gRPC call");
+    assert_eq!(r.into_inner().status, 1);
+    proxy.running.drain();
+}
