@@ -47,12 +47,28 @@ pub struct GrpcTranscoding {
     pub emit_defaults: bool,
 }
 
-pub(crate) fn check_transcoding(f: &str, t: &GrpcTranscoding, errors: &mut Vec<FieldError>) {
+/// Checks a route's `grpcTranscoding`; `f` names the route.
+pub(crate) fn check_route(f: &str, r: &crate::Route, config: &crate::ProxyConfig, errors: &mut Vec<FieldError>) {
+    let Some(t) = &r.grpc_transcoding else { return };
+    let f = format!("{f}.grpcTranscoding");
+    check_transcoding(&f, t, errors);
+    let used = |name: &str| r.upstream == name || r.backends.iter().any(|b| b.upstream == name);
+    for u in config.upstreams.iter().filter(|u| used(&u.name)) {
+        if u.protocol == crate::UpstreamProtocol::Http1 {
+            errors.push(err(
+                f.clone(),
+                format!(
+                    "upstream {} speaks HTTP/1.1; gRPC needs protocol h2 (or auto over TLS)",
+                    u.name
+                ),
+            ));
+        }
+    }
+}
+
+fn check_transcoding(f: &str, t: &GrpcTranscoding, errors: &mut Vec<FieldError>) {
     match (&t.descriptor_set_file, &t.descriptor_set_config_map) {
-        (None, None) => errors.push(err(
-            f.to_string(),
-            "name descriptorSetFile (standalone) or descriptorSetConfigMap",
-        )),
+        (None, None) => errors.push(err(f, "name descriptorSetFile (standalone) or descriptorSetConfigMap")),
         (Some(p), _) if p.is_empty() => errors.push(err(format!("{f}.descriptorSetFile"), "must not be empty")),
         _ => {}
     }

@@ -201,9 +201,7 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
             errors.push(err(format!("{f}.name"), format!("duplicate route name {:?}", r.name)));
         }
         crate::validate_split::check_route_backends(&f, r, upstream_names, errors);
-        if let Some(t) = &r.grpc_transcoding {
-            crate::grpc_transcoding::check_transcoding(&format!("{f}.grpcTranscoding"), t, errors);
-        }
+        crate::grpc_transcoding::check_route(&f, r, config, errors);
         if !r.matches.path_prefix.starts_with('/') {
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }

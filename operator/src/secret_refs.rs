@@ -24,16 +24,38 @@ const SOCKS5_KEYS: &[&str] = &[
     proxyfleet_config::SOCKS5_PASSWORD_FILE,
 ];
 
-/// ConfigMaps the spec names for the pods to mount (a route's JWKS): (field, ConfigMap).
-pub fn config_map_references(spec: &ProxyDeploymentSpec) -> Vec<(String, String)> {
-    spec.routes
-        .iter()
-        .enumerate()
-        .filter_map(|(i, r)| {
-            let c = r.jwt.as_ref()?.jwks_config_map.as_ref()?;
-            Some((format!("spec.routes[{i}].jwt.jwksConfigMap"), c.clone()))
-        })
-        .collect()
+/// A ConfigMap the pods mount, and the key they read from it.
+#[derive(Debug, PartialEq)]
+pub struct ConfigMapRef {
+    pub field: String,
+    pub name: String,
+    pub key: &'static str,
+}
+
+/// ConfigMaps the spec names for the pods to mount: a route's JWKS, a route's descriptor set.
+pub fn config_map_references(spec: &ProxyDeploymentSpec) -> Vec<ConfigMapRef> {
+    let mut out = Vec::new();
+    for (i, r) in spec.routes.iter().enumerate() {
+        if let Some(c) = r.jwt.as_ref().and_then(|j| j.jwks_config_map.as_ref()) {
+            out.push(ConfigMapRef {
+                field: format!("spec.routes[{i}].jwt.jwksConfigMap"),
+                name: c.clone(),
+                key: crate::resources::config_map::JWKS_KEY,
+            });
+        }
+        if let Some(c) = r
+            .grpc_transcoding
+            .as_ref()
+            .and_then(|t| t.descriptor_set_config_map.as_ref())
+        {
+            out.push(ConfigMapRef {
+                field: format!("spec.routes[{i}].grpcTranscoding.descriptorSetConfigMap"),
+                name: c.clone(),
+                key: proxyfleet_config::DESCRIPTOR_SET_KEY,
+            });
+        }
+    }
+    out
 }
 
 /// Every Secret the spec names for the pods to mount.
@@ -133,29 +155,30 @@ pub async fn check(ctx: &Context, namespace: &str, spec: &ProxyDeploymentSpec) -
     check_config_maps(ctx, namespace, spec).await
 }
 
-/// What is wrong with a JWKS ConfigMap reference, given the ConfigMap as read (None: not found).
-pub fn config_map_problem(field: &str, name: &str, namespace: &str, found: Option<&ConfigMap>) -> Option<String> {
+/// What is wrong with a ConfigMap reference, given the ConfigMap as read (None: not found).
+pub fn config_map_problem(r: &ConfigMapRef, namespace: &str, found: Option<&ConfigMap>) -> Option<String> {
+    let ConfigMapRef { field, name, key } = r;
     let Some(cm) = found else {
         return Some(format!("{field}: ConfigMap {name} not found in namespace {namespace}"));
     };
-    let key = crate::resources::config_map::JWKS_KEY;
-    let has = cm.data.as_ref().is_some_and(|d| d.contains_key(key));
+    let has = cm.data.as_ref().is_some_and(|d| d.contains_key(*key))
+        || cm.binary_data.as_ref().is_some_and(|d| d.contains_key(*key));
     (!has).then(|| format!("{field}: ConfigMap {name} has no {key} (the pods read it from there)"))
 }
 
 async fn check_config_maps(ctx: &Context, namespace: &str, spec: &ProxyDeploymentSpec) -> Option<(String, String)> {
     let api: Api<ConfigMap> = Api::namespaced(ctx.client.clone(), namespace);
-    for (field, name) in config_map_references(spec) {
-        let found = match api.get_opt(&name).await {
+    for r in config_map_references(spec) {
+        let found = match api.get_opt(&r.name).await {
             Ok(c) => c,
             Err(e) => {
                 return Some((
                     "ConfigMapUnreadable".into(),
-                    format!("{field}: reading ConfigMap {name}: {e}"),
+                    format!("{}: reading ConfigMap {}: {e}", r.field, r.name),
                 ))
             }
         };
-        if let Some(message) = config_map_problem(&field, &name, namespace, found.as_ref()) {
+        if let Some(message) = config_map_problem(&r, namespace, found.as_ref()) {
             let reason = if found.is_none() {
                 "ConfigMapNotFound"
             } else {
@@ -224,20 +247,21 @@ mod tests {
         let refs = config_map_references(&spec());
         assert_eq!(
             refs,
-            [(
-                "spec.routes[2].jwt.jwksConfigMap".to_string(),
-                "public-keys".to_string()
-            )]
+            [ConfigMapRef {
+                field: "spec.routes[2].jwt.jwksConfigMap".to_string(),
+                name: "public-keys".to_string(),
+                key: "jwks.json",
+            }]
         );
-        let (f, n) = &refs[0];
-        assert!(config_map_problem(f, n, "team-a", None)
+        let r = &refs[0];
+        assert!(config_map_problem(r, "team-a", None)
             .unwrap()
             .contains("ConfigMap public-keys not found"));
         let mut cm = ConfigMap::default();
-        assert!(config_map_problem(f, n, "team-a", Some(&cm))
+        assert!(config_map_problem(r, "team-a", Some(&cm))
             .unwrap()
             .contains("has no jwks.json"));
         cm.data = Some([("jwks.json".to_string(), "{}".to_string())].into());
-        assert_eq!(config_map_problem(f, n, "team-a", Some(&cm)), None);
+        assert_eq!(config_map_problem(r, "team-a", Some(&cm)), None);
     }
 }

@@ -36,13 +36,29 @@ pub const OCSP_KEY: &str = "tls.ocsp";
 /// The key of a JWKS Secret or ConfigMap the pods read.
 pub const JWKS_KEY: &str = "jwks.json";
 
-/// Routes as the proxy reads them: JWKS references become the files they are mounted as.
-fn routes_with_mounted_jwks(routes: &[proxyfleet_config::Route]) -> Vec<proxyfleet_config::Route> {
+pub const DESCRIPTORS_DIR: &str = "/etc/proxyfleet/descriptors";
+
+/// Where route `i`'s descriptor-set ConfigMap is mounted (`descriptors.pb` in it).
+pub fn descriptors_dir(i: usize) -> String {
+    format!("{DESCRIPTORS_DIR}/{i}")
+}
+
+/// Routes as the proxy reads them: JWKS and descriptor-set references become the files they
+/// are mounted as.
+fn routes_with_mounted_files(routes: &[proxyfleet_config::Route]) -> Vec<proxyfleet_config::Route> {
     let mut out = routes.to_vec();
     for (i, r) in out.iter_mut().enumerate() {
-        let Some(j) = r.jwt.as_mut() else { continue };
-        if j.jwks_secret.take().is_some() | j.jwks_config_map.take().is_some() {
-            j.jwks_file = Some(format!("{}/{JWKS_KEY}", jwks_dir(i)));
+        if let Some(j) = r.jwt.as_mut() {
+            if j.jwks_secret.take().is_some() | j.jwks_config_map.take().is_some() {
+                j.jwks_file = Some(format!("{}/{JWKS_KEY}", jwks_dir(i)));
+            }
+        }
+        if let Some(t) = r.grpc_transcoding.as_mut() {
+            // A file path in a ProxyDeployment is refused at admission; only the ConfigMap counts.
+            t.descriptor_set_file = t
+                .descriptor_set_config_map
+                .take()
+                .map(|_| format!("{}/{}", descriptors_dir(i), proxyfleet_config::DESCRIPTOR_SET_KEY));
         }
     }
     out
@@ -137,7 +153,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         .collect();
     ProxyConfig {
         listeners,
-        routes: routes_with_mounted_jwks(&spec.routes),
+        routes: routes_with_mounted_files(&spec.routes),
         upstreams: upstreams_with_mounted_secrets(&spec.upstreams),
         admin: Admin {
             address: format!("0.0.0.0:{ADMIN_PORT}"),

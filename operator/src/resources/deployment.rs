@@ -156,6 +156,35 @@ pub(crate) fn jwks_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>
     }
 }
 
+/// Each transcoding route's descriptor set, from its ConfigMap (hot-reloaded by the proxy).
+pub(crate) fn descriptor_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
+    for (i, r) in spec.routes.iter().enumerate() {
+        let Some(c) = r
+            .grpc_transcoding
+            .as_ref()
+            .and_then(|t| t.descriptor_set_config_map.as_ref())
+        else {
+            continue;
+        };
+        let name = format!("descriptors-{i}");
+        volumes.push(Volume {
+            name: name.clone(),
+            config_map: Some(ConfigMapVolumeSource {
+                name: c.clone(),
+                default_mode: Some(0o440),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        mounts.push(VolumeMount {
+            name,
+            mount_path: super::config_map::descriptors_dir(i),
+            read_only: Some(true),
+            ..Default::default()
+        });
+    }
+}
+
 /// The pod's volumes and the proxy's mounts: its ConfigMap, certificate and CA Secrets, the
 /// upstreams' Secrets, the admin token and the live weights.
 fn pod_volumes(
@@ -224,6 +253,7 @@ fn pod_volumes(
         }
     }
     jwks_volumes(spec, &mut volumes, &mut mounts);
+    descriptor_volumes(spec, &mut volumes, &mut mounts);
     socks5_volumes(spec, &mut volumes, &mut mounts);
     live_weight_volumes(fleet, &mut volumes, &mut mounts);
     (volumes, mounts)

@@ -49,7 +49,8 @@ impl Transcoder {
             path: path.clone(),
             source,
         })?;
-        let mut bound = bindings(&bytes, &config.services).map_err(|source| TranscodeLoadError::Bind { path, source })?;
+        let mut bound =
+            bindings(&bytes, &config.services).map_err(|source| TranscodeLoadError::Bind { path, source })?;
         // `/v1/{name}:watch` before `/v1/{name}`: a path ending in a verb goes to the method
         // bound with that verb, not into the last variable (grpc-gateway's precedence).
         bound.sort_by_key(|b| !b.template.has_verb());
