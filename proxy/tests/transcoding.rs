@@ -140,3 +140,40 @@ async fn plain_grpc_still_passes_on_a_transcoding_route() {
     assert_eq!(r.into_inner().status, 1);
     proxy.running.drain();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_descriptor_set_is_picked_up_without_a_restart() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-reload");
+    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let pb = dir.join("api.pb");
+    std::fs::copy(format!("{data}/health_http.pb"), &pb).unwrap();
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\n\
+routes:\n  - {{name: api, upstream: g, grpcTranscoding: {{descriptorSetFile: {}}}}}\n\
+upstreams:\n  - {{name: g, endpoints: [\"{up}\"], protocol: h2}}\n",
+        pb.display()
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    assert_eq!(call(&proxy, "GET", "/v1/health/app", "").await.0, 200);
+    // Replaced whole, as a ConfigMap volume update does (a rename).
+    let tmp = dir.join("api.pb.new");
+    std::fs::copy(format!("{data}/health_http_v2.pb"), &tmp).unwrap();
+    std::fs::rename(&tmp, &pb).unwrap();
+    let mut switched = false;
+    for _ in 0..50 {
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        if call(&proxy, "GET", "/v2/health/app", "").await.0 == 200 {
+            switched = true;
+            break;
+        }
+    }
+    assert!(switched, "the new descriptor set's bindings are served");
+    assert_eq!(
+        call(&proxy, "GET", "/v1/health/app", "").await.0,
+        404,
+        "the old bindings are gone"
+    );
+    proxy.running.drain();
+}
