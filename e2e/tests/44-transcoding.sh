@@ -61,9 +61,9 @@ out=$(req -f -X POST -H 'content-type: application/json' -d '{"service": ""}' ht
 [ "$out" = '{"status":"SERVING"}' ] || fail "unexpected answer to the POST: $out"
 
 say "the server's NOT_FOUND is a 404 with a google.rpc.Status body; a bad field is a 400"
-out=$(req -w ' %{http_code}' https://api.example.com/v1/health/nope)
+out=$(req -w ' %{http_code}' https://api.example.com/v1/health/nope | tr -d '\n')
 echo "$out" | grep -q '"code":5.* 404$' || fail "unexpected answer for an unknown service: $out"
-out=$(req -w ' %{http_code}' -X POST -d '{"servce": "x"}' https://api.example.com/v1/health:check)
+out=$(req -w ' %{http_code}' -X POST -d '{"servce": "x"}' https://api.example.com/v1/health:check | tr -d '\n')
 echo "$out" | grep -q 'servce.* 400$' || fail "an unknown field was not refused naming it: $out"
 
 say "a server stream (Watch) arrives as JSON lines while it runs"

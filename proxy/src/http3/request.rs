@@ -18,6 +18,9 @@ use crate::shared::Shared;
 type Resolver = h3::server::RequestResolver<h3_quinn::Connection, Bytes>;
 type SendStream = h3::server::RequestStream<h3_quinn::SendStream<Bytes>, Bytes>;
 
+/// The longest wait for the end of a request that announces no body.
+const SETTLE_AT_MOST: Duration = Duration::from_secs(1);
+
 /// RFC 8470 §5.1: tells the upstream a request came in early data (it may answer 425).
 const EARLY_DATA: HeaderName = HeaderName::from_static("early-data");
 
@@ -65,11 +68,18 @@ pub async fn serve(resolver: Resolver, shared: Arc<Shared>, client: Arc<ClientIn
         .headers()
         .get(header::CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok()?.parse().ok());
-    let limits = &shared.state.load().config.limits;
-    let (send_timeout, body_timeout) = (limits.send_timeout(), limits.client_body_timeout());
+    let (send_timeout, body_timeout) = {
+        let state = shared.state.load();
+        (
+            state.config.limits.send_timeout(),
+            state.config.limits.client_body_timeout(),
+        )
+    };
     let mut body = H3Body::new(recv, length);
     if announces_no_body(req.method(), length) {
-        body.settle(body_timeout).await;
+        // The FIN comes with the HEADERS or right after them; a client that keeps the stream
+        // open longer gets its request forwarded as one with a streaming body.
+        body.settle(body_timeout.min(SETTLE_AT_MOST)).await;
     }
     let mut req = req.map(|()| RequestBody::H3 { inner: body });
     let resp = if req.method() == Method::CONNECT {
