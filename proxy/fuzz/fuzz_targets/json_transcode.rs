@@ -1,7 +1,8 @@
 //! The JSON → protobuf half of REST↔gRPC transcoding (issue 19), over the bindings of the test
 //! descriptor set (grpc.health.v1 with HTTP rules): any path, query and body give a gRPC
 //! request message or a RequestError, never a panic; a message that is made survives a
-//! protobuf round trip and a JSON round trip unchanged.
+//! protobuf round trip and a JSON round trip unchanged (compared on the wire: a proto3 field
+//! set to its default is the same message as one left unset).
 #![no_main]
 
 use std::sync::OnceLock;
@@ -29,8 +30,8 @@ fuzz_target!(|data: &[u8]| {
     let Ok(msg) = request_message(b, body, &vars, Some(&query)) else { return };
     let wire = msg.encode_to_vec();
     let back = DynamicMessage::decode(b.method.input(), wire.as_slice()).expect("our own encoding decodes");
-    assert_eq!(back, msg);
+    assert_eq!(back.encode_to_vec(), wire);
     let json = message_json(&msg, JsonOptions::default()).expect("a message serializes");
     let again = json_to_message(b.method.input(), json.to_string().as_bytes()).expect("our own JSON parses");
-    assert_eq!(again, msg, "{json}");
+    assert_eq!(again.encode_to_vec(), wire, "{json}");
 });
