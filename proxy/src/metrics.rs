@@ -175,12 +175,14 @@ fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>,
     )
 }
 
-type QuicFamilies = (
+type ProtocolFamilies = (
     Family<ClientHandshakeLabels, Counter>,
     Family<ClientHandshakeLabels, Counter>,
+    TranscodeFamily,
 );
 
-fn register_quic(registry: &mut Registry) -> QuicFamilies {
+/// HTTP/3 and transcoding.
+fn register_protocols(registry: &mut Registry) -> ProtocolFamilies {
     (
         register(
             registry,
@@ -191,6 +193,11 @@ fn register_quic(registry: &mut Registry) -> QuicFamilies {
             registry,
             "quic_early_requests",
             "HTTP/3 requests received as 0-RTT early data, by kind (served at once, or waited for the handshake)",
+        ),
+        register(
+            registry,
+            "grpc_transcoded_requests",
+            "HTTP/JSON requests transcoded to gRPC calls, by route, gRPC method and gRPC status",
         ),
     )
 }
@@ -406,7 +413,7 @@ impl Metrics {
         let (malformed_requests, access_log_dropped, refused_connections, misdirected_requests, spans_dropped) =
             register_guards(&mut registry);
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
-        let (quic_connections, quic_early_requests) = register_quic(&mut registry);
+        let (quic_connections, quic_early_requests, transcoded) = register_protocols(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -436,11 +443,7 @@ impl Metrics {
             ),
             quic_connections,
             quic_early_requests,
-            transcoded: register(
-                &mut registry,
-                "grpc_transcoded_requests",
-                "HTTP/JSON requests transcoded to gRPC calls, by route, gRPC method and gRPC status",
-            ),
+            transcoded,
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
             reloads: register(
                 &mut registry,
