@@ -18,8 +18,8 @@ pub const DESCRIPTOR_SET_KEY: &str = "descriptors.pb";
     "rule": "!has(self.descriptorSetFile)",
     "message": "descriptorSetFile is for the standalone proxy; in a ProxyDeployment name descriptorSetConfigMap"
 }, {
-    "rule": "has(self.descriptorSetConfigMap)",
-    "message": "name the ConfigMap holding the descriptor set (binaryData descriptors.pb)"
+    "rule": "has(self.descriptorSetConfigMap) != has(self.descriptorSetSecret)",
+    "message": "give exactly one of descriptorSetConfigMap or descriptorSetSecret (holding descriptors.pb)"
 }]))]
 pub struct GrpcTranscoding {
     /// A binary `FileDescriptorSet` (`protoc --include_imports --descriptor_set_out`), on disk
@@ -35,6 +35,14 @@ pub struct GrpcTranscoding {
         pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
     )]
     pub descriptor_set_config_map: Option<String>,
+    /// In a ProxyDeployment: a Secret of the fleet's namespace whose `descriptors.pb` holds the
+    /// descriptor set (for APIs whose schema is not public), mounted and hot-reloaded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
+    pub descriptor_set_secret: Option<String>,
     /// Only these services (full names, `pkg.Service`); every service of the set when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 64), inner(length(min = 1, max = 512)))]
@@ -67,9 +75,13 @@ pub(crate) fn check_route(f: &str, r: &crate::Route, config: &crate::ProxyConfig
 }
 
 fn check_transcoding(f: &str, t: &GrpcTranscoding, errors: &mut Vec<FieldError>) {
-    match (&t.descriptor_set_file, &t.descriptor_set_config_map) {
-        (None, None) => errors.push(err(f, "name descriptorSetFile (standalone) or descriptorSetConfigMap")),
-        (Some(p), _) if p.is_empty() => errors.push(err(format!("{f}.descriptorSetFile"), "must not be empty")),
+    let in_cluster = t.descriptor_set_config_map.is_some() || t.descriptor_set_secret.is_some();
+    match &t.descriptor_set_file {
+        None if !in_cluster => errors.push(err(
+            f,
+            "name descriptorSetFile (standalone), descriptorSetConfigMap or descriptorSetSecret",
+        )),
+        Some(p) if p.is_empty() => errors.push(err(format!("{f}.descriptorSetFile"), "must not be empty")),
         _ => {}
     }
     for (i, s) in t.services.iter().enumerate() {

@@ -19,6 +19,7 @@ pub struct SecretRef {
 const CA_KEYS: &[&str] = &["ca.crt"];
 const TLS_KEYS: &[&str] = &["tls.crt", "tls.key"];
 const JWKS_KEYS: &[&str] = &[crate::resources::config_map::JWKS_KEY];
+const DESCRIPTOR_KEYS: &[&str] = &[proxyfleet_config::DESCRIPTOR_SET_KEY];
 const SOCKS5_KEYS: &[&str] = &[
     proxyfleet_config::SOCKS5_USERNAME_FILE,
     proxyfleet_config::SOCKS5_PASSWORD_FILE,
@@ -87,6 +88,17 @@ pub fn references(spec: &ProxyDeploymentSpec) -> Vec<SecretRef> {
                 field: format!("spec.routes[{i}].jwt.jwksSecret"),
                 secret: s.clone(),
                 keys: JWKS_KEYS,
+            });
+        }
+        if let Some(s) = r
+            .grpc_transcoding
+            .as_ref()
+            .and_then(|t| t.descriptor_set_secret.as_ref())
+        {
+            out.push(SecretRef {
+                field: format!("spec.routes[{i}].grpcTranscoding.descriptorSetSecret"),
+                secret: s.clone(),
+                keys: DESCRIPTOR_KEYS,
             });
         }
     }

@@ -38,7 +38,7 @@ pub const JWKS_KEY: &str = "jwks.json";
 
 pub const DESCRIPTORS_DIR: &str = "/etc/proxyfleet/descriptors";
 
-/// Where route `i`'s descriptor-set ConfigMap is mounted (`descriptors.pb` in it).
+/// Where route `i`'s descriptor-set ConfigMap or Secret is mounted (`descriptors.pb` in it).
 pub fn descriptors_dir(i: usize) -> String {
     format!("{DESCRIPTORS_DIR}/{i}")
 }
@@ -55,10 +55,9 @@ fn routes_with_mounted_files(routes: &[proxyfleet_config::Route]) -> Vec<proxyfl
         }
         if let Some(t) = r.grpc_transcoding.as_mut() {
             // A file path in a ProxyDeployment is refused at admission; only the ConfigMap counts.
-            t.descriptor_set_file = t
-                .descriptor_set_config_map
-                .take()
-                .map(|_| format!("{}/{}", descriptors_dir(i), proxyfleet_config::DESCRIPTOR_SET_KEY));
+            let mounted = t.descriptor_set_config_map.take().is_some() | t.descriptor_set_secret.take().is_some();
+            t.descriptor_set_file =
+                mounted.then(|| format!("{}/{}", descriptors_dir(i), proxyfleet_config::DESCRIPTOR_SET_KEY));
         }
     }
     out
@@ -242,6 +241,48 @@ mod tests {
         assert_eq!(volumes[0].secret.as_ref().unwrap().secret_name.as_deref(), Some("keys"));
         assert_eq!(volumes[1].config_map.as_ref().unwrap().name, "public");
         assert_eq!(mounts[1].mount_path, "/etc/proxyfleet/jwks/1");
+    }
+
+    #[test]
+    fn descriptor_set_references_become_mounted_files_volumes_and_checks() {
+        let mut pxd = basic();
+        pxd.spec.upstreams[0].protocol = proxyfleet_config::UpstreamProtocol::H2;
+        let mut route = pxd.spec.routes[0].clone();
+        route.grpc_transcoding =
+            serde_json::from_value(serde_json::json!({"descriptorSetSecret": "private-api"})).unwrap();
+        pxd.spec.routes.insert(0, route.clone());
+        pxd.spec.routes[0].name = "a".into();
+        route.grpc_transcoding = serde_json::from_value(serde_json::json!({"descriptorSetConfigMap": "api"})).unwrap();
+        pxd.spec.routes.insert(1, route);
+        pxd.spec.routes[1].name = "b".into();
+        let config = render_proxy_config(&pxd.spec, true);
+        proxyfleet_config::validate(&config).unwrap();
+        let files: Vec<_> = config
+            .routes
+            .iter()
+            .map(|r| r.grpc_transcoding.as_ref().and_then(|t| t.descriptor_set_file.clone()))
+            .collect();
+        assert_eq!(
+            files,
+            [
+                Some("/etc/proxyfleet/descriptors/0/descriptors.pb".to_string()),
+                Some("/etc/proxyfleet/descriptors/1/descriptors.pb".to_string()),
+                None
+            ]
+        );
+        let (mut volumes, mut mounts) = (Vec::new(), Vec::new());
+        crate::resources::deployment::descriptor_volumes(&pxd.spec, &mut volumes, &mut mounts);
+        assert_eq!(
+            volumes[0].secret.as_ref().unwrap().secret_name.as_deref(),
+            Some("private-api")
+        );
+        assert_eq!(volumes[1].config_map.as_ref().unwrap().name, "api");
+        assert_eq!(mounts[1].mount_path, "/etc/proxyfleet/descriptors/1");
+        let secrets = crate::secret_refs::references(&pxd.spec);
+        assert_eq!(secrets[0].field, "spec.routes[0].grpcTranscoding.descriptorSetSecret");
+        assert_eq!(secrets[0].keys, ["descriptors.pb"]);
+        let maps = crate::secret_refs::config_map_references(&pxd.spec);
+        assert_eq!(maps[0].field, "spec.routes[1].grpcTranscoding.descriptorSetConfigMap");
     }
 
     #[test]

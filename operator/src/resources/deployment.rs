@@ -156,26 +156,36 @@ pub(crate) fn jwks_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>
     }
 }
 
-/// Each transcoding route's descriptor set, from its ConfigMap (hot-reloaded by the proxy).
+/// Each transcoding route's descriptor set, from its ConfigMap or Secret (hot-reloaded by the
+/// proxy).
 pub(crate) fn descriptor_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
     for (i, r) in spec.routes.iter().enumerate() {
-        let Some(c) = r
-            .grpc_transcoding
-            .as_ref()
-            .and_then(|t| t.descriptor_set_config_map.as_ref())
-        else {
+        let Some(t) = &r.grpc_transcoding else { continue };
+        let name = format!("descriptors-{i}");
+        let volume = if let Some(s) = &t.descriptor_set_secret {
+            Volume {
+                name: name.clone(),
+                secret: Some(SecretVolumeSource {
+                    secret_name: Some(s.clone()),
+                    default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        } else if let Some(c) = &t.descriptor_set_config_map {
+            Volume {
+                name: name.clone(),
+                config_map: Some(ConfigMapVolumeSource {
+                    name: c.clone(),
+                    default_mode: Some(0o440),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }
+        } else {
             continue;
         };
-        let name = format!("descriptors-{i}");
-        volumes.push(Volume {
-            name: name.clone(),
-            config_map: Some(ConfigMapVolumeSource {
-                name: c.clone(),
-                default_mode: Some(0o440),
-                ..Default::default()
-            }),
-            ..Default::default()
-        });
+        volumes.push(volume);
         mounts.push(VolumeMount {
             name,
             mount_path: super::config_map::descriptors_dir(i),

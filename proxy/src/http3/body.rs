@@ -1,5 +1,11 @@
 //! An HTTP/3 request stream's receiving half as an `http_body::Body`: data frames, then
 //! trailers.
+//!
+//! A body dropped before its end (hyper stops at `content-length` without reading the FIN, a
+//! response sent early) is read to its end by a short task instead: dropped unread, quinn would
+//! tell the client to stop sending with code 0, which h3 clients take for an error. It is not
+//! stopped through h3 with H3_NO_ERROR either: h3-quinn 0.0.10 panics when a stream is stopped
+//! while a read of it is pending, and the release build aborts on panic.
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -18,24 +24,22 @@ enum Phase {
 }
 
 pub struct H3Body {
-    stream: RecvStream,
+    /// Always `Some` until dropped.
+    stream: Option<RecvStream>,
     phase: Phase,
     /// What `settle` read ahead: a first chunk, or the trailers.
     ahead: Option<Frame<Bytes>>,
     /// `content-length`, when the client sent one.
     length: Option<u64>,
-    /// A read is under way inside h3-quinn (its stream cannot be stopped meanwhile).
-    reading: bool,
 }
 
 impl H3Body {
     pub fn new(stream: RecvStream, length: Option<u64>) -> Self {
         Self {
-            stream,
+            stream: Some(stream),
             phase: Phase::Data,
             ahead: None,
             length,
-            reading: false,
         }
     }
 
@@ -60,9 +64,12 @@ impl H3Body {
     }
 
     fn poll_data(&mut self, cx: &mut Context<'_>) -> Poll<Result<Option<Bytes>, h3::error::StreamError>> {
-        let polled = self.stream.poll_recv_data(cx);
-        self.reading = polled.is_pending();
-        polled.map_ok(|b| b.map(|mut b| b.copy_to_bytes(b.remaining())))
+        let Some(stream) = self.stream.as_mut() else {
+            return Poll::Ready(Ok(None));
+        };
+        stream
+            .poll_recv_data(cx)
+            .map_ok(|b| b.map(|mut b| b.copy_to_bytes(b.remaining())))
     }
 
     /// The next frame from the stream.
@@ -79,8 +86,10 @@ impl H3Body {
                     Poll::Pending => return Poll::Pending,
                 },
                 Phase::Trailers => {
-                    let polled = self.stream.poll_recv_trailers(cx);
-                    self.reading = polled.is_pending();
+                    let Some(stream) = self.stream.as_mut() else {
+                        return Poll::Ready(None);
+                    };
+                    let polled = stream.poll_recv_trailers(cx);
                     if polled.is_ready() {
                         self.phase = Phase::Done;
                     }
@@ -97,14 +106,24 @@ impl H3Body {
     }
 }
 
+/// How long a dropped body's rest is read before the stream is given up.
+const DRAIN_AT_MOST: Duration = Duration::from_secs(2);
+
 impl Drop for H3Body {
-    /// A body not read to its end (a response sent early, a request that failed): the client
-    /// is asked to stop sending without an error (RFC 9114 §4.1), not with quinn's code 0.
-    /// Not while h3-quinn has a read under way: it cannot stop its stream then.
     fn drop(&mut self) {
-        if !matches!(self.phase, Phase::Done) && !self.reading {
-            self.stream.stop_sending(h3::error::Code::H3_NO_ERROR);
+        if matches!(self.phase, Phase::Done) {
+            return;
         }
+        let (Some(mut stream), Ok(runtime)) = (self.stream.take(), tokio::runtime::Handle::try_current()) else {
+            return;
+        };
+        runtime.spawn(async move {
+            let drain = async {
+                while let Ok(Some(_)) = stream.recv_data().await {}
+                let _ = stream.recv_trailers().await;
+            };
+            let _ = tokio::time::timeout(DRAIN_AT_MOST, drain).await;
+        });
     }
 }
 
