@@ -63,7 +63,7 @@ worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx-error
 events { worker_connections 4096; }
 http {
   access_log off;
-  upstream up { server 127.0.0.1:19442; keepalive 64; }
+  upstream up { server 127.0.0.1:19442; keepalive 1024; }  # idle pools alike: HAProxy keeps every idle one
   server {
     listen 127.0.0.1:18442 ssl; http2 on;
     ssl_certificate $work/certs/tls.crt; ssl_certificate_key $work/certs/tls.key; ssl_protocols TLSv1.2 TLSv1.3;
@@ -119,7 +119,7 @@ upstreams:
     endpoints: ["127.0.0.1:19441"]
     protocol: http1
     tls: {serverName: localhost, caFile: $work/certs/ca.crt}
-    pool: {maxIdlePerEndpoint: 64}
+    pool: {maxIdlePerEndpoint: 1024}
 ${PROXY_EXTRA_YAML:-}
 CONF
 # The same with TLS 1.2 to the upstream (maxVersion), to compare with nginx12.

@@ -24,7 +24,7 @@ fn minimal_config_parses_with_defaults() {
     assert_eq!(c.routes[0].timeout.get().as_secs(), 15);
     assert_eq!(c.admin.address, "0.0.0.0:9901");
     assert!(c.listeners[0].tls.as_ref().unwrap().session_resumption);
-    assert_eq!(c.upstreams[0].pool.max_idle_per_endpoint, 64);
+    assert_eq!(c.upstreams[0].pool.max_idle_per_endpoint, 1024);
 }
 
 #[test]
