@@ -173,7 +173,9 @@ remove_quota_cgroup() {   # every quota cgroup, once the fronts in them have exi
   sleep 0.5; rmdir /sys/fs/cgroup/cpu/proxyfleet-bench* /sys/fs/cgroup/proxyfleet-bench* 2>/dev/null || true
 }
 
-# start_front NAME [quota]: starts a front pinned to CPU 1 (in the quota cgroup with "quota",
+# The CPUs fronts are pinned to (bench/workers.sh gives two-worker fronts both CPUs).
+FRONT_CPUS=${FRONT_CPUS:-1}
+# start_front NAME [quota]: starts a front pinned to $FRONT_CPUS (in the quota cgroup with "quota",
 # entered before exec so that forked workers inherit it); prints its pid.
 start_front() {
   local cmd
@@ -184,9 +186,9 @@ start_front() {
     haproxy) cmd=(haproxy -db -f "$work/haproxy.cfg") ;;
   esac
   if [ "${2:-}" = quota ]; then
-    bash -c 'echo $$ > "$1/cgroup.procs" && shift && exec taskset -c 1 "$@"' _ "$QUOTA_CG" "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
+    bash -c 'echo $$ > "$1/cgroup.procs" && cpus=$2 && shift 2 && exec taskset -c "$cpus" "$@"' _ "$QUOTA_CG" "$FRONT_CPUS" "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   else
-    taskset -c 1 "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
+    taskset -c "$FRONT_CPUS" "${cmd[@]}" >"$work/$1.out" 2>&1 & echo $!
   fi
 }
 port_of() { case $1 in proxyfleet) echo 18441;; nginx) echo 18442;; haproxy) echo 18443;; nginx12) echo 18444;; proxyfleet12) echo 18445;; proxyfleetB) echo 18446;; proxyfleetSplit) echo 18447;; proxyfleetLog) echo 18448;; nginxLog) echo 18449;; esac; }

@@ -12,11 +12,28 @@
 #   PROXY_B=/path/to/other/proxyfleet-proxy adds a front "proxyfleetB" (that build, the same
 #   configuration on its own ports) and makes the default pair proxyfleetB:proxyfleet: an A/B
 #   of two builds that no drift can bias.
+#   H2_STREAMS=N loads each front over HTTP/2 with h2load -c50 -mN instead of wrk (every front's
+#   h2 listener on, nginx's per-connection request limits raised, as in bench/fronts.sh).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 secs=${1:-10}; rounds=${2:-5}
 source "$root/bench/lib.sh"
 percent=${PAIRED_CPU_PERCENT:-25}
+if [ -n "${H2_STREAMS:-}" ]; then
+  command -v h2load >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq nghttp2-client >/dev/null; }
+  sed -i -e 's/listen 127.0.0.1:18442 ssl;/listen 127.0.0.1:18442 ssl http2;/' \
+         -e 's/access_log off;/access_log off; keepalive_requests 1000000; http2_max_requests 1000000;/' "$work/nginx.conf"
+  sed -i 's/alpn http\/1.1/alpn h2,http\/1.1/' "$work/haproxy.cfg"
+fi
+# load PORT OUTPUT: one front's load for the round; prints nothing, leaves "Requests/sec: N" in OUTPUT.
+load() {
+  if [ -n "${H2_STREAMS:-}" ]; then
+    timeout $((secs + 15)) taskset -c 0 h2load -c50 -m"$H2_STREAMS" -t1 -D "$secs" "https://127.0.0.1:$1/" 2>&1 |
+      awk '/^finished in/ { for (i = 1; i <= NF; i++) if ($i == "req/s,") print "Requests/sec:", $(i-1) }' > "$2" || true
+  else
+    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$1/" > "$2"
+  fi
+}
 if [ -n "${PROXY_B:-}" ]; then : "${PAIRS:=proxyfleetB:proxyfleet}"; fi
 cg_a=$(quota_cgroup proxyfleet-bench-a "$percent"); cg_b=$(quota_cgroup proxyfleet-bench-b "$percent")
 cpu_busy() { awk -v c="cpu$1" '$1 == c { print $2 + $3 + $4 + $7 + $8, $2 + $3 + $4 + $5 + $6 + $7 + $8 }' /proc/stat; }
@@ -33,8 +50,8 @@ for round in $(seq 1 "$rounds"); do
     wait_ready "$(port_of "$a")"; wait_ready "$(port_of "$b")"
     sleep 1
     read -r busy0 total0 < <(cpu_busy 0)
-    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$(port_of "$first")/" > "$work/paired-$first.txt" & w1=$!
-    taskset -c 0 wrk -t1 -c32 -d"${secs}s" "https://127.0.0.1:$(port_of "$second")/" > "$work/paired-$second.txt" & w2=$!
+    load "$(port_of "$first")" "$work/paired-$first.txt" & w1=$!
+    load "$(port_of "$second")" "$work/paired-$second.txt" & w2=$!
     wait $w1 $w2
     read -r busy1 total1 < <(cpu_busy 0)
     ra=$(awk '/Requests\/sec/ {print $2}' "$work/paired-$a.txt"); rb=$(awk '/Requests\/sec/ {print $2}' "$work/paired-$b.txt")
