@@ -520,6 +520,7 @@ async fn attempt_once(
     *req.uri_mut() = uri;
     *req.version_mut() = Version::HTTP_11;
     *req.headers_mut() = headers;
+    default_host(req.headers_mut(), &endpoint.authority);
 
     // A free permit is the rule; only a full endpoint needs a timer.
     let _permit = match endpoint.permits.try_acquire() {
@@ -533,6 +534,17 @@ async fn attempt_once(
     let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     outcome(cluster, &endpoint, started, result)
+}
+
+/// An HTTP/1.0 request may come without a Host, but it goes upstream as HTTP/1.1, which must
+/// carry one (RFC 9112 §3.2; nginx answers 400 and closes the connection): the endpoint's
+/// authority, as nginx's default `proxy_set_header Host $proxy_host` does.
+fn default_host(headers: &mut HeaderMap, endpoint: &http::uri::Authority) {
+    if !headers.contains_key(header::HOST) {
+        if let Ok(v) = HeaderValue::from_str(endpoint.as_str()) {
+            headers.insert(header::HOST, v);
+        }
+    }
 }
 
 /// What an upstream attempt's result means for the client, for retries and for the endpoint's

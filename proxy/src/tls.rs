@@ -403,7 +403,9 @@ pub fn server_config(
         None => builder.with_no_client_auth(),
     };
     let mut config = builder.with_cert_resolver(certs);
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    // "http/1.0" too: a client that offers only it (curl --http1.0) would otherwise get rustls'
+    // fatal no_application_protocol alert, where nginx and HAProxy serve it.
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     if tls.session_resumption {
         config.session_storage = resumption.cache.clone();
         if let Some(t) = &resumption.ticketer {

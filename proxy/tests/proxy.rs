@@ -874,6 +874,12 @@ async fn the_protocol_alpn_agreed_on_is_the_one_served() {
     )
     .await;
     assert!(on_h1.starts_with("HTTP/1.1 200"), "{on_h1:?}");
+    // A client offering only http/1.0 (curl --http1.0) is served, not refused with
+    // no_application_protocol; without a Host, too.
+    let only_10 = tls_connect(addr, Some("localhost"), &ca, &[b"http/1.0"]).await;
+    assert_eq!(only_10.get_ref().1.alpn_protocol(), Some(&b"http/1.0"[..]));
+    let on_10 = answer(only_10, b"GET / HTTP/1.0\r\n\r\n").await;
+    assert!(on_10.starts_with("HTTP/1.0 200"), "{on_10:?}");
     proxy.running.drain();
 }
 

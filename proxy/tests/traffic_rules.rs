@@ -535,3 +535,23 @@ async fn a_host_beside_a_differing_authority_is_replaced_by_it() {
     );
     proxy.running.drain();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http10_request_without_host_reaches_the_upstream_with_one_on_a_kept_connection() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("http10-host");
+    let proxy = start_proxy(&dir, &config(up.addr, "", "", "")).await;
+    for _ in 0..3 {
+        let resp = raw(proxy.addr("http"), b"GET /x HTTP/1.0\r\n\r\n").await;
+        assert!(resp.starts_with("HTTP/1.0 200"), "{resp}");
+        assert_eq!(
+            seen(&up)["host"],
+            up.addr.to_string().as_str(),
+            "the endpoint's authority"
+        );
+    }
+    // The upstream answered every one, so the pooled connection carried them all.
+    assert_eq!(up.stats.connections.load(std::sync::atomic::Ordering::Relaxed), 1);
+    proxy.running.drain();
+}

@@ -122,37 +122,8 @@ pub(crate) fn socks5_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volum
 pub(crate) fn jwks_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
     for (i, r) in spec.routes.iter().enumerate() {
         let Some(j) = &r.jwt else { continue };
-        let name = format!("jwks-{i}");
-        let volume = if let Some(s) = &j.jwks_secret {
-            Volume {
-                name: name.clone(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(s.clone()),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        } else if let Some(c) = &j.jwks_config_map {
-            Volume {
-                name: name.clone(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: c.clone(),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        } else {
-            continue;
-        };
-        volumes.push(volume);
-        mounts.push(VolumeMount {
-            name,
-            mount_path: jwks_dir(i),
-            read_only: Some(true),
-            ..Default::default()
-        });
+        let source = (j.jwks_secret.as_deref(), j.jwks_config_map.as_deref());
+        mount_read_only(format!("jwks-{i}"), source, jwks_dir(i), volumes, mounts);
     }
 }
 
@@ -161,38 +132,55 @@ pub(crate) fn jwks_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>
 pub(crate) fn descriptor_volumes(spec: &ProxyDeploymentSpec, volumes: &mut Vec<Volume>, mounts: &mut Vec<VolumeMount>) {
     for (i, r) in spec.routes.iter().enumerate() {
         let Some(t) = &r.grpc_transcoding else { continue };
-        let name = format!("descriptors-{i}");
-        let volume = if let Some(s) = &t.descriptor_set_secret {
-            Volume {
-                name: name.clone(),
-                secret: Some(SecretVolumeSource {
-                    secret_name: Some(s.clone()),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        } else if let Some(c) = &t.descriptor_set_config_map {
-            Volume {
-                name: name.clone(),
-                config_map: Some(ConfigMapVolumeSource {
-                    name: c.clone(),
-                    default_mode: Some(0o440),
-                    ..Default::default()
-                }),
-                ..Default::default()
-            }
-        } else {
-            continue;
-        };
-        volumes.push(volume);
-        mounts.push(VolumeMount {
-            name,
-            mount_path: super::config_map::descriptors_dir(i),
-            read_only: Some(true),
+        let source = (
+            t.descriptor_set_secret.as_deref(),
+            t.descriptor_set_config_map.as_deref(),
+        );
+        mount_read_only(
+            format!("descriptors-{i}"),
+            source,
+            super::config_map::descriptors_dir(i),
+            volumes,
+            mounts,
+        );
+    }
+}
+
+/// A volume from a Secret (preferred) or else a ConfigMap, mounted read-only at `path`; nothing
+/// when neither is named.
+fn mount_read_only(
+    name: String,
+    (secret, config_map): (Option<&str>, Option<&str>),
+    path: String,
+    volumes: &mut Vec<Volume>,
+    mounts: &mut Vec<VolumeMount>,
+) {
+    let mut volume = Volume {
+        name: name.clone(),
+        ..Default::default()
+    };
+    if let Some(s) = secret {
+        volume.secret = Some(SecretVolumeSource {
+            secret_name: Some(s.to_owned()),
+            default_mode: Some(0o440),
             ..Default::default()
         });
+    } else if let Some(c) = config_map {
+        volume.config_map = Some(ConfigMapVolumeSource {
+            name: c.to_owned(),
+            default_mode: Some(0o440),
+            ..Default::default()
+        });
+    } else {
+        return;
     }
+    volumes.push(volume);
+    mounts.push(VolumeMount {
+        name,
+        mount_path: path,
+        read_only: Some(true),
+        ..Default::default()
+    });
 }
 
 /// The pod's volumes and the proxy's mounts: its ConfigMap, certificate and CA Secrets, the
