@@ -30,7 +30,12 @@ fi
 # Certificates: one CA, a server certificate for localhost used by all fronts and the upstream.
 openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/ca.key" 2>/dev/null
 openssl req -x509 -new -key "$work/certs/ca.key" -days 2 -subj /CN=bench-ca -out "$work/certs/ca.crt" 2>/dev/null
-openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/tls.key.ec" 2>/dev/null
+# BENCH_KEY=rsa: the fronts' certificate has an RSA-2048 key instead (bench/handshakes.sh).
+if [ "${BENCH_KEY:-ec}" = rsa ]; then
+  openssl genrsa -out "$work/certs/tls.key.ec" 2048 2>/dev/null
+else
+  openssl ecparam -name prime256v1 -genkey -noout -out "$work/certs/tls.key.ec" 2>/dev/null
+fi
 openssl pkcs8 -topk8 -nocrypt -in "$work/certs/tls.key.ec" -out "$work/certs/tls.key"
 openssl req -new -key "$work/certs/tls.key" -subj /CN=localhost -out "$work/certs/tls.csr" 2>/dev/null
 printf 'subjectAltName=DNS:localhost,IP:127.0.0.1\n' > "$work/certs/ext"
