@@ -70,14 +70,14 @@ fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-/// ring's suites with AES-128-GCM first, as Go's crypto/tls, BoringSSL and Envoy order them:
+/// aws-lc-rs's suites (docs/decisions.md: measured against ring) with AES-128-GCM first, as Go's crypto/tls, BoringSSL and Envoy order them:
 /// 10 AES rounds instead of 14, and SHA-256 (which has CPU instructions on current x86, unlike
 /// SHA-384) for every handshake, with security margins no one disputes. As a client (to
 /// upstreams) this is what we offer; as a server rustls follows the client's order (Mozilla's
 /// advice: a client knows whether it has AES hardware), so this only decides for clients
 /// that have no preference. docs/decisions.md.
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
-    let mut provider = rustls::crypto::ring::default_provider();
+    let mut provider = rustls::crypto::aws_lc_rs::default_provider();
     provider.cipher_suites.sort_by_key(|s| cipher_rank(s.suite()));
     Arc::new(provider)
 }
@@ -355,7 +355,7 @@ impl ServerResumption {
     pub fn new() -> Self {
         Self {
             cache: rustls::server::ServerSessionMemoryCache::new(16 * 1024),
-            ticketer: rustls::crypto::ring::Ticketer::new().ok(),
+            ticketer: rustls::crypto::aws_lc_rs::Ticketer::new().ok(),
         }
     }
 }
@@ -568,10 +568,10 @@ mod tests {
             .position(|s| *s == C::TLS_ECDHE_ECDSA_WITH_AES_256_GCM_SHA384)
             .unwrap();
         assert!(tls12 < tls12_256);
-        // Nothing dropped: ring's full set, reordered.
+        // Nothing dropped: the provider's full set, reordered.
         assert_eq!(
             suites.len(),
-            rustls::crypto::ring::default_provider().cipher_suites.len()
+            rustls::crypto::aws_lc_rs::default_provider().cipher_suites.len()
         );
     }
 
