@@ -5,8 +5,10 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 log() { printf '[setup %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 need=()
+# cmake: aws-lc-sys (the proxy's TLS provider) builds with it where its own C build does not apply.
 for pkg_cmd in containerd:containerd runc:runc iptables:iptables conntrack:conntrack socat:socat \
-               nginx:nginx-light haproxy:haproxy wrk:wrk lua5.1:lua5.1 prometheus:prometheus curl:curl jq:jq openssl:openssl; do
+               nginx:nginx-light haproxy:haproxy wrk:wrk lua5.1:lua5.1 prometheus:prometheus curl:curl jq:jq openssl:openssl \
+               cmake:cmake; do
   c=${pkg_cmd%%:*}; p=${pkg_cmd##*:}
   command -v "$c" >/dev/null 2>&1 || need+=("$p")
 done
