@@ -276,6 +276,12 @@ impl Sim<'_> {
         if let Some(prev) = &prev {
             self.check(prev, &d, active, o.measurement.as_ref())?;
         }
+        // The weight's start, from the first persisted decision on (the one that starts the
+        // canary sets its first weight too).
+        if d.status.weight != prev.as_ref().map_or(0, |p| p.weight) {
+            self.oracle.weight_since = self.now;
+            self.oracle.latest_at_weight = None;
+        }
         if d.stable_template == StableTemplate::Desired && d.status.phase == PROMOTING {
             self.stable = "new".into();
             self.stable_rolled_out = true;
@@ -342,10 +348,6 @@ impl Sim<'_> {
         o.each_step_once(d)?;
         if next.current_step_index != prev.current_step_index {
             o.step_failures = [0, 0];
-        }
-        if next.weight != prev.weight {
-            o.weight_since = self.now;
-            o.latest_at_weight = None;
         }
         Ok(())
     }
