@@ -16,6 +16,7 @@ pub mod conditions;
 pub mod context;
 pub mod controller;
 pub mod crd;
+pub mod crypto;
 pub mod desired;
 pub mod history;
 pub mod labels;

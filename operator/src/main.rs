@@ -180,6 +180,7 @@ fn on_sigterm() -> Arc<tokio::sync::Notify> {
 
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
+    proxyfleet_operator::crypto::install_provider();
     let args = Args::parse();
     init_tracing(&args.log_format);
     let client = match Client::try_default().await {

@@ -28,6 +28,7 @@ use proxyfleet_operator::metrics::Metrics;
 /// ignored, never as passed) and run by e2e/tests/15-apiserver.sh with `--include-ignored`,
 /// where a missing cluster fails them.
 async fn client() -> Client {
+    proxyfleet_operator::crypto::install_provider();
     let path = std::env::var("PROXYFLEET_TEST_KUBECONFIG")
         .expect("PROXYFLEET_TEST_KUBECONFIG: these tests need the local cluster (e2e/tests/15-apiserver.sh)");
     let kubeconfig = Kubeconfig::read_from(&path).expect("reading PROXYFLEET_TEST_KUBECONFIG");

@@ -67,6 +67,9 @@ fn main() -> ExitCode {
     } else {
         tracing_subscriber::fmt().with_env_filter(filter).init();
     }
+    // Our own TLS configs name their provider; this default is for any library that asks for
+    // the process-wide one (rustls cannot pick one when ring is linked beside aws-lc-rs).
+    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let term_log = args.termination_log.clone();
     let config = match proxyfleet_proxy::read_config(&args.config) {
         Ok(c) => c,

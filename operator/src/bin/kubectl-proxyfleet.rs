@@ -370,6 +370,7 @@ async fn app_command(cli: &Cli) -> Option<ExitCode> {
 #[tokio::main]
 async fn main() -> ExitCode {
     quiet_on_closed_stdout();
+    proxyfleet_operator::crypto::install_provider();
     let cli = Cli::parse();
     let api = match api(&cli.namespace).await {
         Ok(a) => a,
