@@ -57,8 +57,19 @@ kubectl get secret -n "$ns" traffic-tls -o jsonpath='{.data.ca\.crt}' | base64 -
 retry 30 curl -fsS --max-time 5 --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/events -o /dev/null
 
 say "WebSocket, gRPC and SSE through the fleet"
-"$venv/bin/python" "$root/e2e/peers/traffic_peers.py" check "$ip" "$ca" traffic.example.com 2>&1 | sed 's/^/  /' >&2
-[ "${PIPESTATUS[0]}" = 0 ] || fail "a real-traffic check failed (peers: $(tail -3 /tmp/e2e-peers.log))"
+if ! "$venv/bin/python" "$root/e2e/peers/traffic_peers.py" check "$ip" "$ca" traffic.example.com > /tmp/e2e-traffic-check.log 2>&1; then
+  sed 's/^/  /' /tmp/e2e-traffic-check.log >&2
+  ws_headers=(-H 'Connection: Upgrade' -H 'Upgrade: websocket' -H 'Sec-WebSocket-Version: 13' -H 'Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==')
+  say "diagnosis: a WebSocket handshake by curl, direct and through the fleet"
+  curl -sS -i --http1.1 --max-time 5 "${ws_headers[@]}" "http://$node_ip:18765/ws" 2>&1 | head -5 >&2 || true
+  curl -sS -i --http1.1 --max-time 15 "${ws_headers[@]}" --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/ws 2>&1 | head -5 >&2 || true
+  for pod in $(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=traffic -o name); do
+    kubectl logs -n "$ns" "$pod" >&2 || true
+  done
+  date >&2; grep -v '^ ' /tmp/e2e-peers.log >&2
+  fail "a real-traffic check failed"
+fi
+sed 's/^/  /' /tmp/e2e-traffic-check.log >&2
 
 say "response header rule and X-Request-Id"
 headers=$(curl -sS -D - -o /dev/null --max-time 10 --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/events)

@@ -11,9 +11,13 @@
 //!   writing).
 //! - ControllerRevision: `data` (a copy of the spec) is dropped — the history reads the
 //!   revision label and number; `kubectl proxyfleet history/rollback` read the API server.
-//! - Deployment, Service, Secret, ServiceAccount, PodDisruptionBudget, NetworkPolicy and the
-//!   custom resources are kept whole: the reconcile re-applies a kept Deployment's template,
-//!   renders Services' cluster IPs, reads certificates, and reads every spec.
+//! - Deployment: the pod spec (`spec.template.spec`: containers, volumes, probes — most of the
+//!   object) is dropped; the template's labels (the revision) and the status stay. Only a
+//!   stable track kept on its current template during a rollout needs the pod spec, and that
+//!   reconcile reads the whole object from the API server ([`untrimmed`]).
+//! - Service, Secret, ServiceAccount, PodDisruptionBudget, NetworkPolicy and the custom
+//!   resources are kept whole: the reconcile renders Services' cluster IPs, reads
+//!   certificates, and reads every spec.
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
@@ -44,7 +48,6 @@ fn trim_meta<K: Resource + ?Sized>(object: &mut K) {
     }
 }
 
-impl Trim for Deployment {}
 impl Trim for Service {}
 impl Trim for Secret {}
 impl Trim for ServiceAccount {}
@@ -63,6 +66,24 @@ impl Trim for ConfigMap {
             self.binary_data = None;
         }
     }
+}
+
+impl Trim for Deployment {
+    fn trim(&mut self) {
+        trim_meta(self);
+        if let Some(spec) = self.spec.as_mut() {
+            spec.template.spec = None;
+        }
+    }
+}
+
+/// The whole of a cached (trimmed) Deployment, from the API server: `None` when it is gone.
+pub async fn untrimmed(client: &kube::Client, cached: &Deployment) -> Result<Option<Deployment>, kube::Error> {
+    let namespace = cached.metadata.namespace.as_deref().unwrap_or_default();
+    let name = cached.metadata.name.as_deref().unwrap_or_default();
+    Api::<Deployment>::namespaced(client.clone(), namespace)
+        .get_opt(name)
+        .await
 }
 
 impl Trim for ControllerRevision {
@@ -149,5 +170,35 @@ mod tests {
         };
         cr.trim();
         assert_eq!((cr.data, cr.revision), (None, 3));
+    }
+
+    #[test]
+    fn deployments_keep_their_revision_label_and_status_not_their_pod_spec() {
+        use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+        use k8s_openapi::api::core::v1::{PodSpec, PodTemplateSpec};
+        let template_meta = ObjectMeta {
+            labels: Some([(crate::labels::REVISION.to_string(), "r1".to_string())].into()),
+            ..Default::default()
+        };
+        let mut d = Deployment {
+            metadata: meta("edge-stable"),
+            spec: Some(DeploymentSpec {
+                replicas: Some(3),
+                template: PodTemplateSpec {
+                    metadata: Some(template_meta.clone()),
+                    spec: Some(PodSpec::default()),
+                },
+                ..Default::default()
+            }),
+            status: Some(DeploymentStatus {
+                ready_replicas: Some(3),
+                ..Default::default()
+            }),
+        };
+        d.trim();
+        assert_eq!(crate::status::revision_of(&d).as_deref(), Some("r1"));
+        let spec = d.spec.as_ref().expect("spec");
+        assert_eq!((spec.replicas, spec.template.spec.is_none()), (Some(3), true));
+        assert_eq!(d.status.and_then(|s| s.ready_replicas), Some(3));
     }
 }

@@ -5,7 +5,7 @@
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, ServiceAccount};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use kube::runtime::events::{Event, EventType, Recorder};
+use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
 use kube::Client;
 use std::sync::Arc;
@@ -40,7 +40,7 @@ pub struct Context {
     pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,
     pub applier: Applier,
-    pub recorder: Recorder,
+    pub events: crate::event_recorder::Events,
     pub metrics: Arc<Metrics>,
     pub settings: OperatorSettings,
     pub propagation: crate::propagation::state::Propagation,
@@ -90,7 +90,7 @@ impl Context {
             action: "Reconcile".into(),
             secondary: None,
         };
-        if let Err(e) = self.recorder.publish(&ev, reference).await {
+        if let Err(e) = self.events.publish(&ev, reference).await {
             tracing::debug!(error = %e, "event not published");
         }
     }

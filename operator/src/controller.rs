@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
-use kube::runtime::events::{Recorder, Reporter};
+use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
@@ -41,6 +41,13 @@ pub enum Error {
     },
     #[error("ProxyDeployment is missing {0}")]
     Metadata(String),
+    #[error("reading {what} of {namespace}/{name}: {source}")]
+    Read {
+        what: &'static str,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 impl Error {
@@ -50,6 +57,7 @@ impl Error {
             Error::Apply(ApplyError::Delete { kind, .. }) => format!("delete_{}", kind.to_lowercase()),
             Error::Status { .. } => "status".into(),
             Error::Metadata(_) => "metadata".into(),
+            Error::Read { .. } => "read".into(),
         }
     }
 }
@@ -246,7 +254,14 @@ async fn roll_out(
         cached_track(ctx, owner, Track::Stable),
         cached_track(ctx, owner, Track::Canary),
     );
-    let rollout = canary::rollout::plan(pxd, owner, ctx, rev, stable_now, canary_now, command).await;
+    let rollout = canary::rollout::plan(pxd, owner, ctx, rev, stable_now, canary_now, command)
+        .await
+        .map_err(|source| Error::Read {
+            what: "the stable Deployment",
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
     let mut desired = desired_objects(pxd, &rollout.plans, &certs.secrets, &ctx.settings.operator_namespace)
         .map_err(|e| Error::Metadata(e.0))?;
     desired.deployments.extend(rollout.kept_stable.clone());
@@ -747,7 +762,7 @@ fn context(
     apps: Store<crate::app::spec::AppRollout>,
     cluster_secrets: Vec<Store<Secret>>,
 ) -> Context {
-    let recorder = Recorder::new(
+    let events = crate::event_recorder::Events::new(
         client.clone(),
         Reporter {
             controller: "proxyfleet-operator".into(),
@@ -759,7 +774,7 @@ fn context(
         client: client.clone(),
         stores,
         applier: Applier::new(client.clone(), metrics.clone()),
-        recorder,
+        events,
         metrics: metrics.clone(),
         settings,
         http: Default::default(),

@@ -18,6 +18,7 @@ pub mod controller;
 pub mod crd;
 pub mod crypto;
 pub mod desired;
+pub mod event_recorder;
 pub mod history;
 pub mod labels;
 pub mod latest_status;

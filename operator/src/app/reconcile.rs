@@ -409,16 +409,30 @@ async fn apply_tracks(
     (template, revision): (&k8s_openapi::api::core::v1::PodTemplateSpec, &str),
     decision: &Decision,
 ) -> Result<(), AppError> {
-    let kept = inputs
-        .stable
-        .as_deref()
+    // The cache keeps no pod spec (cache_trim): a stable kept on its current template is read
+    // whole, only then.
+    let whole = match (decision.stable_template, inputs.stable.as_deref()) {
+        (StableTemplate::Current, Some(d)) => {
+            crate::cache_trim::untrimmed(&ctx.client, d)
+                .await
+                .map_err(|source| AppError::Read {
+                    what: "the stable Deployment".into(),
+                    namespace: owner.namespace.clone(),
+                    name: owner.name.clone(),
+                    source,
+                })?
+        }
+        _ => None,
+    };
+    let kept = whole
+        .as_ref()
         .and_then(|d| Some((objects::template_of(d)?, crate::status::revision_of(d)?)));
     // Stable keeps its full size through a rollout (Argo Rollouts' default with a traffic
     // router): the weights, not the pod counts, move the traffic.
     let replicas = ar.spec.replicas;
-    let stable = match (decision.stable_template, kept) {
-        (StableTemplate::Current, Some((t, r))) => objects::deployment(owner, AppTrack::Stable, &t, &r, replicas),
-        _ => objects::deployment(owner, AppTrack::Stable, template, revision, replicas),
+    let stable = match kept {
+        Some((t, r)) => objects::deployment(owner, AppTrack::Stable, &t, &r, replicas),
+        None => objects::deployment(owner, AppTrack::Stable, template, revision, replicas),
     };
     ctx.applier.apply(stable, &ctx.stores.deployments).await?;
     // No canary wanted: keep the object, scaled to zero (its weight is already gone).

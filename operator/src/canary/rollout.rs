@@ -93,12 +93,12 @@ pub async fn plan(
     stable: Option<Arc<Deployment>>,
     canary: Option<Arc<Deployment>>,
     command: Option<Command>,
-) -> RolloutPlan {
+) -> Result<RolloutPlan, kube::Error> {
     let total = pxd.spec.replicas;
     let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.clone());
     let Some(strategy) = strategy else {
         tracing::debug!("no canary strategy: plain rolling update");
-        return RolloutPlan {
+        return Ok(RolloutPlan {
             plans: vec![TrackPlan {
                 track: Track::Stable,
                 replicas: total,
@@ -107,7 +107,7 @@ pub async fn plan(
             kept_stable: None,
             kept_config_map: None,
             decision: None,
-        };
+        });
     };
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
     let obs = observe(
@@ -120,7 +120,13 @@ pub async fn plan(
     )
     .await;
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
-    let mut out = tracks_of(&decision, revision, stable.as_deref());
+    // The cache keeps no pod spec (cache_trim): a stable track kept on its current template is
+    // read whole, only then.
+    let stable_whole = match (decision.stable_template, stable.as_deref()) {
+        (StableTemplate::Current, Some(d)) => crate::cache_trim::untrimmed(&ctx.client, d).await?,
+        _ => None,
+    };
+    let mut out = tracks_of(&decision, revision, stable_whole.as_ref());
     tracing::info!(
         phase = %decision.status.phase,
         step = decision.status.current_step_index,
@@ -138,7 +144,7 @@ pub async fn plan(
         ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
     }
     out.decision = Some(decision);
-    out
+    Ok(out)
 }
 
 /// The tracks a decision asks for: pure. The stable track keeps its current template (and
