@@ -5,6 +5,8 @@
 # The operator runs as a process (release build) against the cluster's kubeconfig.
 #   Usage: bench/operator-scale.sh [N]    (default 200; prints a Markdown table)
 #   PROXYFLEET_OPERATOR=path runs that binary instead of the release build.
+#   LATER=SECONDS also reports RSS that long after the quiet figure (caches that age out, such
+#   as the event recorder's six-minute window).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 . "$root/e2e/lib/testlib.sh"
@@ -67,3 +69,7 @@ cat <<MD
 | operator RSS when quiet | $steady MiB |
 | API writes in 60 s of quiet resync | $(( w1 - w0 )) |
 MD
+if [ -n "${LATER:-}" ]; then
+  sleep "$LATER"
+  echo "| operator RSS ${LATER} s after that | $(rss) MiB |"
+fi
