@@ -18,7 +18,7 @@ use super::render::{shape_spec, AppTrack};
 use super::spec::{AppRollout, AppRolloutStatus};
 use super::weights;
 use crate::apply::ApplyError;
-use crate::canary::machine::{self, Command, Decision, Observations};
+use crate::canary::machine::{self, Command, Decision, Observations, StableTemplate};
 use crate::canary::rollout::COMMAND_ANNOTATION;
 use crate::conditions::{self, Want};
 use crate::context::Context;
@@ -409,15 +409,21 @@ async fn apply_tracks(
     (template, revision): (&k8s_openapi::api::core::v1::PodTemplateSpec, &str),
     decision: &Decision,
 ) -> Result<(), AppError> {
-    let whole =
-        crate::canary::rollout::kept_stable_whole(&ctx.client, decision.stable_template, inputs.stable.as_deref())
-            .await
-            .map_err(|source| AppError::Read {
-                what: "the stable Deployment".into(),
-                namespace: owner.namespace.clone(),
-                name: owner.name.clone(),
-                source,
-            })?;
+    // The cache keeps no pod spec (cache_trim): a stable kept on its current template is read
+    // whole, only then.
+    let whole = match (decision.stable_template, inputs.stable.as_deref()) {
+        (StableTemplate::Current, Some(d)) => {
+            crate::cache_trim::untrimmed(&ctx.client, d)
+                .await
+                .map_err(|source| AppError::Read {
+                    what: "the stable Deployment".into(),
+                    namespace: owner.namespace.clone(),
+                    name: owner.name.clone(),
+                    source,
+                })?
+        }
+        _ => None,
+    };
     let kept = whole
         .as_ref()
         .and_then(|d| Some((objects::template_of(d)?, crate::status::revision_of(d)?)));

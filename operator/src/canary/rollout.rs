@@ -120,7 +120,12 @@ pub async fn plan(
     )
     .await;
     let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
-    let stable_whole = kept_stable_whole(&ctx.client, decision.stable_template, stable.as_deref()).await?;
+    // The cache keeps no pod spec (cache_trim): a stable track kept on its current template is
+    // read whole, only then.
+    let stable_whole = match (decision.stable_template, stable.as_deref()) {
+        (StableTemplate::Current, Some(d)) => crate::cache_trim::untrimmed(&ctx.client, d).await?,
+        _ => None,
+    };
     let mut out = tracks_of(&decision, revision, stable_whole.as_ref());
     tracing::info!(
         phase = %decision.status.phase,
@@ -140,19 +145,6 @@ pub async fn plan(
     }
     out.decision = Some(decision);
     Ok(out)
-}
-
-/// The stable Deployment whole, when the decision keeps it on its current template: the cache
-/// keeps no pod spec (cache_trim), so only then is it read from the API server.
-pub async fn kept_stable_whole(
-    client: &kube::Client,
-    template: StableTemplate,
-    cached: Option<&Deployment>,
-) -> Result<Option<Deployment>, kube::Error> {
-    match (template, cached) {
-        (StableTemplate::Current, Some(d)) => crate::cache_trim::untrimmed(client, d).await,
-        _ => Ok(None),
-    }
 }
 
 /// The tracks a decision asks for: pure. The stable track keeps its current template (and
