@@ -158,7 +158,11 @@ grep -q "approllout/shop .*weight=0%" <<<"$apr" || fail "kubectl proxyfleet get 
 "$PLUGIN" -n "$ns" status approllout/shop --timeout 30 >/dev/null || fail "kubectl proxyfleet status approllout/shop"
 
 say "3. v3 answering 20 % 500 → rolled back"
-"$LOADGEN" --url https://shop.example.com/e2e-app --connect "$ip:443" --ca "$ca" --rate 40 --workers 2 \
+# 200 req/s puts ~100 requests on the 5 % canary per 10 s window, so every window of a version
+# failing 20 % fails (more than 5 errors among 100: P ≈ 1 − 1e-5). At 40 req/s a window held ~20
+# canary requests, one in fifteen of which had ≤ 1 error (≤ 5 %) and passed, and a pass between
+# the two failures failureLimit 1 needs delays the abort by an interval (15.97 s seen once).
+"$LOADGEN" --url https://shop.example.com/e2e-app --connect "$ip:443" --ca "$ca" --rate 200 --workers 2 \
   --duration 300s --summary /tmp/app-load-bad.json >/dev/null 2>>/tmp/app-load.err &
 LOAD_PID=$!
 kubectl set env -n "$ns" deploy/shop ECHO_VERSION=v3 ECHO_ERROR_PERCENT=20 >/dev/null
@@ -179,7 +183,12 @@ say "first failing measurement → canary weight 0 on every proxy pod ($(pod_wei
 echo "$t" > /tmp/app-rollback-seconds.txt
 # The goal is one interval + 2 s (7 s); the bound that fails the test leaves room for a busy
 # 2-core machine (two intervals + 2 s).
-awk -v t="$t" 'BEGIN { exit !(t <= 12) }' || fail "rollback took ${t}s (goal ≤ one 5 s interval + 2 s)"
+awk -v t="$t" 'BEGIN { exit !(t <= 12) }' || {
+  ar '.status.canary.metrics' >&2; echo >&2
+  kubectl logs -n proxyfleet-system -l app.kubernetes.io/name=proxyfleet-operator --tail=200 2>&1 \
+    | grep -E 'approllout="?shop|shop' | tail -60 >&2
+  fail "rollback took ${t}s (goal ≤ one 5 s interval + 2 s)"
+}
 retry 60 bash -c "[ \"\$(kubectl get deploy -n $ns shop-canary -o jsonpath='{.status.replicas}')\" = '' ] || [ \"\$(kubectl get deploy -n $ns shop-canary -o jsonpath='{.status.replicas}')\" = 0 ]"
 retry 20 all_v2
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID || true
