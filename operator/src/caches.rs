@@ -23,6 +23,7 @@ use crate::crd::ProxyDeployment;
 use crate::labels;
 use crate::policy::spec::ProxyFleetPolicy;
 use crate::resources::OperatorSettings;
+use crate::shared_input::{shared_input, Triggers};
 
 /// What wakes the controllers besides their own watches. Every one is sent after the cache
 /// holds the change that caused it, so the reconcile it triggers reads that change.
@@ -41,10 +42,18 @@ pub struct Wake {
     pub all_fleets: UnboundedReceiver<()>,
     /// A ProxyFleetPolicy changed: every fleet (the fleet controller enforces them).
     pub policies: UnboundedReceiver<()>,
+    /// Every change to a ProxyDeployment, for the fleet controller and for the propagation
+    /// controller (one watch and one cache for both).
+    pub fleet_changes: Triggers<ProxyDeployment>,
+    pub propagation_changes: Triggers<ProxyDeployment>,
+    /// Every change to an AppRollout, for the AppRollout controller (its cache is `apps`).
+    pub app_changes: Triggers<AppRollout>,
 }
 
 pub struct Caches {
     pub stores: Stores,
+    /// Every ProxyDeployment; the fleet and the propagation controllers reconcile from it.
+    pub fleets: Store<ProxyDeployment>,
     pub apps: Store<AppRollout>,
     pub cluster_secrets: Vec<Store<Secret>>,
     pub wake: Wake,
@@ -94,7 +103,13 @@ impl Caches {
         let (deployments, f1) = owned_store_with(client, settings, move |d: &Deployment| deployment_owners.wake(d));
         let (config_maps, f2) = owned_store::<ConfigMap>(client, settings);
         // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
-        let (apps, f8) = crate::app::controller::store(client, settings, [fleet_tx.clone(), propagated_tx]);
+        let (apps, [app_changes], f8) =
+            crate::app::controller::store(client, settings, [fleet_tx.clone(), propagated_tx]);
+        let (fleets_store, [fleet_changes, propagation_changes], f12) = shared_input(
+            settings.api::<ProxyDeployment>(client),
+            watcher::Config::default().any_semantic(),
+            |_: &ProxyDeployment| {},
+        );
         // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
         let app_store = apps.clone();
         let service_owners = owners.clone();
@@ -128,6 +143,7 @@ impl Caches {
                 f9,
                 f10,
                 f11,
+                f12,
                 futures::future::join_all(cluster_watches)
             );
         }));
@@ -144,6 +160,7 @@ impl Caches {
                 policies,
                 namespaces,
             },
+            fleets: fleets_store,
             apps,
             cluster_secrets,
             wake: Wake {
@@ -153,6 +170,9 @@ impl Caches {
                 propagated,
                 all_fleets,
                 policies: policies_changed,
+                fleet_changes,
+                propagation_changes,
+                app_changes,
             },
             task,
         }
@@ -171,6 +191,7 @@ impl Caches {
             s.revisions.wait_until_ready(),
             s.network_policies.wait_until_ready(),
             self.apps.wait_until_ready(),
+            self.fleets.wait_until_ready(),
             s.policies.wait_until_ready(),
             s.namespaces.wait_until_ready(),
         );

@@ -35,7 +35,7 @@ pub struct Context {
     pub client: Client,
     /// The status this operator last wrote per object (uid → resourceVersion after the write,
     /// status). The watch cache can lag behind our own write; decisions must not.
-    pub written_status: std::sync::Mutex<std::collections::HashMap<String, (u64, crate::crd::ProxyDeploymentStatus)>>,
+    pub written_status: crate::latest_status::LatestStatus<crate::crd::ProxyDeploymentStatus>,
     pub http: crate::canary::source::HttpGetter,
     pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,

@@ -11,7 +11,6 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
-use kube::runtime::watcher;
 use kube::{Client, Resource, ResourceExt};
 use tracing::{field, info_span, Instrument};
 
@@ -80,16 +79,13 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
 
 /// The object with the newest status we know: our own last write when the cache lags behind it.
 fn with_latest_status(pxd: Arc<ProxyDeployment>, ctx: &Context) -> Arc<ProxyDeployment> {
-    let (Some(uid), Some(rv)) = (pxd.metadata.uid.as_deref(), pxd.metadata.resource_version.as_deref()) else {
+    let uid = pxd.metadata.uid.as_deref().unwrap_or_default();
+    let Some(status) = ctx
+        .written_status
+        .newer_than(uid, pxd.metadata.resource_version.as_deref())
+    else {
         return pxd;
     };
-    let Ok(cached_rv) = rv.parse::<u64>() else { return pxd };
-    let Some((written_rv, status)) = ctx.written_status.lock().ok().and_then(|m| m.get(uid).cloned()) else {
-        return pxd;
-    };
-    if written_rv <= cached_rv {
-        return pxd;
-    }
     let mut newer = (*pxd).clone();
     newer.status = Some(status);
     Arc::new(newer)
@@ -195,9 +191,7 @@ const MAX_REQUEUE: Duration = Duration::from_secs(300);
 /// Owned objects follow through their owner references; nothing to do but forget the status.
 async fn finalize(_pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
     // Members are the propagation controller's (it holds the finalizer until they are done).
-    if let Ok(mut m) = ctx.written_status.lock() {
-        m.remove(&owner.reference.uid);
-    }
+    ctx.written_status.forget(&owner.reference.uid);
     ctx.acme_orders.forget(&owner.reference.uid);
     Action::await_change()
 }
@@ -429,14 +423,11 @@ async fn write_status(
             name: owner.name.clone(),
             source,
         })?;
-    let rv = written
-        .metadata
-        .resource_version
-        .as_deref()
-        .and_then(|r| r.parse::<u64>().ok());
-    if let (Some(rv), Ok(mut m)) = (rv, ctx.written_status.lock()) {
-        m.insert(owner.reference.uid.clone(), (rv, status.clone()));
-    }
+    ctx.written_status.record(
+        &owner.reference.uid,
+        written.metadata.resource_version.as_deref(),
+        status.clone(),
+    );
     ctx.metrics.api_write("ProxyDeployment/status", "apply");
     Ok(())
 }
@@ -621,6 +612,7 @@ pub async fn run(
     tracing::info!("caches synced; starting the controllers");
     let Caches {
         stores,
+        fleets,
         apps,
         cluster_secrets,
         wake,
@@ -635,12 +627,7 @@ pub async fn run(
         apps,
         cluster_secrets,
     ));
-    let scope = ctx.settings.clone();
-    let (fleets, changes) = crate::cache_trim::controller_input(
-        scope.api::<ProxyDeployment>(&client),
-        watcher::Config::default().any_semantic(),
-    );
-    let controller = Controller::for_stream(changes, fleets)
+    let controller = Controller::for_shared_stream(wake.fleet_changes, fleets.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.reconcile_concurrency));
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);
     // They end with this future: a leader that lost its lease is aborted here and must not
@@ -650,6 +637,9 @@ pub async fn run(
         &client,
         &ctx,
         OthersWake {
+            fleets,
+            propagation_changes: wake.propagation_changes,
+            app_changes: wake.app_changes,
             apps: wake.apps,
             propagated: wake.propagated,
             clusters_changed: wake.all_fleets,
@@ -677,6 +667,10 @@ pub async fn run(
 
 /// What wakes the other controllers, from the shared caches.
 struct OthersWake {
+    /// The fleet controller's cache of ProxyDeployments, which propagation reconciles too.
+    fleets: Store<ProxyDeployment>,
+    propagation_changes: crate::shared_input::Triggers<ProxyDeployment>,
+    app_changes: crate::shared_input::Triggers<crate::app::spec::AppRollout>,
     apps: futures::channel::mpsc::UnboundedReceiver<ObjectRef<crate::app::spec::AppRollout>>,
     propagated: futures::channel::mpsc::UnboundedReceiver<ObjectRef<ProxyDeployment>>,
     clusters_changed: futures::channel::mpsc::UnboundedReceiver<()>,
@@ -708,11 +702,11 @@ impl Others {
             AbortOnDrop(tokio::spawn(crate::app::controller::run(
                 client.clone(),
                 ctx.clone(),
-                wake.apps,
+                (wake.app_changes, wake.apps),
                 app,
             ))),
             AbortOnDrop(tokio::spawn(crate::propagation::controller::run(
-                scope.api::<ProxyDeployment>(client),
+                (wake.fleets, wake.propagation_changes),
                 ctx.clone(),
                 (wake.clusters_changed, wake.propagated),
                 propagation,

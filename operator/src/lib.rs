@@ -30,6 +30,7 @@ pub mod propagation;
 pub mod resources;
 pub mod schema;
 pub mod secret_refs;
+pub mod shared_input;
 pub mod spec_check;
 pub mod status;
 pub mod task;

@@ -11,47 +11,44 @@ use k8s_openapi::api::core::v1::Service;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::controller::Controller;
-use kube::runtime::reflector::{self, ObjectRef, Store};
+use kube::runtime::reflector::{ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, ResourceExt};
 
 use super::reconcile::{error_policy, reconcile};
 use super::spec::AppRollout;
-use crate::cache_trim::Trim;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
+use crate::shared_input::{shared_input, Triggers};
 
-/// A cache of every AppRollout, and the task keeping it; each change sends the fleet the
-/// rollout names (before and after an edit) to each of `fleets`, after the cache holds it.
+/// A cache of every AppRollout, the changes the AppRollout controller reconciles, and the
+/// task keeping both (one watch); each change also sends the fleet the rollout names (before
+/// and after an edit) to each of `fleets`, after the cache holds it.
 pub fn store(
     client: &Client,
     settings: &crate::resources::OperatorSettings,
     fleets: [UnboundedSender<ObjectRef<ProxyDeployment>>; 2],
-) -> (Store<AppRollout>, impl std::future::Future<Output = ()>) {
-    let (reader, writer) = reflector::store();
+) -> (
+    Store<AppRollout>,
+    [Triggers<AppRollout>; 1],
+    impl std::future::Future<Output = ()>,
+) {
     let api: Api<AppRollout> = settings.api(client);
-    let trimmed = watcher(api, watcher::Config::default()).modify(AppRollout::trim);
-    let task = reflector::reflector(writer, trimmed)
-        .default_backoff()
-        .touched_objects()
-        .for_each(move |ar| {
-            if let Ok(ar) = ar {
-                let fleet = ObjectRef::new(&ar.spec.route.proxy_deployment).within(&ar.namespace().unwrap_or_default());
-                for tx in &fleets {
-                    let _ = tx.unbounded_send(fleet.clone());
-                }
-            }
-            futures::future::ready(())
-        });
-    (reader, task)
+    shared_input(api, watcher::Config::default(), move |ar: &AppRollout| {
+        let fleet = ObjectRef::new(&ar.spec.route.proxy_deployment).within(&ar.namespace().unwrap_or_default());
+        for tx in &fleets {
+            let _ = tx.unbounded_send(fleet.clone());
+        }
+    })
 }
 
-/// Runs the AppRollout controller until `stop` completes. `owned_changed` carries the
-/// rollouts whose own Deployments or Services changed (from the shared caches' watches).
+/// Runs the AppRollout controller until `stop` completes. `changes` are the AppRollouts' own
+/// (from the watch that fills `ctx.apps`); `owned_changed` carries the rollouts whose own
+/// Deployments or Services changed (from the shared caches' watches).
 pub async fn run(
     client: Client,
     ctx: Arc<Context>,
-    owned_changed: UnboundedReceiver<ObjectRef<AppRollout>>,
+    (changes, owned_changed): (Triggers<AppRollout>, UnboundedReceiver<ObjectRef<AppRollout>>),
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let apps = ctx.apps.clone();
@@ -63,9 +60,7 @@ pub async fn run(
         watcher::Config::default(),
     )
     .touched_objects();
-    let (rollouts, changes) =
-        crate::cache_trim::controller_input(s.api::<AppRollout>(&client), watcher::Config::default());
-    Controller::for_stream(changes, rollouts)
+    Controller::for_shared_stream(changes, ctx.apps.clone())
         .reconcile_on(owned_changed)
         .watches_stream(team_deployments, move |d| releasing(&apps, &d))
         .graceful_shutdown_on(stop)

@@ -11,7 +11,6 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
-use kube::runtime::watcher;
 use kube::ResourceExt;
 
 use super::reconcile::{self, Outcome};
@@ -141,13 +140,17 @@ fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> 
     Action::requeue(ctx.backoff.failed(&key))
 }
 
-/// Runs until `stop` completes. `clusters_changed` fires when a member cluster Secret changes
+/// Runs until `stop` completes, over the fleet controller's cache of ProxyDeployments and its
+/// own stream of their changes (one watch for both). `clusters_changed` fires when a member cluster Secret changes
 /// (every placement may select it); `apps_changed` names the fleet of an AppRollout that
 /// changed (its spec, or its status when its Deployment's template changed: a new bundle
 /// revision), from the shared AppRollout cache; a change to a member's copy wakes its hub
 /// object.
 pub async fn run(
-    api: Api<ProxyDeployment>,
+    (fleets, changes): (
+        kube::runtime::reflector::Store<ProxyDeployment>,
+        crate::shared_input::Triggers<ProxyDeployment>,
+    ),
     ctx: Arc<Context>,
     (clusters_changed, apps_changed): (
         impl futures::Stream<Item = ()> + Send + 'static,
@@ -157,8 +160,7 @@ pub async fn run(
 ) {
     let (wake, woken) = futures::channel::mpsc::channel(256);
     let _members = crate::task::AbortOnDrop(tokio::spawn(super::member_watch::run(ctx.clone(), wake)));
-    let (fleets, changes) = crate::cache_trim::controller_input(api, watcher::Config::default().any_semantic());
-    Controller::for_stream(changes, fleets)
+    Controller::for_shared_stream(changes, fleets)
         .reconcile_on(apps_changed)
         .reconcile_all_on(clusters_changed)
         .reconcile_on(woken)
