@@ -12,12 +12,17 @@
 //! - ControllerRevision: `data` (a copy of the spec) is dropped — the history reads the
 //!   revision label and number; `kubectl proxyfleet history/rollback` read the API server.
 //! - Deployment: the pod spec (`spec.template.spec`: containers, volumes, probes — most of the
-//!   object) is dropped; the template's labels (the revision) and the status stay. Only a
-//!   stable track kept on its current template during a rollout needs the pod spec, and that
-//!   reconcile reads the whole object from the API server ([`untrimmed`]).
-//! - Service, Secret, ServiceAccount, PodDisruptionBudget, NetworkPolicy and the custom
-//!   resources are kept whole: the reconcile renders Services' cluster IPs, reads
-//!   certificates, and reads every spec.
+//!   object), the selector and the strategy are dropped; the template's metadata (the revision
+//!   label), the replica count and the status stay. Only a stable track kept on its current
+//!   template during a rollout needs the pod spec, and that reconcile reads the whole object
+//!   from the API server ([`untrimmed`]).
+//! - NetworkPolicy, PodDisruptionBudget, ServiceAccount: only the metadata stays. The applier
+//!   reads the desired-hash annotation and the version, garbage collection the owner
+//!   references; nothing reads their bodies.
+//! - Service: of the spec only the cluster IP stays (an app track's Service is rendered as its
+//!   ClusterIP); ports, selectors and the status go.
+//! - Secret and the custom resources are kept whole: the reconcile reads certificates (and
+//!   re-applies a leaf with its key) and every spec.
 
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
@@ -29,6 +34,13 @@ use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
 use serde::de::DeserializeOwned;
+
+/// Objects per page of the initial list of a watch whose kind has an object per fleet. The
+/// page is decoded whole, before the cache trims its objects: at 1 000 fleets kube-runtime's
+/// default (500), or no pages at all (`any_semantic`: the API server's watch cache ignores the
+/// limit), held ≈ 36 MiB of untrimmed objects at once when the operator started over existing
+/// fleets, and the allocator kept that RSS. A page of 100 costs ten list requests per kind.
+pub const LIST_PAGE: u32 = 100;
 
 /// kubectl's client-side apply record: the whole object again, as an annotation.
 pub const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
@@ -48,11 +60,42 @@ fn trim_meta<K: Resource + ?Sized>(object: &mut K) {
     }
 }
 
-impl Trim for Service {}
 impl Trim for Secret {}
-impl Trim for ServiceAccount {}
-impl Trim for PodDisruptionBudget {}
-impl Trim for NetworkPolicy {}
+
+impl Trim for Service {
+    fn trim(&mut self) {
+        trim_meta(self);
+        let cluster_ip = self.spec.as_mut().and_then(|s| s.cluster_ip.take());
+        self.spec = cluster_ip.map(|ip| k8s_openapi::api::core::v1::ServiceSpec {
+            cluster_ip: Some(ip),
+            ..Default::default()
+        });
+        self.status = None;
+    }
+}
+
+impl Trim for ServiceAccount {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.secrets = None;
+        self.image_pull_secrets = None;
+    }
+}
+
+impl Trim for PodDisruptionBudget {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.spec = None;
+        self.status = None;
+    }
+}
+
+impl Trim for NetworkPolicy {
+    fn trim(&mut self) {
+        trim_meta(self);
+        self.spec = None;
+    }
+}
 impl Trim for PartialObjectMeta<Namespace> {}
 impl Trim for crate::crd::ProxyDeployment {}
 impl Trim for crate::app::spec::AppRollout {}
@@ -73,6 +116,8 @@ impl Trim for Deployment {
         trim_meta(self);
         if let Some(spec) = self.spec.as_mut() {
             spec.template.spec = None;
+            spec.selector = Default::default();
+            spec.strategy = None;
         }
     }
 }
@@ -200,5 +245,41 @@ mod tests {
         let spec = d.spec.as_ref().expect("spec");
         assert_eq!((spec.replicas, spec.template.spec.is_none()), (Some(3), true));
         assert_eq!(d.status.and_then(|s| s.ready_replicas), Some(3));
+    }
+
+    #[test]
+    fn services_keep_their_cluster_ip_only_and_applied_kinds_their_metadata() {
+        use k8s_openapi::api::core::v1::{ServicePort, ServiceSpec};
+        use k8s_openapi::api::networking::v1::NetworkPolicySpec;
+        let mut svc = Service {
+            metadata: meta("shop-canary"),
+            spec: Some(ServiceSpec {
+                cluster_ip: Some("10.96.0.7".into()),
+                ports: Some(vec![ServicePort::default()]),
+                ..Default::default()
+            }),
+            ..Default::default()
+        };
+        svc.trim();
+        let spec = svc.spec.expect("spec");
+        assert_eq!((spec.cluster_ip.as_deref(), spec.ports), (Some("10.96.0.7"), None));
+        let mut np = NetworkPolicy {
+            metadata: meta("edge"),
+            spec: Some(NetworkPolicySpec::default()),
+        };
+        np.trim();
+        assert!(np.spec.is_none());
+        let annotations = np.metadata.annotations.unwrap_or_default();
+        assert!(
+            annotations.contains_key("proxyfleet.io/desired-hash"),
+            "the applier reads it"
+        );
+        let mut pdb = PodDisruptionBudget {
+            metadata: meta("edge"),
+            spec: Some(Default::default()),
+            status: Some(Default::default()),
+        };
+        pdb.trim();
+        assert!(pdb.spec.is_none() && pdb.status.is_none());
     }
 }

@@ -3,7 +3,8 @@
 //! so the reconcile it triggers reads what woke it.
 
 use futures::channel::mpsc::{unbounded, UnboundedReceiver, UnboundedSender};
-use futures::StreamExt;
+use futures::future::BoxFuture;
+use futures::{FutureExt, StreamExt};
 use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
@@ -107,7 +108,7 @@ impl Caches {
             crate::app::controller::store(client, settings, [fleet_tx.clone(), propagated_tx]);
         let (fleets_store, [fleet_changes, propagation_changes], f12) = shared_input(
             settings.api::<ProxyDeployment>(client),
-            watcher::Config::default().any_semantic(),
+            watcher::Config::default().page_size(crate::cache_trim::LIST_PAGE),
             |_: &ProxyDeployment| {},
         );
         // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
@@ -130,23 +131,15 @@ impl Caches {
         let propagation_tx = all_tx.clone();
         let (policies, f10) = policy_store(client, [policy_tx, propagation_tx]);
         let (cluster_secrets, cluster_watches) = cluster_secret_stores(client, settings, all_tx);
-        let task = crate::task::AbortOnDrop(tokio::spawn(async move {
-            tokio::join!(
-                f1,
-                f2,
-                f3,
-                f4,
-                f5,
-                f6,
-                f7,
-                f8,
-                f9,
-                f10,
-                f11,
-                f12,
-                futures::future::join_all(cluster_watches)
-            );
-        }));
+        // One task keeps every watch; boxing a dozen futures once costs nothing per event.
+        let mut watches: Vec<BoxFuture<'static, ()>> = vec![f1.boxed(), f2.boxed(), f3.boxed(), f4.boxed()];
+        watches.extend([f5.boxed(), f6.boxed(), f7.boxed(), f8.boxed(), f9.boxed(), f10.boxed()]);
+        watches.extend([
+            f11.boxed(),
+            f12.boxed(),
+            futures::future::join_all(cluster_watches).map(drop).boxed(),
+        ]);
+        let task = crate::task::AbortOnDrop(tokio::spawn(futures::future::join_all(watches).map(drop)));
         Self {
             stores: Stores {
                 deployments,
@@ -359,7 +352,7 @@ where
 {
     let config = watcher::Config::default()
         .labels(&labels::managed_selector())
-        .any_semantic();
+        .page_size(crate::cache_trim::LIST_PAGE);
     store_all(settings.api(client), config, on_touched)
 }
 

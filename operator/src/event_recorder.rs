@@ -1,8 +1,11 @@
 //! kube-runtime's event [`Recorder`], let go of when idle. A Recorder keeps every event it
 //! published for six minutes, to count repeats as one series, and forgets old ones only on its
 //! next publish: after a busy spell a quiet operator held every event of it (5.9 MiB at 1 000
-//! fleets, issue 24). A recorder idle for longer than that window holds nothing a new event
-//! could join, so it is dropped, and the next event starts a fresh one.
+//! fleets, issue 24). A recorder idle for a minute is dropped, and the next event starts a
+//! fresh one. What that changes: an event repeated after a minute of total quiet becomes a new
+//! Event object instead of a count on the old one's series — one API write either way (a create
+//! instead of a patch); the API server expires both alike. During any busy spell (a rollout, a
+//! burst of fleets) the recorder lives on and series count as before.
 
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
@@ -11,8 +14,9 @@ use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, Recorder, Reporter};
 use kube::Client;
 
-/// How long kube-runtime's Recorder counts a repeated event into the same series.
-const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
+/// How long the recorder may sit idle before it is dropped (kube-runtime's own series window,
+/// beyond which it would have forgotten an event anyway, is six minutes).
+const IDLE: Duration = Duration::from_secs(60);
 
 type Slot = Mutex<Option<(Recorder, Instant)>>;
 
@@ -49,7 +53,7 @@ impl Events {
 }
 
 async fn forget_when_idle(slot: Weak<Slot>) {
-    let mut tick = tokio::time::interval(SERIES_WINDOW / 6);
+    let mut tick = tokio::time::interval(IDLE / 6);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
@@ -59,12 +63,9 @@ async fn forget_when_idle(slot: Weak<Slot>) {
     }
 }
 
-/// Drops the recorder when its last event is older than the series window.
+/// Drops the recorder when its last event is older than [`IDLE`].
 fn forget_if_idle<R>(slot: &mut Option<(R, Instant)>, now: Instant) {
-    if slot
-        .as_ref()
-        .is_some_and(|(_, last)| now.duration_since(*last) > SERIES_WINDOW)
-    {
+    if slot.as_ref().is_some_and(|(_, last)| now.duration_since(*last) > IDLE) {
         *slot = None;
     }
 }
@@ -74,12 +75,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_recorder_is_dropped_only_after_the_series_window() {
+    fn a_recorder_is_dropped_only_after_a_minute_idle() {
         let start = Instant::now();
         let mut slot = Some(((), start));
-        forget_if_idle(&mut slot, start + SERIES_WINDOW);
-        assert!(slot.is_some(), "an event may still join its series");
-        forget_if_idle(&mut slot, start + SERIES_WINDOW + Duration::from_secs(1));
+        forget_if_idle(&mut slot, start + IDLE);
+        assert!(slot.is_some(), "busy enough: an event may still join its series");
+        forget_if_idle(&mut slot, start + IDLE + Duration::from_secs(1));
         assert!(slot.is_none());
         let mut empty: Option<((), Instant)> = None;
         forget_if_idle(&mut empty, start);

@@ -34,7 +34,8 @@ pub fn store(
     impl std::future::Future<Output = ()>,
 ) {
     let api: Api<AppRollout> = settings.api(client);
-    shared_input(api, watcher::Config::default(), move |ar: &AppRollout| {
+    let config = watcher::Config::default().page_size(crate::cache_trim::LIST_PAGE);
+    shared_input(api, config, move |ar: &AppRollout| {
         let fleet = ObjectRef::new(&ar.spec.route.proxy_deployment).within(&ar.namespace().unwrap_or_default());
         for tx in &fleets {
             let _ = tx.unbounded_send(fleet.clone());
