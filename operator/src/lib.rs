@@ -19,6 +19,7 @@ pub mod crd;
 pub mod crypto;
 pub mod desired;
 pub mod event_recorder;
+pub mod heap_trim;
 pub mod history;
 pub mod labels;
 pub mod latest_status;

@@ -201,6 +201,7 @@ async fn main() -> std::process::ExitCode {
         .clone()
         .unwrap_or_else(|| std::env::var("HOSTNAME").unwrap_or_else(|_| "proxyfleet-operator".into()));
     let metrics = Arc::new(Metrics::new());
+    tokio::spawn(proxyfleet_operator::heap_trim::run());
     let ready = Arc::new(AtomicBool::new(true));
     let (addr, m, r) = (args.metrics_addr, metrics.clone(), ready.clone());
     tokio::spawn(async move {
