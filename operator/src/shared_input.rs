@@ -46,28 +46,48 @@ where
     let trimmed = watcher(api, config).modify(K::trim);
     let driver = reflector::reflector(writer, trimmed)
         .default_backoff()
-        .touched_objects()
-        .for_each(move |object| {
-            if let Ok(object) = object {
-                on_touched(&object);
-                fan_out(&cache, &object, &senders);
+        .for_each(move |event| {
+            if let Ok(event) = event {
+                dispatch(&event, &cache, &senders, &mut on_touched);
             }
             futures::future::ready(())
         });
     (reader, triggers, driver)
 }
 
-/// Sends the cache's copy of `object` to every controller; a deleted object (gone from the
-/// cache) is sent to none, as `Controller::for_stream` with `applied_objects` would not.
-fn fan_out<K>(cache: &Store<K>, object: &K, senders: &[UnboundedSender<Arc<K>>])
-where
+/// What one watch event (already applied to the cache) sends. A list — the first, or a relist
+/// after the watch lost its place — reaches the cache whole at `InitDone` (its objects wait in
+/// the reflector's buffer until then), so every listed object is sent then, as the cache holds
+/// it; a deleted object is sent to no controller, as `Controller::for_stream` with
+/// `applied_objects` would not.
+fn dispatch<K>(
+    event: &watcher::Event<K>,
+    cache: &Store<K>,
+    senders: &[UnboundedSender<Arc<K>>],
+    on_touched: &mut impl FnMut(&K),
+) where
     K: Resource<DynamicType = ()> + Clone + 'static,
 {
-    let Some(held) = cache.get(&ObjectRef::from_obj(object)) else {
-        return;
+    let send = |held: Arc<K>| {
+        for tx in senders {
+            let _ = tx.unbounded_send(held.clone());
+        }
     };
-    for tx in senders {
-        let _ = tx.unbounded_send(held.clone());
+    match event {
+        watcher::Event::Apply(object) => {
+            on_touched(object);
+            if let Some(held) = cache.get(&ObjectRef::from_obj(object)) {
+                send(held);
+            }
+        }
+        watcher::Event::Delete(object) => on_touched(object),
+        watcher::Event::InitDone => {
+            for held in cache.state() {
+                on_touched(&held);
+                send(held);
+            }
+        }
+        watcher::Event::Init | watcher::Event::InitApply(_) => {}
     }
 }
 
@@ -84,24 +104,66 @@ mod tests {
         c
     }
 
+    fn channels() -> (Vec<UnboundedSender<Arc<ConfigMap>>>, [Triggers<ConfigMap>; 2]) {
+        let (a_tx, a) = unbounded();
+        let (b_tx, b) = unbounded();
+        (vec![a_tx, b_tx], [a, b])
+    }
+
+    /// Applies `event` to the cache, then dispatches it; returns the names `on_touched` saw.
+    fn feed(
+        writer: &mut reflector::store::Writer<ConfigMap>,
+        reader: &Store<ConfigMap>,
+        senders: &[UnboundedSender<Arc<ConfigMap>>],
+        event: Event<ConfigMap>,
+    ) -> Vec<String> {
+        writer.apply_watcher_event(&event);
+        let mut touched = Vec::new();
+        dispatch(&event, reader, senders, &mut |c: &ConfigMap| {
+            touched.push(c.metadata.name.clone().unwrap_or_default())
+        });
+        touched
+    }
+
     #[test]
     fn every_controller_gets_the_cached_copy_and_none_gets_a_deleted_object() {
         let (reader, mut writer) = reflector::store::<ConfigMap>();
-        let (a_tx, mut a) = unbounded();
-        let (b_tx, mut b) = unbounded();
-        let senders = [a_tx, b_tx];
-        writer.apply_watcher_event(&Event::Apply(cm("edge")));
-        fan_out(&reader, &cm("edge"), &senders);
+        let (senders, [mut a, mut b]) = channels();
+        assert_eq!(feed(&mut writer, &reader, &senders, Event::Apply(cm("edge"))), ["edge"]);
         let held = reader.get(&ObjectRef::new("edge").within("team-a")).expect("cached");
         for rx in [&mut a, &mut b] {
             let got = rx.try_recv().expect("a trigger");
             assert!(Arc::ptr_eq(&got, &held), "the cache's own copy, not a clone");
         }
-        writer.apply_watcher_event(&Event::Delete(cm("edge")));
-        fan_out(&reader, &cm("edge"), &senders);
+        assert_eq!(
+            feed(&mut writer, &reader, &senders, Event::Delete(cm("edge"))),
+            ["edge"]
+        );
         assert!(
             a.try_recv().is_err() && b.try_recv().is_err(),
             "no trigger for a deleted object"
         );
+    }
+
+    #[test]
+    fn a_list_is_sent_whole_once_the_cache_holds_it() {
+        let (reader, mut writer) = reflector::store::<ConfigMap>();
+        let (senders, [mut a, mut b]) = channels();
+        feed(&mut writer, &reader, &senders, Event::Init);
+        for name in ["one", "two"] {
+            let touched = feed(&mut writer, &reader, &senders, Event::InitApply(cm(name)));
+            assert!(touched.is_empty(), "the cache does not hold {name} yet");
+        }
+        assert!(a.try_recv().is_err(), "nothing before the list is complete");
+        let mut touched = feed(&mut writer, &reader, &senders, Event::InitDone);
+        touched.sort();
+        assert_eq!(touched, ["one", "two"]);
+        for rx in [&mut a, &mut b] {
+            let mut got: Vec<_> = std::iter::from_fn(|| rx.try_recv().ok())
+                .map(|c| c.metadata.name.clone().unwrap_or_default())
+                .collect();
+            got.sort();
+            assert_eq!(got, ["one", "two"], "every listed object reaches every controller");
+        }
     }
 }
