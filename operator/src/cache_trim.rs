@@ -30,10 +30,7 @@ use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
-use kube::runtime::reflector::{self, Store};
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
-use serde::de::DeserializeOwned;
 
 /// Objects per page of the initial list of a watch whose kind has an object per fleet. The
 /// page is decoded whole, before the cache trims its objects: at 1 000 fleets kube-runtime's
@@ -136,25 +133,6 @@ impl Trim for ControllerRevision {
         trim_meta(self);
         self.data = None;
     }
-}
-
-/// The input of a controller of `K`: its own cache, trimmed like every other ([`Trim`]), and
-/// the stream of changes to reconcile (for `Controller::for_stream`).
-pub fn controller_input<K>(
-    api: Api<K>,
-    config: watcher::Config,
-) -> (
-    Store<K>,
-    impl futures::Stream<Item = Result<K, watcher::Error>> + Send + 'static,
-)
-where
-    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
-{
-    let (reader, writer) = reflector::store();
-    let trimmed = watcher(api, config).modify(K::trim);
-    // No backoff here: the controller backs off its triggers itself.
-    let stream = reflector::reflector(writer, trimmed).applied_objects();
-    (reader, stream)
 }
 
 #[cfg(test)]

@@ -263,28 +263,19 @@ fn cluster_secret_stores(
 }
 
 /// A cache of the objects `api` and `config` select, calling `on_touched` for each after the
-/// cache holds it; every cache here is one of these. Objects are trimmed to what a reconcile
-/// reads before the cache keeps them ([`Trim`]).
+/// cache holds it; every cache here is one of these ([`shared_input`] with no controller of
+/// its own). Objects are trimmed to what a reconcile reads before the cache keeps them
+/// ([`Trim`]).
 fn store_all<K>(
     api: Api<K>,
     config: watcher::Config,
-    mut on_touched: impl FnMut(&K) + Send + 'static,
+    on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
     K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
 {
-    let (reader, writer) = reflector::store();
-    let trimmed = watcher(api, config).modify(K::trim);
-    let stream = reflector::reflector(writer, trimmed)
-        .default_backoff()
-        .touched_objects()
-        .for_each(move |object| {
-            if let Ok(object) = object {
-                on_touched(&object);
-            }
-            futures::future::ready(())
-        });
-    (reader, stream)
+    let (reader, [], watch) = shared_input(api, config, on_touched);
+    (reader, watch)
 }
 
 /// Every ProxyFleetPolicy; each change is sent to every one of `wake`.

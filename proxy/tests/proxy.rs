@@ -710,38 +710,59 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     write(&dir, "c", &c);
     write(&dir, "k", &k);
     let client_ca_file = write(&dir, "client-ca.pem", &client_ca.cert_pem);
-    let up = upstream("up", None, false).await;
+    let up = within("upstream", upstream("up", None, false)).await;
     let yaml = format!(
         "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      clientCaFile: {client_ca_file}\n      certificates:\n        - {{certFile: {}, keyFile: {}, default: true}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\"]\n",
         dir.join("c").display(),
         dir.join("k").display(),
         up.addr
     );
-    let proxy = start_proxy(&dir, &yaml).await;
+    let proxy = within("start", start_proxy(&dir, &yaml)).await;
     let a = proxy.addr("https");
 
     // A certificate from the client CA: served.
     let trusted = client_ca.leaf(&["client.example.com"]);
-    let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
-        .await
-        .unwrap();
-    assert_eq!(h1_get(s, "api.example.com", "/ok").await.unwrap().0, 200);
+    let s = within(
+        "trusted handshake",
+        tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        within("trusted request", h1_get(s, "api.example.com", "/ok"))
+            .await
+            .unwrap()
+            .0,
+        200
+    );
 
     // No certificate, or one from another CA: refused (in TLS 1.3 the refusal arrives after
     // the client's side of the handshake, so it shows on the first request).
     let untrusted = stranger_ca.leaf(&["client.example.com"]);
     for cert in [None, Some(&untrusted)] {
-        let refused = match tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], cert).await {
+        let handshake = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], cert);
+        let refused = match within("refused handshake", handshake).await {
             Err(_) => true,
-            Ok(s) => h1_get(s, "api.example.com", "/x").await.is_err(),
+            Ok(s) => within("refused request", h1_get(s, "api.example.com", "/x"))
+                .await
+                .is_err(),
         };
         assert!(refused, "a client presenting {cert:?} was served");
     }
     // Still serving trusted clients afterwards.
-    let s = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted))
-        .await
-        .unwrap();
-    assert_eq!(h1_get(s, "api.example.com", "/again").await.unwrap().0, 200);
+    let s = within(
+        "trusted handshake after",
+        tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted)),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        within("trusted request after", h1_get(s, "api.example.com", "/again"))
+            .await
+            .unwrap()
+            .0,
+        200
+    );
     assert_eq!(up.stats.requests.load(Ordering::Relaxed), 2);
     proxy.running.drain();
 }

@@ -238,6 +238,15 @@ pub async fn start_proxy(dir: &Path, yaml: &str) -> Proxy {
     }
 }
 
+/// `fut`, or a panic naming `step` when it has not finished within 20 s: a test that would
+/// hang says which step waits.
+pub async fn within<F: std::future::Future>(step: &str, fut: F) -> F::Output {
+    match tokio::time::timeout(Duration::from_secs(20), fut).await {
+        Ok(out) => out,
+        Err(_) => panic!("{step}: still waiting after 20 s"),
+    }
+}
+
 /// One HTTP/1.1 request on a fresh plain connection: (status, body).
 pub async fn get(addr: SocketAddr, host: &str, path: &str) -> (u16, String) {
     let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();

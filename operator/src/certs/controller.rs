@@ -17,6 +17,7 @@ use kube::ResourceExt;
 
 use super::ca;
 use crate::context::Context;
+use crate::shared_input::shared_input;
 
 #[derive(Debug, thiserror::Error)]
 #[error("CA rotation: {0}")]
@@ -41,8 +42,9 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let selector = format!("{}=true", ca::CA_LABEL);
-    let (cas, changes) = crate::cache_trim::controller_input(api, watcher::Config::default().labels(&selector));
-    Controller::for_stream(changes, cas)
+    let config = watcher::Config::default().labels(&selector);
+    let (cas, [changes], watch) = shared_input(api, config, |_: &Secret| {});
+    let controller = Controller::for_shared_stream(changes, cas)
         .graceful_shutdown_on(stop)
         .run(reconcile, error_policy, ctx)
         .for_each(|res| {
@@ -50,6 +52,8 @@ pub async fn run(
                 tracing::debug!(error = %e, "CA controller event");
             }
             futures::future::ready(())
-        })
-        .await;
+        });
+    // The watch runs for ever; the controller ends on `stop`.
+    futures::pin_mut!(watch, controller);
+    futures::future::select(controller, watch).await;
 }
