@@ -16,6 +16,14 @@ ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
 retry 30 curl -fsS --max-time 3 -k --resolve "demo.example.com:443:$ip" https://demo.example.com/
 secret_key() { kubectl get secret -n "$ns" "$1" -o json | jq -r --arg k "$2" '.data[$k] // empty' | base64 -d; }
 old_serial=$(secret_key proxyfleet-ca ca.crt | openssl x509 -noout -serial | cut -d= -f2)
+# Every step of the rotation is one write of the CA Secret's phase annotation: a watch sees
+# each, however briefly it lasts (sampling the fleet's status once a second missed a
+# WaitingForBundle that lasted under a second: the pods had loaded the bundle already).
+kubectl get secret -n "$ns" proxyfleet-ca --watch \
+  -o jsonpath='{.metadata.annotations.proxyfleet\.io/ca-rotation-phase}{"\n"}' >/tmp/ca-rot-phases.txt 2>/dev/null &
+PHASE_WATCH=$!
+trap 'kill $PHASE_WATCH 2>/dev/null || true; pkill -f "proxyfleet-loadgen.*ca-rot" 2>/dev/null || true; kubectl delete ns e2e-ca --wait=false >/dev/null 2>&1 || true' EXIT
+sleep 1
 say "CA serial $old_serial; requesting a rotation (overlap 40s)"
 "$PLUGIN" rotate-ca -n "$ns" --overlap 40s >/dev/null || fail "kubectl proxyfleet rotate-ca failed"
 t0=$(date +%s)
@@ -44,8 +52,15 @@ say "phases: ${phases[*]}"
 wait $CHURN; wait $LONG
 say "churning clients: $(cat /tmp/ca-rot-churn.json)"
 say "long-lived clients: $(cat /tmp/ca-rot-longlived.json)"
-for p in WaitingForBundle Reissuing Overlap Stable; do
-  [[ " ${phases[*]} " == *" $p@"* ]] || fail "phase $p not observed (saw: ${phases[*]})"
+kill $PHASE_WATCH 2>/dev/null || true
+written=$(awk 'NF && $0 != prev {printf "%s ", $0; prev = $0}' /tmp/ca-rot-phases.txt)
+say "phases written to the CA Secret: $written"
+for p in PublishingBundle WaitingForBundle Reissuing Overlap Stable; do
+  [[ " $written " == *" $p "* ]] || fail "phase $p never written (CA Secret: $written; fleet status: ${phases[*]})"
+done
+[[ "$written" == *"PublishingBundle WaitingForBundle Reissuing Overlap Stable"* ]] || fail "phases out of order: $written"
+for p in Overlap Stable; do
+  [[ " ${phases[*]} " == *" $p@"* ]] || fail "phase $p not shown in the fleet's status (saw: ${phases[*]})"
 done
 for f in churn longlived; do
   grep -q '"status_5xx": 0, "errors": 0' "/tmp/ca-rot-$f.json" || { tail -5 "/tmp/ca-rot-$f.err" >&2; fail "$f clients saw failures during the CA rotation"; }
