@@ -720,21 +720,18 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     let proxy = within("start", start_proxy(&dir, &yaml)).await;
     let a = proxy.addr("https");
 
-    // A certificate from the client CA: served.
+    // A certificate from the client CA: served. `step` names the wait if one hangs.
     let trusted = client_ca.leaf(&["client.example.com"]);
-    let s = within(
-        "trusted handshake",
-        tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted)),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        within("trusted request", h1_get(s, "api.example.com", "/ok"))
-            .await
-            .unwrap()
-            .0,
-        200
-    );
+    let trusted_get = |step: &'static str, path: &'static str| {
+        let (ca, trusted) = (&ca, &trusted);
+        async move {
+            let handshake = tls_connect_as(a, Some("api.example.com"), ca, &[b"http/1.1"], Some(trusted));
+            let s = within(&format!("{step}: handshake"), handshake).await.unwrap();
+            let got = within(&format!("{step}: request"), h1_get(s, "api.example.com", path)).await;
+            got.unwrap().0
+        }
+    };
+    assert_eq!(trusted_get("trusted", "/ok").await, 200);
 
     // No certificate, or one from another CA: refused (in TLS 1.3 the refusal arrives after
     // the client's side of the handshake, so it shows on the first request).
@@ -750,19 +747,7 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
         assert!(refused, "a client presenting {cert:?} was served");
     }
     // Still serving trusted clients afterwards.
-    let s = within(
-        "trusted handshake after",
-        tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], Some(&trusted)),
-    )
-    .await
-    .unwrap();
-    assert_eq!(
-        within("trusted request after", h1_get(s, "api.example.com", "/again"))
-            .await
-            .unwrap()
-            .0,
-        200
-    );
+    assert_eq!(trusted_get("trusted after", "/again").await, 200);
     assert_eq!(up.stats.requests.load(Ordering::Relaxed), 2);
     proxy.running.drain();
 }
