@@ -367,7 +367,11 @@ impl ListenerContext {
                         .answer(&req)
                         .unwrap_or_else(|| crate::redirect::https_redirect(&req, &r))),
                     None => {
-                        let mut resp = handler::handle(req.map(Into::into), shared, client).await?;
+                        // Boxed: the request's future is ~14 KiB, and hyper moves the one it is
+                        // given into a task per HTTP/2 stream (three copies of all of it per
+                        // request, profiled: 73 % of the bytes memcpy moved at -m1); this way
+                        // it is built once, in place, and what moves is a pointer.
+                        let mut resp = Box::pin(handler::handle(req.map(Into::into), shared, client)).await?;
                         if let Some(v) = alt_svc {
                             resp.headers_mut().entry(http::header::ALT_SVC).or_insert(v);
                         }
