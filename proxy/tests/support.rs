@@ -370,6 +370,19 @@ pub async fn metrics(proxy: &Proxy) -> String {
     get(proxy.admin(), "admin", "/metrics").await.1
 }
 
+/// The admin /metrics text once `settled` holds of it, or whatever it is after 5 s. For counters
+/// a connection's task adds when it ends, which can be after the client has seen the end.
+pub async fn metrics_when(proxy: &Proxy, settled: impl Fn(&str) -> bool) -> String {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let m = metrics(proxy).await;
+        if settled(&m) || tokio::time::Instant::now() >= deadline {
+            return m;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+}
+
 /// Sum of a metric's samples whose line contains all `parts`.
 pub fn metric_sum(text: &str, name: &str, parts: &[&str]) -> f64 {
     text.lines()

@@ -97,7 +97,9 @@ pub async fn serve(resolver: Resolver, shared: Arc<Shared>, client: Arc<ClientIn
                 }
             }
         }
-        match crate::handler::handle(req, shared, client).await {
+        // Boxed, as the TCP listeners' service does (server.rs): this future is spawned per
+        // request, and unboxed it would carry all ~14 KiB of the request path's.
+        match Box::pin(crate::handler::handle(req, shared, client)).await {
             Ok(resp) => resp,
             Err(never) => match never {},
         }
