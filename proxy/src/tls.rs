@@ -70,7 +70,8 @@ fn load_key(path: &str) -> Result<PrivateKeyDer<'static>, TlsError> {
     })
 }
 
-/// aws-lc-rs's suites (docs/decisions.md: measured against ring) with AES-128-GCM first, as Go's crypto/tls, BoringSSL and Envoy order them:
+/// The proxy's TLS provider (docs/decisions.md: both libraries measured), its cipher suites
+/// with AES-128-GCM first, as Go's crypto/tls, BoringSSL and Envoy order them:
 /// 10 AES rounds instead of 14, and SHA-256 (which has CPU instructions on current x86, unlike
 /// SHA-384) for every handshake, with security margins no one disputes. As a client (to
 /// upstreams) this is what we offer; as a server rustls follows the client's order (Mozilla's
