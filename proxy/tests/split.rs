@@ -406,27 +406,18 @@ upstreams:
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let m = metrics(&proxy).await;
-        let n = metric_sum(
-            &m,
+    let mirrored = |m: &str, result: &str| {
+        metric_sum(
+            m,
             "proxyfleet_mirror_requests_total",
-            &["route=\"shadowed\"", "result=\"5xx\""],
-        );
-        let skipped = metric_sum(
-            &m,
-            "proxyfleet_mirror_requests_total",
-            &["route=\"shadowed\"", "result=\"skipped\""],
-        );
-        if n == 21.0 && skipped == 1.0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "mirror results counted: {n}, skipped {skipped}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+            &["route=\"shadowed\"", &format!("result=\"{result}\"")],
+        )
+    };
+    let m = metrics_when(&proxy, |m| mirrored(m, "5xx") == 21.0 && mirrored(m, "skipped") == 1.0).await;
+    let (n, skipped) = (mirrored(&m, "5xx"), mirrored(&m, "skipped"));
+    assert!(
+        n == 21.0 && skipped == 1.0,
+        "mirror results counted: {n}, skipped {skipped}"
+    );
     proxy.running.drain();
 }

@@ -370,10 +370,10 @@ pub async fn metrics(proxy: &Proxy) -> String {
     get(proxy.admin(), "admin", "/metrics").await.1
 }
 
-/// The admin /metrics text once `settled` holds of it, or whatever it is after 5 s. For counters
-/// a connection's task adds when it ends, which can be after the client has seen the end.
+/// The admin /metrics text once `settled` holds of it, or whatever it is after 10 s. For counters
+/// a task adds after the client has seen its end (a relay's, a mirror's).
 pub async fn metrics_when(proxy: &Proxy, settled: impl Fn(&str) -> bool) -> String {
-    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(5);
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(10);
     loop {
         let m = metrics(proxy).await;
         if settled(&m) || tokio::time::Instant::now() >= deadline {
