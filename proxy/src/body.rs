@@ -162,7 +162,7 @@ pin_project_lite::pin_project! {
     /// What is sent to the client: the upstream's body, a small body of our own, or either of
     /// them counted for the access log (written when the body is done or dropped).
     pub enum ClientBody {
-        Upstream { #[pin] inner: Incoming },
+        Upstream { #[pin] inner: crate::upstream::response::FromUpstream },
         Own { #[pin] inner: http_body_util::Full<Bytes> },
         Logged { inner: Pin<Box<ClientBody>>, log: crate::access_log::PendingLog },
         /// Parts made as they go (a transcoded server stream's JSON lines).
@@ -171,14 +171,14 @@ pin_project_lite::pin_project! {
 }
 
 impl ClientBody {
-    pub fn upstream(inner: Incoming) -> Self {
-        Self::Upstream { inner }
+    pub fn upstream(inner: impl Into<crate::upstream::response::FromUpstream>) -> Self {
+        Self::Upstream { inner: inner.into() }
     }
 }
 
 impl Body for ClientBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         match self.project() {

@@ -7,7 +7,6 @@ use std::sync::Arc;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Response, StatusCode};
-use hyper::body::Incoming;
 
 use crate::body::{self, ClientBody};
 
@@ -169,7 +168,7 @@ pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo, trusted: &
     );
 }
 
-pub fn client_response(resp: Response<Incoming>) -> Response<ClientBody> {
+pub fn client_response<B: Into<crate::upstream::response::FromUpstream>>(resp: Response<B>) -> Response<ClientBody> {
     let (mut parts, body) = resp.into_parts();
     strip_hop_by_hop(&mut parts.headers);
     Response::from_parts(parts, ClientBody::upstream(body))

@@ -9,7 +9,6 @@ use std::time::Instant;
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
 use http_body::Body as _;
-use hyper::body::Incoming;
 use tracing::Instrument;
 
 use crate::access_log::{Destination, ListenerLog, LogWanted, PendingLog, RequestFacts};
@@ -406,7 +405,7 @@ async fn mirrored(
 }
 
 enum Attempt {
-    Done(Response<Incoming>),
+    Done(upstream::UpstreamResponse),
     /// Failed in a way that may be retried (connect failure or 502/503/504).
     Retryable(Response<ClientBody>),
     Final(Response<ClientBody>),
@@ -575,7 +574,7 @@ fn outcome(
     cluster: &upstream::UpstreamCluster,
     endpoint: &upstream::Endpoint,
     started: Instant,
-    result: Result<Result<(Response<Incoming>, bool), upstream::SendError>, tokio::time::error::Elapsed>,
+    result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, tokio::time::error::Elapsed>,
 ) -> Attempt {
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {

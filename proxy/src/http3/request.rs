@@ -134,7 +134,7 @@ enum RespondError {
     #[error("the client read nothing for {0:?}")]
     TimedOut(Duration),
     #[error("the response body failed: {0}")]
-    Body(hyper::Error),
+    Body(Box<dyn std::error::Error + Send + Sync>),
 }
 
 /// Writes the response head, body and trailers, each write bounded by `limits.sendTimeout`.

@@ -28,6 +28,9 @@ pub struct Endpoint {
     pub permits: Semaphore,
     /// Idle connections when the cluster uses its own HTTP/1.1 pool.
     pub(super) h1_idle: super::h1pool::IdleConnections,
+    /// Idle connections of our own HTTP/1.1 exchange (`h1relay`); shared with the response
+    /// bodies that bring their connection back.
+    pub(super) h1_relays: std::sync::Arc<super::h1relay::IdleRelays>,
     /// The connection when the cluster uses its own HTTP/2 pool.
     pub(super) h2: super::h2pool::H2Connection,
     /// For a TLS upstream with `protocol: auto`: what ALPN agreed on with it (`Alpn`).
@@ -61,6 +64,7 @@ impl Endpoint {
             healthy: AtomicBool::new(true),
             permits: Semaphore::new(max_connections as usize),
             h1_idle: Default::default(),
+            h1_relays: Default::default(),
             h2: Default::default(),
             alpn: Default::default(),
         }

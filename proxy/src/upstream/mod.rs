@@ -3,8 +3,11 @@
 
 mod endpoint;
 mod h1pool;
+mod h1relay;
+mod h1wire;
 mod h2pool;
 mod pool;
+pub mod response;
 pub mod sessions;
 
 use std::sync::{Arc, Weak};
@@ -16,6 +19,7 @@ use proxyfleet_config::{Upstream, UpstreamProtocol};
 
 pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint};
 pub use pool::UpstreamConnector;
+pub use response::UpstreamResponse;
 
 use crate::body::UpstreamBody;
 use crate::metrics::UpstreamMetrics;
@@ -136,7 +140,7 @@ impl UpstreamCluster {
         &self,
         endpoint: &Arc<Endpoint>,
         req: http::Request<UpstreamBody>,
-    ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
+    ) -> Result<(UpstreamResponse, bool), SendError> {
         let (h1, h2) = (self.h1.as_ref(), self.h2.as_ref());
         let alpn = if self.learns_alpn {
             endpoint.alpn()
@@ -146,7 +150,7 @@ impl UpstreamCluster {
             Alpn::Http1
         };
         match (alpn, h1, h2) {
-            (Alpn::H2, _, Some(h2)) => h2.send(endpoint, req).await.map_err(h2_error),
+            (Alpn::H2, _, Some(h2)) => h2_send(h2, endpoint, req).await,
             (Alpn::Http1, Some(h1), _) => h1.send(endpoint, req).await.map_err(h1_error),
             (_, Some(h1), Some(h2)) => self.learn(endpoint, h1, h2, req).await,
             _ => Err(SendError {
@@ -160,10 +164,10 @@ impl UpstreamCluster {
     async fn learn(
         &self,
         endpoint: &Arc<Endpoint>,
-        h1: &h1pool::H1Pool,
+        h1: &Arc<h1pool::H1Pool>,
         h2: &h2pool::H2Pool,
         req: http::Request<UpstreamBody>,
-    ) -> Result<(http::Response<hyper::body::Incoming>, bool), SendError> {
+    ) -> Result<(UpstreamResponse, bool), SendError> {
         let io = self.connector.dial(&endpoint.authority).await.map_err(|e| SendError {
             connect: true,
             error: Box::new(e),
@@ -171,7 +175,7 @@ impl UpstreamCluster {
         if io.inner().negotiated_h2() {
             endpoint.learn_alpn(Alpn::H2);
             h2.adopt(endpoint, io).await.map_err(h2_error)?;
-            h2.send(endpoint, req).await.map_err(h2_error)
+            h2_send(h2, endpoint, req).await
         } else {
             endpoint.learn_alpn(Alpn::Http1);
             h1.send_on(endpoint, io, req).await.map_err(h1_error)
@@ -280,6 +284,15 @@ async fn health_check(cluster: Weak<UpstreamCluster>) {
         drop(c);
         tokio::time::sleep(hc.interval.get()).await;
     }
+}
+
+async fn h2_send(
+    h2: &h2pool::H2Pool,
+    endpoint: &Arc<Endpoint>,
+    req: http::Request<UpstreamBody>,
+) -> Result<(UpstreamResponse, bool), SendError> {
+    let (resp, reused) = h2.send(endpoint, req).await.map_err(h2_error)?;
+    Ok((resp.map(Into::into), reused))
 }
 
 fn h1_error(e: h1pool::H1Error) -> SendError {

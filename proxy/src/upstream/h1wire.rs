@@ -1,0 +1,481 @@
+//! HTTP/1.1 on the wire toward an upstream, as pure functions over buffers: the request head
+//! we write, the response head we read and how its body is framed (RFC 9112 §6.3), and the
+//! chunked decoder. `h1relay` does the I/O around them. Parsing is `httparse`'s (hyper's own
+//! parser); header values are slices of the read buffer, not copies.
+
+use bytes::{Buf, Bytes, BytesMut};
+use http::header::{HeaderMap, HeaderName, HeaderValue, CONNECTION, CONTENT_LENGTH, TRANSFER_ENCODING};
+use http::{Method, StatusCode};
+
+/// The most response headers we accept (hyper's client default is 100).
+const MAX_HEADERS: usize = 128;
+/// The longest chunk-size line (size and extensions) we accept.
+const MAX_CHUNK_LINE: usize = 4096;
+/// The largest trailer section we accept.
+const MAX_TRAILERS: usize = 64 * 1024;
+
+/// The upstream broke HTTP/1.1.
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+pub enum WireError {
+    #[error("malformed response head: {0}")]
+    Head(httparse::Error),
+    #[error("response header {0:?} is invalid")]
+    Header(String),
+    #[error("response Content-Length is invalid or conflicting")]
+    ContentLength,
+    #[error("malformed chunked body: {0}")]
+    Chunk(&'static str),
+    #[error("unexpected 101 Switching Protocols to a request that asked for no upgrade")]
+    UnexpectedSwitch,
+}
+
+/// How a response's body ends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Framing {
+    /// No body (HEAD, 204, 304, or Content-Length: 0).
+    Empty,
+    Length(u64),
+    Chunked,
+    /// Read until the upstream closes the connection.
+    UntilClose,
+}
+
+/// A parsed response head.
+#[derive(Debug)]
+pub struct Head {
+    pub status: StatusCode,
+    pub version: http::Version,
+    pub headers: HeaderMap,
+    pub framing: Framing,
+    /// Whether the connection may carry another request after this response's body.
+    pub keep_alive: bool,
+}
+
+/// What the bytes read so far hold.
+#[derive(Debug)]
+pub enum Parsed {
+    /// Not a whole head yet: read more.
+    Partial,
+    /// An interim (1xx) response, `len` bytes long: skip it and parse on.
+    Interim { len: usize },
+    /// The final response's head, `len` bytes long.
+    Final { head: Head, len: usize },
+}
+
+/// Writes the head of a request whose body is `body_len` bytes into `dst`. `Content-Length` and
+/// `Transfer-Encoding` are ours to set (the body is known whole); everything else is written
+/// as given (hop-by-hop headers are already gone).
+pub fn encode_request(method: &Method, target: &str, headers: &HeaderMap, body_len: u64, dst: &mut Vec<u8>) {
+    dst.extend_from_slice(method.as_str().as_bytes());
+    dst.push(b' ');
+    dst.extend_from_slice(target.as_bytes());
+    dst.extend_from_slice(b" HTTP/1.1\r\n");
+    for (name, value) in headers {
+        if name == CONTENT_LENGTH || name == TRANSFER_ENCODING {
+            continue;
+        }
+        dst.extend_from_slice(name.as_str().as_bytes());
+        dst.extend_from_slice(b": ");
+        dst.extend_from_slice(value.as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    if body_len > 0 || expects_body(method) {
+        dst.extend_from_slice(b"content-length: ");
+        dst.extend_from_slice(itoa::Buffer::new().format(body_len).as_bytes());
+        dst.extend_from_slice(b"\r\n");
+    }
+    dst.extend_from_slice(b"\r\n");
+}
+
+/// Methods whose requests normally carry a body: an empty one is announced as such.
+fn expects_body(method: &Method) -> bool {
+    matches!(*method, Method::POST | Method::PUT | Method::PATCH)
+}
+
+/// Parses the response head at the start of `buf`, the answer to a `method` request.
+pub fn parse_response(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
+    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let mut resp = httparse::Response::new(&mut raw);
+    let len = match resp.parse(buf).map_err(WireError::Head)? {
+        httparse::Status::Partial => return Ok(Parsed::Partial),
+        httparse::Status::Complete(len) => len,
+    };
+    let code = resp.code.unwrap_or(0);
+    let status = StatusCode::from_u16(code).map_err(|_| WireError::Head(httparse::Error::Status))?;
+    if code == 101 {
+        return Err(WireError::UnexpectedSwitch);
+    }
+    if status.is_informational() {
+        return Ok(Parsed::Interim { len });
+    }
+    let version = if resp.version == Some(0) {
+        http::Version::HTTP_10
+    } else {
+        http::Version::HTTP_11
+    };
+    let mut headers = HeaderMap::with_capacity(resp.headers.len());
+    for h in resp.headers.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Header(h.name.to_string()))?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| WireError::Header(h.name.to_string()))?;
+        headers.append(name, value);
+    }
+    let (framing, clean) = framing(method, status, &headers)?;
+    let keep_alive = clean && keeps_alive(version, &headers) && framing != Framing::UntilClose;
+    let head = Head {
+        status,
+        version,
+        headers,
+        framing,
+        keep_alive,
+    };
+    Ok(Parsed::Final { head, len })
+}
+
+/// How the body is framed (RFC 9112 §6.3), and whether the framing was unambiguous (a response
+/// with both Transfer-Encoding and Content-Length is read as chunked, then the connection closed).
+fn framing(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<(Framing, bool), WireError> {
+    if *method == Method::HEAD || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+        return Ok((Framing::Empty, true));
+    }
+    if headers.contains_key(TRANSFER_ENCODING) {
+        let chunked_last = headers
+            .get_all(TRANSFER_ENCODING)
+            .iter()
+            .next_back()
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.rsplit(',').next())
+            .is_some_and(|c| c.trim().eq_ignore_ascii_case("chunked"));
+        let clean = !headers.contains_key(CONTENT_LENGTH);
+        return Ok(if chunked_last {
+            (Framing::Chunked, clean)
+        } else {
+            (Framing::UntilClose, false)
+        });
+    }
+    match content_length(headers)? {
+        Some(0) => Ok((Framing::Empty, true)),
+        Some(n) => Ok((Framing::Length(n), true)),
+        None => Ok((Framing::UntilClose, true)),
+    }
+}
+
+/// The Content-Length: every value (and every element of a list) the same number.
+fn content_length(headers: &HeaderMap) -> Result<Option<u64>, WireError> {
+    let mut found = None;
+    for v in headers.get_all(CONTENT_LENGTH) {
+        let s = v.to_str().map_err(|_| WireError::ContentLength)?;
+        for part in s.split(',') {
+            let part = part.trim();
+            if part.is_empty() || part.len() > 19 || !part.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(WireError::ContentLength);
+            }
+            let n: u64 = part.parse().map_err(|_| WireError::ContentLength)?;
+            if found.is_some_and(|f| f != n) {
+                return Err(WireError::ContentLength);
+            }
+            found = Some(n);
+        }
+    }
+    Ok(found)
+}
+
+/// HTTP/1.1 keeps the connection unless told `close`; HTTP/1.0 only when told `keep-alive`.
+fn keeps_alive(version: http::Version, headers: &HeaderMap) -> bool {
+    if crate::forwarding::header_has_token(headers, &CONNECTION, "close") {
+        return false;
+    }
+    version == http::Version::HTTP_11 || crate::forwarding::header_has_token(headers, &CONNECTION, "keep-alive")
+}
+
+/// What the chunked decoder found.
+#[derive(Debug, PartialEq)]
+pub enum Chunk {
+    Data(Bytes),
+    /// The last chunk and its trailers (possibly none): the body is complete.
+    End(Option<HeaderMap>),
+}
+
+/// Where the chunked decoder is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ChunkedState {
+    /// At a chunk-size line.
+    Size,
+    /// Inside a chunk's data, this much left.
+    Data(u64),
+    /// After a chunk's data, at its CRLF.
+    DataEnd,
+    /// After the last chunk: trailers, then an empty line.
+    Trailers,
+    Done,
+}
+
+impl ChunkedState {
+    /// Decodes what it can from the front of `buf`; `Ok(None)` when it needs more bytes.
+    pub fn decode(&mut self, buf: &mut BytesMut) -> Result<Option<Chunk>, WireError> {
+        loop {
+            match *self {
+                ChunkedState::Size => {
+                    let Some(size) = chunk_size(buf)? else {
+                        return Ok(None);
+                    };
+                    *self = if size == 0 {
+                        ChunkedState::Trailers
+                    } else {
+                        ChunkedState::Data(size)
+                    };
+                }
+                ChunkedState::Data(left) => {
+                    if buf.is_empty() {
+                        return Ok(None);
+                    }
+                    let n = (buf.len() as u64).min(left) as usize;
+                    *self = if left == n as u64 {
+                        ChunkedState::DataEnd
+                    } else {
+                        ChunkedState::Data(left - n as u64)
+                    };
+                    return Ok(Some(Chunk::Data(buf.split_to(n).freeze())));
+                }
+                ChunkedState::DataEnd => {
+                    let Some(ended) = line_end(buf, 0) else {
+                        return Ok(None);
+                    };
+                    if ended == 0 {
+                        return Err(WireError::Chunk("chunk data not followed by CRLF"));
+                    }
+                    buf.advance(ended);
+                    *self = ChunkedState::Size;
+                }
+                ChunkedState::Trailers => {
+                    let Some(trailers) = trailers(buf)? else {
+                        return Ok(None);
+                    };
+                    *self = ChunkedState::Done;
+                    return Ok(Some(Chunk::End(trailers)));
+                }
+                ChunkedState::Done => return Ok(Some(Chunk::End(None))),
+            }
+        }
+    }
+}
+
+/// A line break at `at`: Some(its length) when there is one (CRLF, or a bare LF as nginx
+/// accepts), Some(0) when another byte is there, None when `buf` ends first.
+fn line_end(buf: &[u8], at: usize) -> Option<usize> {
+    match buf.get(at..) {
+        Some([b'\r', b'\n', ..]) => Some(2),
+        Some([b'\n', ..]) => Some(1),
+        Some([b'\r']) | Some([]) | None => None,
+        Some(_) => Some(0),
+    }
+}
+
+/// Parses and consumes a chunk-size line (`1a;ext=1\r\n`); None when it is not all there yet.
+fn chunk_size(buf: &mut BytesMut) -> Result<Option<u64>, WireError> {
+    let Some(nl) = buf.iter().take(MAX_CHUNK_LINE).position(|&b| b == b'\n') else {
+        if buf.len() >= MAX_CHUNK_LINE {
+            return Err(WireError::Chunk("chunk-size line too long"));
+        }
+        return Ok(None);
+    };
+    let line = &buf[..nl];
+    let line = line.strip_suffix(b"\r").unwrap_or(line);
+    let digits = line.iter().take_while(|b| b.is_ascii_hexdigit()).count();
+    if digits == 0 || digits > 16 {
+        return Err(WireError::Chunk("invalid chunk size"));
+    }
+    let rest = &line[digits..];
+    let rest_ok = rest.iter().all(|&b| b == b' ' || b == b'\t')
+        || matches!(rest.iter().find(|&&b| b != b' ' && b != b'\t'), Some(b';'));
+    if !rest_ok || line.contains(&b'\r') {
+        return Err(WireError::Chunk("invalid chunk-size line"));
+    }
+    let mut size: u64 = 0;
+    for &b in &line[..digits] {
+        let d = (b as char).to_digit(16).unwrap_or(0) as u64;
+        size = size
+            .checked_mul(16)
+            .and_then(|s| s.checked_add(d))
+            .ok_or(WireError::Chunk("chunk size overflows"))?;
+    }
+    buf.advance(nl + 1);
+    Ok(Some(size))
+}
+
+/// Parses and consumes the trailer section after the last chunk; None when not all there.
+fn trailers(buf: &mut BytesMut) -> Result<Option<Option<HeaderMap>>, WireError> {
+    if let Some(n) = line_end(buf, 0) {
+        if n > 0 {
+            buf.advance(n);
+            return Ok(Some(None));
+        }
+    } else {
+        return Ok(None);
+    }
+    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+    let (len, parsed) = match httparse::parse_headers(buf, &mut raw).map_err(WireError::Head)? {
+        httparse::Status::Partial if buf.len() >= MAX_TRAILERS => return Err(WireError::Chunk("trailers too large")),
+        httparse::Status::Partial => return Ok(None),
+        httparse::Status::Complete((len, parsed)) => (len, parsed),
+    };
+    let mut map = HeaderMap::with_capacity(parsed.len());
+    for h in parsed.iter() {
+        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Header(h.name.to_string()))?;
+        let value = HeaderValue::from_bytes(h.value).map_err(|_| WireError::Header(h.name.to_string()))?;
+        map.append(name, value);
+    }
+    buf.advance(len);
+    Ok(Some(Some(map)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn head(raw: &str, method: Method) -> Head {
+        match parse_response(raw.as_bytes(), &method).expect("parses") {
+            Parsed::Final { head, .. } => head,
+            other => panic!("not a final head: {other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_request_head_sets_its_own_length_and_drops_transfer_encoding() {
+        let mut h = HeaderMap::new();
+        h.insert("host", HeaderValue::from_static("a"));
+        h.insert(CONTENT_LENGTH, HeaderValue::from_static("99"));
+        h.insert(TRANSFER_ENCODING, HeaderValue::from_static("chunked"));
+        let mut out = Vec::new();
+        encode_request(&Method::POST, "/x?y=1", &h, 3, &mut out);
+        assert_eq!(out, b"POST /x?y=1 HTTP/1.1\r\nhost: a\r\ncontent-length: 3\r\n\r\n");
+        out.clear();
+        encode_request(&Method::GET, "/", &h, 0, &mut out);
+        assert_eq!(out, b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        out.clear();
+        encode_request(&Method::PUT, "/", &HeaderMap::new(), 0, &mut out);
+        assert_eq!(out, b"PUT / HTTP/1.1\r\ncontent-length: 0\r\n\r\n");
+    }
+
+    #[test]
+    fn framing_follows_rfc_9112() {
+        let ok = "HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n";
+        assert_eq!(head(ok, Method::GET).framing, Framing::Length(5));
+        assert_eq!(head(ok, Method::HEAD).framing, Framing::Empty);
+        assert_eq!(
+            head("HTTP/1.1 204 No Content\r\n\r\n", Method::GET).framing,
+            Framing::Empty
+        );
+        assert_eq!(
+            head("HTTP/1.1 304 x\r\ncontent-length: 9\r\n\r\n", Method::GET).framing,
+            Framing::Empty
+        );
+        let chunked = head(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!((chunked.framing, chunked.keep_alive), (Framing::Chunked, true));
+        let both = head(
+            "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 3\r\n\r\n",
+            Method::GET,
+        );
+        assert_eq!((both.framing, both.keep_alive), (Framing::Chunked, false));
+        let gzip = head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", Method::GET);
+        assert_eq!((gzip.framing, gzip.keep_alive), (Framing::UntilClose, false));
+        let none = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET);
+        assert_eq!((none.framing, none.keep_alive), (Framing::UntilClose, false));
+        assert_eq!(
+            head("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n", Method::GET).framing,
+            Framing::Empty
+        );
+    }
+
+    #[test]
+    fn content_lengths_must_agree() {
+        let same = "HTTP/1.1 200 OK\r\ncontent-length: 4, 4\r\ncontent-length: 4\r\n\r\n";
+        assert_eq!(head(same, Method::GET).framing, Framing::Length(4));
+        for bad in ["4, 5", "-1", "+4", "0x4", "", "99999999999999999999"] {
+            let raw = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
+            assert_eq!(
+                parse_response(raw.as_bytes(), &Method::GET).err(),
+                Some(WireError::ContentLength),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn keep_alive_by_version_and_connection() {
+        let h = |raw: &str| head(raw, Method::GET).keep_alive;
+        assert!(h("HTTP/1.1 200 OK\r\ncontent-length: 1\r\n\r\n"));
+        assert!(!h("HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 1\r\n\r\n"));
+        assert!(!h("HTTP/1.0 200 OK\r\ncontent-length: 1\r\n\r\n"));
+        assert!(h(
+            "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n"
+        ));
+    }
+
+    #[test]
+    fn partial_interim_and_switching_heads() {
+        assert!(matches!(
+            parse_response(b"HTTP/1.1 200 OK\r\n", &Method::GET),
+            Ok(Parsed::Partial)
+        ));
+        let interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n";
+        assert!(matches!(
+            parse_response(interim, &Method::GET),
+            Ok(Parsed::Interim { len: 25 })
+        ));
+        assert_eq!(
+            parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", &Method::GET).err(),
+            Some(WireError::UnexpectedSwitch)
+        );
+        assert!(parse_response(b"HTTP/2 200\r\n\r\n", &Method::GET).is_err());
+    }
+
+    fn decode_all(input: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>), WireError> {
+        let mut state = ChunkedState::Size;
+        let mut buf = BytesMut::new();
+        let mut body = Vec::new();
+        let mut fed = 0;
+        loop {
+            match state.decode(&mut buf)? {
+                Some(Chunk::Data(d)) => body.extend_from_slice(&d),
+                Some(Chunk::End(t)) => return Ok((body, t)),
+                None if fed < input.len() => {
+                    let end = (fed + step).min(input.len());
+                    buf.extend_from_slice(&input[fed..end]);
+                    fed = end;
+                }
+                None => return Err(WireError::Chunk("ran out")),
+            }
+        }
+    }
+
+    #[test]
+    fn chunked_bodies_decode_whatever_the_read_sizes() {
+        let input = b"5\r\nhello\r\n1a;name=v\r\nabcdefghijklmnopqrstuvwxyz\r\n0\r\nx-t: 1\r\n\r\n";
+        for step in [1, 2, 3, 7, 64] {
+            let (body, trailers) = decode_all(input, step).expect("decodes");
+            assert_eq!(body, b"helloabcdefghijklmnopqrstuvwxyz");
+            assert_eq!(trailers.expect("trailers")["x-t"], "1");
+        }
+        let (body, trailers) = decode_all(b"3\nabc\n0\n\n", 1).expect("bare LF");
+        assert_eq!((body.as_slice(), trailers), (&b"abc"[..], None));
+    }
+
+    #[test]
+    fn malformed_chunked_bodies_are_errors() {
+        for bad in [
+            &b"g\r\n"[..],
+            b"5\r\nhelloX\r\n",
+            b"5 x\r\nhello\r\n",
+            b"11111111111111111\r\n",
+            b"5\r\r\nhello\r\n",
+        ] {
+            let r = decode_all(bad, 64);
+            assert!(r.is_err(), "{:?} gave {r:?}", String::from_utf8_lossy(bad));
+        }
+        let long = vec![b'1'; MAX_CHUNK_LINE + 1];
+        assert!(decode_all(&long, 8192).is_err());
+    }
+}
