@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
 use std::time::{Duration, Instant};
 
-use bytes::{Buf, Bytes, BytesMut};
+use bytes::{Bytes, BytesMut};
 use http::Method;
 use http_body::{Body, Frame, SizeHint};
 use tokio::io::AsyncWriteExt;
@@ -170,19 +170,13 @@ impl RelayConn {
         let mut received = false;
         loop {
             if !self.buf.is_empty() {
-                let parsed = h1wire::parse_response(&self.buf, method).map_err(|source| RelayError::Wire {
+                let parsed = h1wire::parse_response(&mut self.buf, method).map_err(|source| RelayError::Wire {
                     endpoint: endpoint.clone(),
                     source,
                 })?;
                 match parsed {
-                    Parsed::Final { head, len } => {
-                        self.buf.advance(len);
-                        return Ok(head);
-                    }
-                    Parsed::Interim { len } => {
-                        self.buf.advance(len);
-                        continue;
-                    }
+                    Parsed::Final(head) => return Ok(head),
+                    Parsed::Interim => continue,
                     Parsed::Partial if self.buf.len() >= MAX_HEAD => {
                         return Err(RelayError::HeadTooLarge {
                             endpoint: endpoint.clone(),

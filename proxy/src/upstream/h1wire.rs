@@ -56,10 +56,10 @@ pub struct Head {
 pub enum Parsed {
     /// Not a whole head yet: read more.
     Partial,
-    /// An interim (1xx) response, `len` bytes long: skip it and parse on.
-    Interim { len: usize },
-    /// The final response's head, `len` bytes long.
-    Final { head: Head, len: usize },
+    /// An interim (1xx) response, taken off the buffer: parse on.
+    Interim,
+    /// The final response's head, taken off the buffer.
+    Final(Head),
 }
 
 /// Writes the head of a request whose body is `body_len` bytes into `dst`. `Content-Length` and
@@ -92,43 +92,57 @@ fn expects_body(method: &Method) -> bool {
     matches!(*method, Method::POST | Method::PUT | Method::PATCH)
 }
 
-/// Parses the response head at the start of `buf`, the answer to a `method` request.
-pub fn parse_response(buf: &[u8], method: &Method) -> Result<Parsed, WireError> {
-    let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut resp = httparse::Response::new(&mut raw);
-    let len = match resp.parse(buf).map_err(WireError::Head)? {
-        httparse::Status::Partial => return Ok(Parsed::Partial),
-        httparse::Status::Complete(len) => len,
+/// Parses the response head at the start of `buf`, the answer to a `method` request, and
+/// takes it off `buf` when it is whole. Header values are slices of the head's bytes, not
+/// copies (as hyper's own client does).
+pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Parsed, WireError> {
+    // Where each header's name and value are, as offsets into the head.
+    let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
+    let (len, code, minor, count) = {
+        let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        let mut resp = httparse::Response::new(&mut raw);
+        let len = match resp.parse(buf).map_err(WireError::Head)? {
+            httparse::Status::Partial => return Ok(Parsed::Partial),
+            httparse::Status::Complete(len) => len,
+        };
+        let base = buf.as_ptr() as usize;
+        for (span, h) in spans.iter_mut().zip(resp.headers.iter()) {
+            let name = h.name.as_ptr() as usize - base;
+            let value = h.value.as_ptr() as usize - base;
+            *span = (name as u32, h.name.len() as u32, value as u32, h.value.len() as u32);
+        }
+        (len, resp.code.unwrap_or(0), resp.version, resp.headers.len())
     };
-    let code = resp.code.unwrap_or(0);
+    let head = buf.split_to(len).freeze();
     let status = StatusCode::from_u16(code).map_err(|_| WireError::Head(httparse::Error::Status))?;
     if code == 101 {
         return Err(WireError::UnexpectedSwitch);
     }
     if status.is_informational() {
-        return Ok(Parsed::Interim { len });
+        return Ok(Parsed::Interim);
     }
-    let version = if resp.version == Some(0) {
+    let version = if minor == Some(0) {
         http::Version::HTTP_10
     } else {
         http::Version::HTTP_11
     };
-    let mut headers = HeaderMap::with_capacity(resp.headers.len());
-    for h in resp.headers.iter() {
-        let name = HeaderName::from_bytes(h.name.as_bytes()).map_err(|_| WireError::Header(h.name.to_string()))?;
-        let value = HeaderValue::from_bytes(h.value).map_err(|_| WireError::Header(h.name.to_string()))?;
+    let mut headers = HeaderMap::with_capacity(count);
+    for &(ns, nl, vs, vl) in &spans[..count] {
+        let raw_name = &head[ns as usize..(ns + nl) as usize];
+        let bad = || WireError::Header(String::from_utf8_lossy(raw_name).into_owned());
+        let name = HeaderName::from_bytes(raw_name).map_err(|_| bad())?;
+        let value = HeaderValue::from_maybe_shared(head.slice(vs as usize..(vs + vl) as usize)).map_err(|_| bad())?;
         headers.append(name, value);
     }
     let (framing, clean) = framing(method, status, &headers)?;
     let keep_alive = clean && keeps_alive(version, &headers) && framing != Framing::UntilClose;
-    let head = Head {
+    Ok(Parsed::Final(Head {
         status,
         version,
         headers,
         framing,
         keep_alive,
-    };
-    Ok(Parsed::Final { head, len })
+    }))
 }
 
 /// How the body is framed (RFC 9112 §6.3), and whether the framing was unambiguous (a response
@@ -332,9 +346,13 @@ fn trailers(buf: &mut BytesMut) -> Result<Option<Option<HeaderMap>>, WireError> 
 mod tests {
     use super::*;
 
+    fn parse(raw: &[u8], method: &Method) -> Result<Parsed, WireError> {
+        parse_response(&mut BytesMut::from(raw), method)
+    }
+
     fn head(raw: &str, method: Method) -> Head {
-        match parse_response(raw.as_bytes(), &method).expect("parses") {
-            Parsed::Final { head, .. } => head,
+        match parse(raw.as_bytes(), &method).expect("parses") {
+            Parsed::Final(head) => head,
             other => panic!("not a final head: {other:?}"),
         }
     }
@@ -396,7 +414,7 @@ mod tests {
         for bad in ["4, 5", "-1", "+4", "0x4", "", "99999999999999999999"] {
             let raw = format!("HTTP/1.1 200 OK\r\ncontent-length: {bad}\r\n\r\n");
             assert_eq!(
-                parse_response(raw.as_bytes(), &Method::GET).err(),
+                parse(raw.as_bytes(), &Method::GET).err(),
                 Some(WireError::ContentLength),
                 "{bad:?}"
             );
@@ -417,19 +435,22 @@ mod tests {
     #[test]
     fn partial_interim_and_switching_heads() {
         assert!(matches!(
-            parse_response(b"HTTP/1.1 200 OK\r\n", &Method::GET),
+            parse(b"HTTP/1.1 200 OK\r\n", &Method::GET),
             Ok(Parsed::Partial)
         ));
         let interim = b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\n";
-        assert!(matches!(
-            parse_response(interim, &Method::GET),
-            Ok(Parsed::Interim { len: 25 })
-        ));
+        assert!(matches!(parse(interim, &Method::GET), Ok(Parsed::Interim)));
         assert_eq!(
-            parse_response(b"HTTP/1.1 101 Switching\r\n\r\n", &Method::GET).err(),
+            parse(b"HTTP/1.1 101 Switching\r\n\r\n", &Method::GET).err(),
             Some(WireError::UnexpectedSwitch)
         );
-        assert!(parse_response(b"HTTP/2 200\r\n\r\n", &Method::GET).is_err());
+        assert!(parse(b"HTTP/2 200\r\n\r\n", &Method::GET).is_err());
+        let mut two = BytesMut::from(&b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 200 OK\r\nx-a: b\r\n\r\nrest"[..]);
+        assert!(matches!(parse_response(&mut two, &Method::GET), Ok(Parsed::Interim)));
+        let Ok(Parsed::Final(h)) = parse_response(&mut two, &Method::GET) else {
+            panic!("no final head")
+        };
+        assert_eq!((h.headers["x-a"].as_bytes(), &two[..]), (&b"b"[..], &b"rest"[..]));
     }
 
     fn decode_all(input: &[u8], step: usize) -> Result<(Vec<u8>, Option<HeaderMap>), WireError> {
