@@ -34,6 +34,7 @@ fn script(method: &str, path: &str, nth_on_conn: usize) -> Script {
         "/bad-length" => Script::AnswerThenClose(b"HTTP/1.1 200 OK\r\ncontent-length: 1, 2\r\n\r\nx"),
         "/cut" => Script::AnswerThenClose(b"HTTP/1.1 200 OK\r\ncontent-length: 10\r\n\r\nabc"),
         "/no-content" => Script::Answer(b"HTTP/1.1 204 No Content\r\n\r\n"),
+        "/busy" => Script::Answer(b"HTTP/1.1 503 Busy Now\r\ncontent-length: 4\r\n\r\nbusy"),
         "/then-close" => Script::AnswerThenClose(b"HTTP/1.1 200 OK\r\ncontent-length: 4\r\n\r\nbye\n"),
         // The second request on a connection finds it closed (an upstream's keep-alive timeout
         // racing the proxy's next request).
@@ -234,5 +235,33 @@ async fn kept_connections_are_reused_and_one_the_upstream_closed_is_not_an_error
     assert_eq!(connections.load(Ordering::Relaxed), before + 1);
     let post = "POST /drop-second HTTP/1.1\r\nhost: x\r\ncontent-length: 0\r\nconnection: close\r\n\r\n";
     assert!(exchange(a, post).await.starts_with("HTTP/1.1 502"));
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_5xx_leaves_its_connection_for_the_retry() {
+    init();
+    let (up, connections) = scripted_upstream().await;
+    let dir = tempdir("h1-retry");
+    let yaml = config(up).replace(
+        "{name: all, upstream: u, timeout: 5s}",
+        "{name: all, upstream: u, timeout: 5s, retries: {attempts: 2, budgetPercent: 100}}",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    // Three attempts, each answered 503 with a body already read with its head: the dropped
+    // responses hand their connection on, so one connection carries all three.
+    let busy = exchange(a, &request("GET", "/busy")).await;
+    assert!(
+        busy.starts_with("HTTP/1.1 503 Busy Now\r\n"),
+        "the upstream's own reason phrase: {busy}"
+    );
+    assert!(busy.ends_with("\r\n\r\nbusy"), "{busy}");
+    let m = metrics_when(&proxy, |m| {
+        metric_sum(m, "proxyfleet_upstream_retries_total", &[]) >= 2.0
+    })
+    .await;
+    assert_eq!(metric_sum(&m, "proxyfleet_upstream_retries_total", &[]), 2.0, "{m}");
+    assert_eq!(connections.load(Ordering::Relaxed), 1);
     proxy.running.drain();
 }

@@ -220,7 +220,7 @@ impl H1Pool {
 
     /// Our own exchange, on an idle connection or a new one. A request that a reused
     /// connection left unanswered (the upstream closed it meanwhile) goes again on a new one
-    /// when its method is idempotent.
+    /// when its method is safe.
     async fn relay(
         self: &Arc<Self>,
         endpoint: &Arc<Endpoint>,
@@ -230,7 +230,7 @@ impl H1Pool {
         if let Some(mut conn) = endpoint.h1_relays.take(self.idle_timeout) {
             match conn.exchange(parts, body, &endpoint.authority).await {
                 Ok(head) => return Ok((self.respond(endpoint, conn, head), true)),
-                Err(e) if e.unanswered() && h1relay::idempotent(&parts.method) => {
+                Err(e) if e.unanswered() && h1relay::resendable(&parts.method) => {
                     tracing::debug!(error = %e, "reused upstream connection was closed; sending again")
                 }
                 Err(e) => return Err(e.into()),

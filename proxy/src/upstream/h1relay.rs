@@ -7,6 +7,7 @@
 //! (docs/performance.md, docs/decisions.md). Requests that stream a body still go through
 //! hyper's client (`h1pool`), which writes and reads at once.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{ready, Context, Poll};
@@ -124,11 +125,20 @@ impl RelayConn {
     }
 
     /// Whether an idle connection still looks open: nothing arrived on it (an idle upstream
-    /// connection has nothing to say but its end). Costs no system call while nothing did.
+    /// connection has nothing to say but its end). A non-blocking read, which makes no system
+    /// call while the socket has not turned readable; outside tokio's cooperative budget, which
+    /// would otherwise say "pending" for a connection that has ended.
     pub fn looks_open(&mut self) -> bool {
         let mut cx = Context::from_waker(std::task::Waker::noop());
         self.buf.reserve(64);
-        poll_read_buf(Pin::new(&mut self.io), &mut cx, &mut self.buf).is_pending()
+        let (io, buf) = (&mut self.io, &mut self.buf);
+        let probe =
+            std::future::poll_fn(|cx| Poll::Ready(poll_read_buf(Pin::new(&mut *io), cx, &mut *buf).is_pending()));
+        let mut probe = std::pin::pin!(tokio::task::unconstrained(probe));
+        match probe.as_mut().poll(&mut cx) {
+            Poll::Ready(open) => open,
+            Poll::Pending => true,
+        }
     }
 
     /// Writes the request and reads the final response's head.
@@ -221,9 +231,14 @@ impl RelayConn {
     }
 }
 
+/// The connection ended under us: reset, or (TLS) closed without a close_notify, which rustls
+/// reports as an unexpected EOF.
 fn is_reset(e: &std::io::Error) -> bool {
     use std::io::ErrorKind::*;
-    matches!(e.kind(), ConnectionReset | ConnectionAborted | BrokenPipe)
+    matches!(
+        e.kind(),
+        ConnectionReset | ConnectionAborted | BrokenPipe | UnexpectedEof
+    )
 }
 
 /// Where a connection goes when its response is read: its endpoint's idle list.
@@ -333,6 +348,24 @@ impl RelayBody {
     }
 }
 
+/// A body dropped before its end (a retried 5xx, a client gone) still brings its connection
+/// home when the rest of it has already been read, as hyper's client did; otherwise the
+/// connection closes.
+impl Drop for RelayBody {
+    fn drop(&mut self) {
+        let Some(conn) = self.conn.as_mut() else {
+            return;
+        };
+        loop {
+            match Self::step(&mut self.state, &mut conn.buf) {
+                Ok(Step::Frame(_)) if self.state != State::Done => {}
+                Ok(Step::Frame(_) | Step::End) => return self.finish(),
+                Ok(Step::More) | Err(_) => return,
+            }
+        }
+    }
+}
+
 impl Body for RelayBody {
     type Data = Bytes;
     type Error = RelayError;
@@ -400,13 +433,15 @@ pub fn response(head: Head, conn: RelayConn, home: Home) -> http::Response<Relay
     // The client gets the response in its own protocol, not in the upstream's version.
     *resp.version_mut() = http::Version::HTTP_11;
     *resp.headers_mut() = head.headers;
+    if let Some(reason) = head.reason {
+        resp.extensions_mut().insert(reason);
+    }
     resp
 }
 
-/// Whether a request may be sent again after its connection failed unanswered.
-pub fn idempotent(method: &Method) -> bool {
-    matches!(
-        *method,
-        Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE | Method::PUT | Method::DELETE
-    )
+/// Whether a request may be sent again after its connection ended unanswered: only safe
+/// methods (RFC 9110 §9.2.1). An unanswered PUT or DELETE may have been carried out before the
+/// upstream went away, and hyper's client never sent a written request twice either.
+pub fn resendable(method: &Method) -> bool {
+    matches!(*method, Method::GET | Method::HEAD | Method::OPTIONS | Method::TRACE)
 }

@@ -44,7 +44,8 @@ pub enum Framing {
 #[derive(Debug)]
 pub struct Head {
     pub status: StatusCode,
-    pub version: http::Version,
+    /// A reason phrase other than the status code's usual one.
+    pub reason: Option<hyper::ext::ReasonPhrase>,
     pub headers: HeaderMap,
     pub framing: Framing,
     /// Whether the connection may carry another request after this response's body.
@@ -98,7 +99,7 @@ fn expects_body(method: &Method) -> bool {
 pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Parsed, WireError> {
     // Where each header's name and value are, as offsets into the head.
     let mut spans = [(0u32, 0u32, 0u32, 0u32); MAX_HEADERS];
-    let (len, code, minor, count) = {
+    let (len, code, minor, count, reason) = {
         let mut raw = [httparse::EMPTY_HEADER; MAX_HEADERS];
         let mut resp = httparse::Response::new(&mut raw);
         let len = match resp.parse(buf).map_err(WireError::Head)? {
@@ -111,7 +112,9 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Parsed, Wir
             let value = h.value.as_ptr() as usize - base;
             *span = (name as u32, h.name.len() as u32, value as u32, h.value.len() as u32);
         }
-        (len, resp.code.unwrap_or(0), resp.version, resp.headers.len())
+        let code = resp.code.unwrap_or(0);
+        let reason = own_reason(code, resp.reason);
+        (len, code, resp.version, resp.headers.len(), reason)
     };
     let head = buf.split_to(len).freeze();
     let status = StatusCode::from_u16(code).map_err(|_| WireError::Head(httparse::Error::Status))?;
@@ -135,14 +138,28 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Parsed, Wir
         headers.append(name, value);
     }
     let (framing, clean) = framing(method, status, &headers)?;
-    let keep_alive = clean && keeps_alive(version, &headers) && framing != Framing::UntilClose;
+    // HTTP/1.0 has no Transfer-Encoding: a response with one is read, then its connection
+    // closed (RFC 9112 §6.1).
+    let te_in_10 = version == http::Version::HTTP_10 && headers.contains_key(TRANSFER_ENCODING);
+    let keep_alive = clean && !te_in_10 && keeps_alive(version, &headers) && framing != Framing::UntilClose;
     Ok(Parsed::Final(Head {
         status,
-        version,
+        reason,
         headers,
         framing,
         keep_alive,
     }))
+}
+
+/// A reason phrase other than the status code's usual one, to pass on to HTTP/1.1 clients as
+/// hyper's client did (`hyper::ext::ReasonPhrase`).
+fn own_reason(code: u16, reason: Option<&str>) -> Option<hyper::ext::ReasonPhrase> {
+    let reason = reason.filter(|r| !r.is_empty())?;
+    let usual = StatusCode::from_u16(code).ok().and_then(|s| s.canonical_reason());
+    if usual == Some(reason) {
+        return None;
+    }
+    hyper::ext::ReasonPhrase::try_from(reason.as_bytes()).ok()
 }
 
 /// How the body is framed (RFC 9112 §6.3), and whether the framing was unambiguous (a response
@@ -430,6 +447,18 @@ mod tests {
         assert!(h(
             "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 1\r\n\r\n"
         ));
+        let te_in_10 = "HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ntransfer-encoding: chunked\r\n\r\n";
+        assert!(!h(te_in_10), "HTTP/1.0 has no Transfer-Encoding: close after it");
+    }
+
+    #[test]
+    fn only_an_unusual_reason_phrase_is_kept() {
+        assert!(head("HTTP/1.1 200 OK\r\n\r\n", Method::HEAD).reason.is_none());
+        assert!(head("HTTP/1.1 200 \r\n\r\n", Method::HEAD).reason.is_none());
+        let own = head("HTTP/1.1 200 Fine Thanks\r\n\r\n", Method::HEAD)
+            .reason
+            .expect("kept");
+        assert_eq!(own.as_bytes(), b"Fine Thanks");
     }
 
     #[test]
