@@ -38,7 +38,7 @@ if [ "$need_k8s" = 1 ]; then
     echo ")"
   } > "$src/go.mod"
   echo 'package k8sbuild' > "$src/doc.go"
-  minor=$(echo "$K8S_VERSION" | cut -d. -f2)
+  minor=$(<<<"$K8S_VERSION" cut -d. -f2)
   ld="-s -w"
   for p in k8s.io/component-base/version k8s.io/client-go/pkg/version; do
     ld="$ld -X $p.gitVersion=$K8S_VERSION -X $p.gitMajor=1 -X $p.gitMinor=$minor -X $p.gitTreeState=clean -X $p.buildDate=1970-01-01T00:00:00Z"

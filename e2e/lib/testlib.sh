@@ -1,5 +1,9 @@
 # Helpers for e2e test scripts (sourced). Each test script exits non-zero on failure.
 set -euo pipefail
+# Checks feed a variable to a reader with a here-string (`<<<"$out" grep -q x`), never
+# `echo "$out" | grep -q x`: bash's echo writes a line per write, a reader that leaves early
+# (grep -q, head) makes it die of SIGPIPE, and pipefail turns that into a failed check (e2e 39
+# failed so once under load). Large outputs (curl of /metrics) are read into a variable first.
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 . "$root/e2e/lib/versions.sh"
 export PATH="$K8S_BIN:$PATH"

@@ -49,11 +49,11 @@ ip=$(kubectl get svc -n "$ns" echo -o jsonpath='{.spec.clusterIP}')
 say "request to ClusterIP $ip from the host"
 retry 30 curl -fsS "http://$ip/hello"
 out=$(curl -fsS "http://$ip/hello")
-echo "$out" | grep -q "GET /hello" || fail "unexpected answer: $out"
+<<<"$out" grep -q "GET /hello" || fail "unexpected answer: $out"
 
 say "a second 'up' on the running cluster changes nothing: kube-proxy keeps running, and a Service follows new pods"
 kp_pid=$(cat /var/lib/proxyfleet/clusters/main/pids/kube-proxy.pid)
-second_up=$("$root/e2e/cluster" up 2>&1) || { echo "$second_up" | tail -15 >&2; fail "a second e2e/cluster up failed"; }
+second_up=$("$root/e2e/cluster" up 2>&1) || { <<<"$second_up" tail -15 >&2; fail "a second e2e/cluster up failed"; }
 sleep 3
 kill -0 "$kp_pid" 2>/dev/null || fail "kube-proxy exited after a second up (its config file was rewritten)"
 [ "$(cat /var/lib/proxyfleet/clusters/main/pids/kube-proxy.pid)" = "$kp_pid" ] || fail "kube-proxy was restarted"

@@ -55,9 +55,9 @@ retry 20 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0
 
 say "h2spec $H2SPEC_VERSION over TLS (every case)"
 out=$("$h2spec" -h 127.0.0.1 -p 18443 -P /h2spec -t -k -o 5 2>&1) || true
-summary=$(echo "$out" | grep -E '^[0-9]+ tests, ' || true)
+summary=$(<<<"$out" grep -E '^[0-9]+ tests, ' || true)
 say "h2spec: $summary"
-echo "$summary" | grep -qE '^([0-9]+) tests, \1 passed, 0 skipped, 0 failed' || { echo "$out" | grep -B2 -A6 '×' >&2; fail "h2spec: not every case passed"; }
+<<<"$summary" grep -qE '^([0-9]+) tests, \1 passed, 0 skipped, 0 failed' || { <<<"$out" grep -B2 -A6 '×' >&2; fail "h2spec: not every case passed"; }
 
 say "500 half-preface + 500 idle h2 connections"
 python3 "$root/bench/hostile_clients.py" 127.0.0.1 18443 ca.crt conformance.example.com "$proxy" 500 > hostile.txt 2>&1 || { cat hostile.txt >&2; fail "hostile clients run failed"; }
@@ -75,10 +75,10 @@ curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 \
 found=""
 for _ in $(seq 30); do
   found=$(curl -fsS "http://127.0.0.1:16686/api/traces/$trace" 2>/dev/null || true)
-  echo "$found" | grep -q '"operationName":"GET all"' && break
+  <<<"$found" grep -q '"operationName":"GET all"' && break
   sleep 1
 done
-echo "$found" | grep -q '"operationName":"GET all"' || fail "Jaeger has no span of trace $trace: $(tail -3 jaeger.log)"
-echo "$found" | grep -q '"refType":"CHILD_OF","traceID":"'"$trace"'","spanID":"00f067aa0ba902b7"' || fail "the span is not the caller's child: $found"
-echo "$found" | grep -q '"serviceName":"proxyfleet-conformance"' || fail "wrong service name: $found"
+<<<"$found" grep -q '"operationName":"GET all"' || fail "Jaeger has no span of trace $trace: $(tail -3 jaeger.log)"
+<<<"$found" grep -q '"refType":"CHILD_OF","traceID":"'"$trace"'","spanID":"00f067aa0ba902b7"' || fail "the span is not the caller's child: $found"
+<<<"$found" grep -q '"serviceName":"proxyfleet-conformance"' || fail "wrong service name: $found"
 say "Jaeger: trace $trace holds the proxy's span \"GET all\", child of 00f067aa0ba902b7"

@@ -57,7 +57,7 @@ say "bad input refused at admission, naming the field"
 bad=0
 while IFS=$'\t' read -r f want; do
   out=$(kubectl apply -n "$ns" -f "$root/e2e/bad-input/$f.yaml" 2>&1) && { bad=1; say "accepted: $f"; continue; }
-  echo "$out" | grep -qF -- "$want" || { bad=1; say "$f: message lacks '$want': $out"; }
+  <<<"$out" grep -qF -- "$want" || { bad=1; say "$f: message lacks '$want': $out"; }
 done < "$root/e2e/bad-input/expected.txt"
 [ "$bad" = 0 ] || fail "some malformed manifests were not refused as expected"
 say "$(wc -l < "$root/e2e/bad-input/expected.txt") malformed manifests refused"

@@ -81,9 +81,9 @@ refused() { # refused FIELD POLICY JQ-EDIT — the tenant's fleet, edited, is re
   local out
   out=$(jq "$3" /tmp/e2e-tenant-pxd.json | kubectl apply -n "$ns" --as="$tenant" -f - 2>&1) \
     && fail "admitted: $3"
-  echo "$out" | grep -q "$1" && echo "$out" | grep -q "ProxyFleetPolicy $2" \
+  <<<"$out" grep -q "$1" && <<<"$out" grep -q "ProxyFleetPolicy $2" \
     || fail "refusal of $3 does not name $1 and ProxyFleetPolicy $2: $out"
-  say "refused at admission: $(echo "$out" | grep -o "$1[^)]*)" | head -1)"
+  say "refused at admission: $(<<<"$out" grep -o "$1[^)]*)" | head -1)"
 }
 refused spec.image default '.spec.image = "docker.io/evil/miner:1"'
 refused spec.service.type e2e-tenants '.spec.service = {type: "NodePort"}'
@@ -101,7 +101,7 @@ deployment_uid=$(kubectl get deploy -n "$ns" demo -o jsonpath='{.metadata.uid}')
 kubectl patch proxyfleetpolicy e2e-tenants --type=merge -p '{"spec":{"maxReplicas":0}}' >/dev/null
 retry 60 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Degraded\")].reason}' | grep -qx PolicyViolation"
 message=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Degraded")].message}')
-echo "$message" | grep -q "spec.replicas: 1 is more than the 0 allowed (ProxyFleetPolicy e2e-tenants)" \
+<<<"$message" grep -q "spec.replicas: 1 is more than the 0 allowed (ProxyFleetPolicy e2e-tenants)" \
   || fail "the status does not name the field and policy: $message"
 [ "$(kubectl get deploy -n "$ns" demo -o jsonpath='{.metadata.uid}')" = "$deployment_uid" ] || fail "the running Deployment was replaced"
 https_get "$ns" demo / >/dev/null || fail "the held fleet stopped serving"

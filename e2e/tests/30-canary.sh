@@ -106,7 +106,7 @@ t=$(time_to_rollback "$prev") || fail "no rollback on latency"
 # The reason must be latency: every query is scoped to the canary's revision, so the 5xx of
 # scenario 2's aborted canary cannot leak into this window.
 msg=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}')
-echo "$msg" | grep -q p99 || fail "abort reason does not name p99: $msg"
+<<<"$msg" grep -q p99 || fail "abort reason does not name p99: $msg"
 say "latency rollback after ${t}s"
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
 

@@ -67,7 +67,7 @@ kubectl patch pxd -n "$ns" demo --type=json -p "[$fault]" >/dev/null
 t=$(follow_bad_rollout "$prev" "background analysis")
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID || true
 msg=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}')
-echo "$msg" | grep -q "metric errors failed 2 times" || fail "abort message: $msg"
+<<<"$msg" grep -q "metric errors failed 2 times" || fail "abort message: $msg"
 [ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.abortReason}')" = AnalysisFailed ] || fail "abortReason"
 [ "$t" -le 25 ] || fail "took ${t}s from the first failing measurement to stable (goal ≤ 2 intervals = 20s)"
 [ "$(event_total demo StepCompleted)" = 0 ] || fail "a step was completed while every measurement failed"
@@ -162,12 +162,12 @@ retry 150 bash -c "[ \"\$(kubectl get pxd -n $ns demo -o jsonpath='{.status.cana
 [ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.abortReason}')" = ProgressDeadlineExceeded ] || fail "abortReason"
 msg=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}')
 say "canary abort: $msg"
-echo "$msg" | grep -q "/etc/nope/ca.pem" || fail "the abort does not quote the proxy's error: $msg"
+<<<"$msg" grep -q "/etc/nope/ca.pem" || fail "the abort does not quote the proxy's error: $msg"
 https_get "$ns" demo /still-serving >/dev/null || fail "stable stopped serving"
 
 say "3c. a client CA Secret in another namespace is refused at admission, the field named"
 out=$(kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"add","path":"/spec/listeners/0/clientCaSecret","value":"kube-system/ca"}]' 2>&1 || true)
-echo "$out" | grep -q "spec.listeners\[0\].clientCaSecret" || fail "not refused naming the field: $out"
+<<<"$out" grep -q "spec.listeners\[0\].clientCaSecret" || fail "not refused naming the field: $out"
 
 restarts=$(operator_restarts)
 [ "$restarts" = "$restarts_before" ] || fail "the operator restarted ($restarts_before → $restarts)"

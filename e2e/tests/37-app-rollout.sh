@@ -142,7 +142,7 @@ retry 20 all_v2   # the old version's pods are gone before traffic returns to st
 # Each of the 5 steps completes exactly once, across the operator restart (the recorder folds
 # events of one reason into series, so count occurrences).
 events=$(kubectl get events.events.k8s.io -n "$ns" --field-selector regarding.name=shop,reason=StepCompleted -o json)
-steps=$(echo "$events" | jq '[.items[] | (.series.count // 1)] | add // 0')
+steps=$(<<<"$events" jq '[.items[] | (.series.count // 1)] | add // 0')
 say "StepCompleted events: $steps for 5 steps"
 [ "$steps" = 5 ] || fail "$steps StepCompleted events for 5 steps: a step was repeated or skipped"
 kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID || true
@@ -173,7 +173,7 @@ while :; do
   if [ -z "$first_bad" ] && ar '.status.canary.metrics[*].failures' | grep -q '[1-9]'; then first_bad=$(date +%s.%N); fi
   if [ "$(phase)" = Aborted ]; then
     w=$(pod_weights)
-    if [ -n "$w" ] && ! echo "$w" | grep -qv '^\(0 \)*$'; then break; fi
+    if [ -n "$w" ] && ! <<<"$w" grep -qv '^\(0 \)*$'; then break; fi
   fi
   sleep 0.5
 done

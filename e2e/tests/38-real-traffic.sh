@@ -73,15 +73,15 @@ sed 's/^/  /' /tmp/e2e-traffic-check.log >&2
 
 say "response header rule and X-Request-Id"
 headers=$(curl -sS -D - -o /dev/null --max-time 10 --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/events)
-echo "$headers" | grep -qi '^x-served-by: proxyfleet' || fail "the response header rule was not applied: $headers"
-echo "$headers" | grep -qiE '^x-request-id: [0-9a-f]{32}' || fail "no generated X-Request-Id: $headers"
+<<<"$headers" grep -qi '^x-served-by: proxyfleet' || fail "the response header rule was not applied: $headers"
+<<<"$headers" grep -qiE '^x-request-id: [0-9a-f]{32}' || fail "no generated X-Request-Id: $headers"
 
 say "a local rate limit through the fleet: 429 with Retry-After"
 limited=0
 for _ in $(seq 12); do
   out=$(curl -sS -D - -o /dev/null --max-time 10 --cacert "$ca" --resolve "traffic.example.com:443:$ip" https://traffic.example.com/limited)
-  if echo "$out" | head -1 | grep -q ' 429'; then
-    echo "$out" | grep -qiE '^retry-after: [0-9]+' || fail "a 429 without Retry-After: $out"
+  if <<<"$out" head -1 | grep -q ' 429'; then
+    <<<"$out" grep -qiE '^retry-after: [0-9]+' || fail "a 429 without Retry-After: $out"
     limited=$((limited + 1))
   fi
 done
@@ -94,9 +94,9 @@ lines=""
 for pod in $(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=traffic -o name); do
   lines+=$(kubectl logs -n "$ns" "$pod" | grep '^{"time"' || true)$'\n'
 done
-echo "$lines" | grep -q '"route":"ws"' || fail "no access log line for the WebSocket route"
-echo "$lines" | grep -q '"route":"grpc"' || fail "no access log line for the gRPC route"
-echo "$lines" | grep '"route":"events"' | grep -q '"bytes_sent":[1-9]' || fail "no access log line with bytes for the SSE route"
-say "access log sample: $(echo "$lines" | grep '"route":"events"' | head -1)"
+<<<"$lines" grep -q '"route":"ws"' || fail "no access log line for the WebSocket route"
+<<<"$lines" grep -q '"route":"grpc"' || fail "no access log line for the gRPC route"
+<<<"$lines" grep '"route":"events"' | grep -q '"bytes_sent":[1-9]' || fail "no access log line with bytes for the SSE route"
+say "access log sample: $(<<<"$lines" grep '"route":"events"' | head -1)"
 rm -f "$ca"
 say "real traffic passed"

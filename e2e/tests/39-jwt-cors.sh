@@ -76,45 +76,45 @@ say "valid ES256, RS256 and EdDSA tokens pass, with their claims forwarded and t
 for kid in es-1 rs-1 ed-1; do
   body=$(req -f -H "Authorization: Bearer $(peer token "$keys" $kid 300)" -H 'x-user: mallory' https://auth.example.com/api/orders) \
     || fail "a valid $kid token was refused"
-  echo "$body" | grep -q '"x-user": "alice"' || fail "$kid: the sub claim was not forwarded: $body"
-  echo "$body" | grep -q '"x-email": "alice@example.com"' || fail "$kid: the email claim was not forwarded: $body"
-  echo "$body" | grep -qi '"authorization"' && fail "$kid: the token reached the upstream: $body"
+  <<<"$body" grep -q '"x-user": "alice"' || fail "$kid: the sub claim was not forwarded: $body"
+  <<<"$body" grep -q '"x-email": "alice@example.com"' || fail "$kid: the email claim was not forwarded: $body"
+  <<<"$body" grep -qi '"authorization"' && fail "$kid: the token reached the upstream: $body"
 done
 
 say "refusals: 401 with WWW-Authenticate, and why"
 out=$(req -D - -o /dev/null https://auth.example.com/api/orders)
-echo "$out" | head -1 | grep -q ' 401' || fail "no token was not refused: $out"
-echo "$out" | grep -qi '^www-authenticate: Bearer realm="api"' || fail "no WWW-Authenticate: $out"
+<<<"$out" head -1 | grep -q ' 401' || fail "no token was not refused: $out"
+<<<"$out" grep -qi '^www-authenticate: Bearer realm="api"' || fail "no WWW-Authenticate: $out"
 for case in "expired:$(peer token "$keys" es-1 -300)" "wrong audience:$(peer token "$keys" es-1 300 other)" \
             "unknown key:$(peer token "$keys" es-2 300)" "garbage:not.a.token"; do
   name=${case%%:*}; token=${case#*:}
   out=$(req -D - -o /dev/null -H "Authorization: Bearer $token" https://auth.example.com/api/orders)
-  echo "$out" | head -1 | grep -q ' 401' || fail "$name token was not refused: $out"
-  echo "$out" | grep -qi 'error="invalid_token"' || fail "$name: no invalid_token in the challenge: $out"
+  <<<"$out" head -1 | grep -q ' 401' || fail "$name token was not refused: $out"
+  <<<"$out" grep -qi 'error="invalid_token"' || fail "$name: no invalid_token in the challenge: $out"
 done
 [ "$(code https://auth.example.com/anything)" = 200 ] || fail "a route without jwt needs no token"
 
 say "a key set from a ConfigMap, token forwarded when asked"
 body=$(req -f -H "Authorization: Bearer $(peer token "$keys" ed-9 300 partner)" https://auth.example.com/partner/x) \
   || fail "a valid token for the ConfigMap key set was refused"
-echo "$body" | grep -qi '"authorization": "Bearer ' || fail "forwardToken: the token did not reach the upstream: $body"
+<<<"$body" grep -qi '"authorization": "Bearer ' || fail "forwardToken: the token did not reach the upstream: $body"
 [ "$(code -H "Authorization: Bearer $(peer token "$keys" es-1 300 partner)" https://auth.example.com/partner/x)" = 401 ] \
   || fail "the Secret's key was accepted on the ConfigMap's route"
 
 say "CORS: preflight answered by the proxy, headers on the answer, other origins refused"
 out=$(req -D - -o /dev/null -X OPTIONS -H 'Origin: https://app.example.com' -H 'Access-Control-Request-Method: PUT' \
       -H 'Access-Control-Request-Headers: authorization' https://auth.example.com/api/orders)
-echo "$out" | head -1 | grep -q ' 204' || fail "preflight not answered with 204: $out"
+<<<"$out" head -1 | grep -q ' 204' || fail "preflight not answered with 204: $out"
 for h in 'access-control-allow-origin: https://app.example.com' 'access-control-allow-methods: GET, PUT' \
          'access-control-allow-credentials: true' 'access-control-max-age: 600'; do
-  echo "$out" | grep -qi "^$h" || fail "preflight lacks '$h': $out"
+  <<<"$out" grep -qi "^$h" || fail "preflight lacks '$h': $out"
 done
 out=$(req -D - -o /dev/null -X OPTIONS -H 'Origin: https://evil.example' -H 'Access-Control-Request-Method: PUT' https://auth.example.com/api/orders)
-echo "$out" | head -1 | grep -q ' 403' || fail "a preflight from another origin was not refused: $out"
+<<<"$out" head -1 | grep -q ' 403' || fail "a preflight from another origin was not refused: $out"
 out=$(req -D - -o /dev/null -H 'Origin: https://eu.shop.example' -H "Authorization: Bearer $(peer token "$keys" es-1 300)" https://auth.example.com/api/orders)
-echo "$out" | grep -qi '^access-control-allow-origin: https://eu.shop.example' || fail "no CORS headers for a wildcard origin: $out"
+<<<"$out" grep -qi '^access-control-allow-origin: https://eu.shop.example' || fail "no CORS headers for a wildcard origin: $out"
 out=$(req -D - -o /dev/null -H 'Origin: https://evil.example' -H "Authorization: Bearer $(peer token "$keys" es-1 300)" https://auth.example.com/api/orders)
-echo "$out" | grep -qi '^access-control-allow-origin' && fail "the upstream's * reached another origin: $out"
+<<<"$out" grep -qi '^access-control-allow-origin' && fail "the upstream's * reached another origin: $out"
 
 say "key rotation: the Secret's key set replaced, picked up without a rollout"
 pods_before=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=auth -o jsonpath='{.items[*].metadata.name}')
@@ -132,8 +132,9 @@ pods_after=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=auth -o 
 
 say "metrics: denials by reason"
 pod=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=auth -o jsonpath='{.items[0].status.podIP}')
-curl -fsS --max-time 5 "http://$pod:9901/metrics" | grep -q '^proxyfleet_jwt_denied_requests_total{route="api",reason=' \
-  || fail "no jwt denial metric"
+# Read whole first: `grep -q` leaves at the first match, and curl, still writing, would fail.
+metrics=$(curl -fsS --max-time 5 "http://$pod:9901/metrics") || fail "no metrics from $pod"
+<<<"$metrics" grep -q '^proxyfleet_jwt_denied_requests_total{route="api",reason=' || fail "no jwt denial metric"
 
 say "bad specs refused at admission, naming the field"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
@@ -146,7 +147,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "a jwksFile in a ProxyDeployment was accepted"
-echo "$out" | grep -q 'spec.routes\[0\].jwt: Invalid value.*jwksFile is for the standalone proxy' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.routes\[0\].jwt: Invalid value.*jwksFile is for the standalone proxy' || fail "unexpected refusal: $out"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -157,7 +158,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "CORS credentials with * was accepted"
-echo "$out" | grep -q 'spec.routes\[0\].cors: Invalid value.*allowCredentials cannot be used with the \* origin' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.routes\[0\].cors: Invalid value.*allowCredentials cannot be used with the \* origin' || fail "unexpected refusal: $out"
 
 say "a missing key set is reported in status, naming the field"
 kubectl patch -n "$ns" pxd/auth --type=json -p '[{"op":"replace","path":"/spec/routes/1/jwt/jwksConfigMap","value":"nope"}]' >/dev/null

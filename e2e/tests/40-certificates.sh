@@ -47,7 +47,7 @@ grep -q '"status_5xx": 0, "errors": 0' /tmp/certs-load.json || { cat /tmp/certs-
 status_serial=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.certificates[?(@.kind=="serving")].serial}' | sed 's/^0*//')
 [ "$status_serial" = "${serials[-1]}" ] || say "note: status serial $status_serial, last served ${serials[-1]} (a rotation may be in flight)"
 restarts=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=demo -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')
-echo "$restarts" | grep -q '[1-9]' && fail "proxy pods restarted during rotation: $restarts"
+<<<"$restarts" grep -q '[1-9]' && fail "proxy pods restarted during rotation: $restarts"
 say "no proxy restarted"
 
 say "existing Secret source: a missing Secret is reported with a reason"

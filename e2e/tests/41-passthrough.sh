@@ -77,11 +77,11 @@ say "routed by SNI to the backend, which serves its own certificate (verified ag
 out=$(via shop.apps.example.com 9443 -f) || fail "no answer through the passthrough listener"
 [ "$out" = "apps sni=shop.apps.example.com" ] || fail "unexpected answer: $out"
 issuer=$(echo | openssl s_client -connect "$ip:9443" -servername db.example.com 2>/dev/null | openssl x509 -noout -issuer)
-echo "$issuer" | grep -q 'CN *= *backend-ca' || fail "the client did not see the backend's certificate: $issuer"
+<<<"$issuer" grep -q 'CN *= *backend-ca' || fail "the client did not see the backend's certificate: $issuer"
 
 say "end-to-end mTLS: the backend checks the client's certificate itself"
 out=$(via db.example.com 9443 -f --cert "$work/client.crt" --key "$work/client.key") || fail "mTLS through the passthrough failed"
-echo "$out" | grep -q 'db client=CN=client$' || fail "the backend did not see the client certificate: $out"
+<<<"$out" grep -q 'db client=CN=client$' || fail "the backend did not see the client certificate: $out"
 code=$(via db.example.com 9443 -o /dev/null -w '%{http_code}' || true)
 [ "$code" = 400 ] || fail "the backend accepted a client without a certificate (HTTP $code)"
 
@@ -135,7 +135,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "a TCP listener with hostnames was accepted"
-echo "$out" | grep -q 'spec.listeners: Invalid value.*a TCP listener relays bytes' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.listeners: Invalid value.*a TCP listener relays bytes' || fail "unexpected refusal: $out"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -145,7 +145,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "protocol TCP without tcp was accepted"
-echo "$out" | grep -q 'protocol TCP needs tcp' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'protocol TCP needs tcp' || fail "unexpected refusal: $out"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -155,5 +155,5 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "a socks5 listener without connect was accepted"
-echo "$out" | grep -q 'spec.connect: Invalid value.*a socks5 listener needs connect' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.connect: Invalid value.*a socks5 listener needs connect' || fail "unexpected refusal: $out"
 say "TLS passthrough and TCP passed"

@@ -70,7 +70,7 @@ say "load: $(cat /tmp/acme-load.json); serial changes at: ${changes[*]}"
 [ ${#serials[@]} -ge 2 ] || fail "expected a renewal, saw serials: ${serials[*]}"
 grep -q '"status_5xx": 0, "errors": 0' /tmp/acme-load.json || { tail -5 /tmp/acme-load.err >&2; fail "requests failed during the ACME renewal"; }
 restarts=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=shop -o jsonpath='{.items[*].status.containerStatuses[0].restartCount}')
-echo "$restarts" | grep -q '[1-9]' && fail "proxy pods restarted during renewal: $restarts"
+<<<"$restarts" grep -q '[1-9]' && fail "proxy pods restarted during renewal: $restarts"
 
 say "a hostname Pebble cannot validate (it resolves to an address where nothing answers)"
 pebble_point_name nowhere.example.com 127.0.0.1
@@ -80,8 +80,8 @@ retry 180 bash -c "kubectl get pxd -n $ns shop -o jsonpath='{.status.conditions[
   || { cond >&2; fail "the failed order is not reported"; }
 msg=$(cond)
 say "in status: $msg"
-echo "$msg" | grep -q "nowhere.example.com" || fail "the failure does not name the hostname"
-echo "$msg" | grep -qiE "connection refused|connect" || fail "Pebble's error is not quoted"
+<<<"$msg" grep -q "nowhere.example.com" || fail "the failure does not name the hostname"
+<<<"$msg" grep -qiE "connection refused|connect" || fail "Pebble's error is not quoted"
 kubectl get pxd -n "$ns" shop -o jsonpath='{.status.acme.nextAttemptTime}' | grep -q T || fail "no backoff recorded in status.acme"
 retry 60 all_verify
 [ "$(served -serial)" = "$before" ] || say "note: serial changed from $before to $(served -serial) (a renewal was already due)"

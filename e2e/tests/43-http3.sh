@@ -49,7 +49,7 @@ kubectl get secret -n "$ns" quic-tls -o jsonpath='{.data.ca\.crt}' | base64 -d >
 
 say "the Service has the listener's port over UDP too"
 ports=$(kubectl get svc -n "$ns" quic -o jsonpath='{range .spec.ports[*]}{.name}/{.protocol}/{.port} {end}')
-echo "$ports" | grep -q 'https-h3/UDP/443' || fail "no UDP port on the Service: $ports"
+<<<"$ports" grep -q 'https-h3/UDP/443' || fail "no UDP port on the Service: $ports"
 
 say "the TCP listener advertises HTTP/3 on the Service port (Alt-Svc)"
 req() { curl -sS --max-time 5 --cacert "$ca" --resolve "h3.example.com:443:$ip" "$@"; }
@@ -61,10 +61,10 @@ say "GETs and a POST over HTTP/3 through the Service (aioquic)"
 h3get() { peer get h3.example.com "$ip" 443 "$ca" /one /two > /tmp/e2e-h3-get.out 2>&1; }
 retry 30 h3get || fail "no HTTP/3 answer: $(tail -3 /tmp/e2e-h3-get.out)"
 out=$(cat /tmp/e2e-h3-get.out)
-[ "$(echo "$out" | grep -c '"status": 200')" = 3 ] || fail "not three 200s over HTTP/3: $out"
-echo "$out" | grep -q '"path": "/two"' || fail "the second GET did not reach the upstream: $out"
-echo "$out" | grep -q '"method": "POST", "path": "/post", "body": 1000' || fail "the POST body did not arrive whole: $out"
-echo "$out" | grep -q '"x-forwarded-proto": "https"' || fail "no X-Forwarded-Proto: $out"
+[ "$(<<<"$out" grep -c '"status": 200')" = 3 ] || fail "not three 200s over HTTP/3: $out"
+<<<"$out" grep -q '"path": "/two"' || fail "the second GET did not reach the upstream: $out"
+<<<"$out" grep -q '"method": "POST", "path": "/post", "body": 1000' || fail "the POST body did not arrive whole: $out"
+<<<"$out" grep -q '"x-forwarded-proto": "https"' || fail "no X-Forwarded-Proto: $out"
 
 say "0-RTT on a resumed connection to one pod: a GET served from early data, a POST only after the handshake"
 # Session tickets are per pod (single-use entries of its session cache): the client resumes
@@ -73,18 +73,18 @@ pod=$(kubectl get pods -n "$ns" -l proxyfleet.io/proxydeployment=quic -o jsonpat
 early_seen=
 for attempt in 1 2 3; do
   out=$(peer zero-rtt h3.example.com "$pod" 8443 "$ca") || fail "0-RTT exchange failed: $out"
-  post=$(echo "$out" | grep '"path": "/early-post"')
-  echo "$post" | grep -q '"early_data_accepted": true' || fail "the proxy refused 0-RTT data: $out"
-  echo "$post" | grep -q '"early-data"' && fail "a POST was forwarded as early data: $post"
-  echo "$post" | grep -q '"body": 10' || fail "the POST body did not arrive: $post"
-  if echo "$out" | grep '"path": "/early"' | grep -q '"early-data": "1"'; then early_seen=$attempt; break; fi
+  post=$(<<<"$out" grep '"path": "/early-post"')
+  <<<"$post" grep -q '"early_data_accepted": true' || fail "the proxy refused 0-RTT data: $out"
+  <<<"$post" grep -q '"early-data"' && fail "a POST was forwarded as early data: $post"
+  <<<"$post" grep -q '"body": 10' || fail "the POST body did not arrive: $post"
+  if <<<"$out" grep '"path": "/early"' | grep -q '"early-data": "1"'; then early_seen=$attempt; break; fi
 done
 [ -n "$early_seen" ] || fail "no GET was served from early data in 3 resumed connections: $out"
 metrics=$(curl -fsS --max-time 5 "http://$pod:9901/metrics")
-echo "$metrics" | grep -q '^proxyfleet_quic_early_requests_total{listener="https",kind="waited"} [1-9]' \
-  || fail "the held-back POST was not counted: $(echo "$metrics" | grep quic)"
-echo "$metrics" | grep -q '^proxyfleet_quic_connections_total{listener="https",kind="accepted"} [1-9]' \
-  || fail "no accepted QUIC connections counted: $(echo "$metrics" | grep quic)"
+<<<"$metrics" grep -q '^proxyfleet_quic_early_requests_total{listener="https",kind="waited"} [1-9]' \
+  || fail "the held-back POST was not counted: $(<<<"$metrics" grep quic)"
+<<<"$metrics" grep -q '^proxyfleet_quic_connections_total{listener="https",kind="accepted"} [1-9]' \
+  || fail "no accepted QUIC connections counted: $(<<<"$metrics" grep quic)"
 
 say "bad specs refused at admission, naming the field"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
@@ -97,7 +97,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "http3 on an HTTP listener was accepted"
-echo "$out" | grep -q 'spec.listeners: Invalid value.*http3 is for HTTPS listeners' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.listeners: Invalid value.*http3 is for HTTPS listeners' || fail "unexpected refusal: $out"
 out=$(kubectl apply -n "$ns" -f - 2>&1 <<YAML
 apiVersion: proxyfleet.io/v1alpha1
 kind: ProxyDeployment
@@ -108,5 +108,5 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"]}]
 YAML
 ) && fail "maxConcurrentStreams 0 was accepted"
-echo "$out" | grep -q 'spec.listeners\[0\].http3.maxConcurrentStreams' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'spec.listeners\[0\].http3.maxConcurrentStreams' || fail "unexpected refusal: $out"
 say "HTTP/3 passed"

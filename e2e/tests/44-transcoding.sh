@@ -55,20 +55,20 @@ say "GET with a query parameter, GET with a path variable, POST with a body: Che
 [ "$(req -f https://api.example.com/v1/health)" = '{"status":"SERVING"}' ] || fail "GET /v1/health: $(req https://api.example.com/v1/health)"
 [ "$(req -f 'https://api.example.com/v1/health?service=')" = '{"status":"SERVING"}' ] || fail "a query parameter was not mapped"
 out=$(req -f https://api.example.com/v1/health/e2e) || fail "GET with a path variable failed: $out"
-echo "$out" | grep -Eq '^\{"status":"(SERVING|NOT_SERVING)"\}$' || fail "unexpected answer: $out"
+<<<"$out" grep -Eq '^\{"status":"(SERVING|NOT_SERVING)"\}$' || fail "unexpected answer: $out"
 out=$(req -f -X POST -H 'content-type: application/json' -d '{"service": ""}' https://api.example.com/v1/health:check) \
   || fail "POST with a body failed: $out"
 [ "$out" = '{"status":"SERVING"}' ] || fail "unexpected answer to the POST: $out"
 
 say "the server's NOT_FOUND is a 404 with a google.rpc.Status body; a bad field is a 400"
 out=$(req -w ' %{http_code}' https://api.example.com/v1/health/nope | tr -d '\n')
-echo "$out" | grep -q '"code":5.* 404$' || fail "unexpected answer for an unknown service: $out"
+<<<"$out" grep -q '"code":5.* 404$' || fail "unexpected answer for an unknown service: $out"
 out=$(req -w ' %{http_code}' -X POST -d '{"servce": "x"}' https://api.example.com/v1/health:check | tr -d '\n')
-echo "$out" | grep -q 'servce.* 400$' || fail "an unknown field was not refused naming it: $out"
+<<<"$out" grep -q 'servce.* 400$' || fail "an unknown field was not refused naming it: $out"
 
 say "a server stream (Watch) arrives as JSON lines while it runs"
 lines=$(req -N --max-time 3 https://api.example.com/v1/health/e2e:watch 2>/dev/null || true)
-n=$(echo "$lines" | grep -c '^{"result":{"status":"\(NOT_\)\?SERVING"}}$' || true)
+n=$(<<<"$lines" grep -c '^{"result":{"status":"\(NOT_\)\?SERVING"}}$' || true)
 [ "$n" -ge 3 ] || fail "expected several JSON lines from the stream, got: $lines"
 
 say "calls are counted per gRPC method"
@@ -91,7 +91,7 @@ spec:
   upstreams: [{name: u, endpoints: ["10.0.0.1:80"], protocol: h2}]
 YAML
 ) && fail "a descriptorSetFile in a ProxyDeployment was accepted"
-echo "$out" | grep -q 'descriptorSetFile is for the standalone proxy' || fail "unexpected refusal: $out"
+<<<"$out" grep -q 'descriptorSetFile is for the standalone proxy' || fail "unexpected refusal: $out"
 kubectl patch -n "$ns" pxd/api --type=json -p '[{"op":"replace","path":"/spec/routes/0/grpcTranscoding/descriptorSetConfigMap","value":"nope"}]' >/dev/null
 retry 60 bash -c "kubectl get pxd -n $ns api -o jsonpath='{.status.conditions[*].message}' | grep -q 'spec.routes\[0\].grpcTranscoding.descriptorSetConfigMap: ConfigMap nope not found'"
 [ "$(req -f https://api.example.com/v1/health)" = '{"status":"SERVING"}' ] || fail "the fleet stopped serving on a bad spec"

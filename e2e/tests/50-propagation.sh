@@ -63,7 +63,7 @@ helm upgrade proxyfleet "$root/charts/proxyfleet" -n proxyfleet-system --reuse-v
 retry 120 kubectl rollout status -n proxyfleet-system deploy/proxyfleet-operator --timeout=5s
 retry 60 bash -c "kubectl get lease -n proxyfleet-system proxyfleet-operator -o jsonpath='{.spec.holderIdentity}' | grep -q ."
 m2=$(kubeconfig_for_hub member-2)
-field() { echo "$m2" | awk -v k="$1:" '$1 == k {print $2; exit}'; }
+field() { <<<"$m2" awk -v k="$1:" '$1 == k {print $2; exit}'; }
 argo_config=$(jq -cn --arg ca "$(field certificate-authority-data)" --arg cert "$(field client-certificate-data)" \
   --arg key "$(field client-key-data)" '{tlsClientConfig: {insecure: false, caData: $ca, certData: $cert, keyData: $key}}')
 kubectl create secret generic member-2 -n argocd --from-literal=name=member-2 --from-literal=server="$(field server)" \
@@ -128,7 +128,7 @@ done
 
 hub_spec=$(kubectl get pxd -n "$ns" demo -o json | jq -S '.spec | del(.placement)')
 [ "$(mk member-1 get pxd -n "$ns" demo -o json | jq -S .spec)" = "$hub_spec" ] || fail "member-1 spec differs from the hub's"
-[ "$(mk member-2 get pxd -n "$ns" demo -o json | jq -S .spec)" = "$(echo "$hub_spec" | jq -S '.replicas = 3')" ] \
+[ "$(mk member-2 get pxd -n "$ns" demo -o json | jq -S .spec)" = "$(<<<"$hub_spec" jq -S '.replicas = 3')" ] \
   || fail "member-2 spec is not the hub's + replicas 3"
 say "each member's spec is exactly the hub's (+ member-2's override)"
 [ "$(mk member-1 get secret -n "$ns" proxyfleet-ca -o jsonpath='{.data.ca\.crt}')" = \
@@ -175,7 +175,7 @@ kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"replace","path":"/spec/p
 retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].message}' | grep -q 'may not change the placement'"
 out=$(kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"replace","path":"/spec/placement/overrides/1/patches/0/path","value":"/metadata/labels"}]' 2>&1) \
   && fail "a patch outside /spec was admitted"
-echo "$out" | grep -q "placement.overrides\[1\].patches\[0\].path" || fail "admission message does not name the field: $out"
+<<<"$out" grep -q "placement.overrides\[1\].patches\[0\].path" || fail "admission message does not name the field: $out"
 say "admission refuses a patch outside /spec, naming the field"
 kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"remove","path":"/spec/placement/overrides/1"},{"op":"add","path":"/spec/placement/clusters","value":["member-9"]}]' >/dev/null
 retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].reason}' | grep -q ClusterNotFound"

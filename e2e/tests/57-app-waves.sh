@@ -175,7 +175,7 @@ done
 [ -n "$saw_v3" ] || fail "main never got v3"
 reason=$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.abortReason}')
 say "hub aborted after $(( $(date +%s) - t0 ))s: $reason"
-echo "$reason" | grep -q "cluster main: app shop: its canary aborted" || fail "the abort does not name main's app canary: $reason"
+<<<"$reason" grep -q "cluster main: app shop: its canary aborted" || fail "the abort does not name main's app canary: $reason"
 retry 90 bash -c "kubectl get deploy -n $ns shop -o json | jq -r '[.spec.template.spec.containers[0].env[].value] | join(\",\")' | grep -qx v1"
 say "main's app is back on the last completed version: $(env_of kubectl)"
 retry 120 all_on v1
@@ -228,7 +228,7 @@ apps_main=$(hk get pxd -n "$ns" edge -o json | jq -r '.status.clusters[] | selec
 [ "$apps_main" = Completed ] || fail "the hub's status does not show main's app canary Completed ($apps_main)"
 tree=$(KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" get pxd edge)
 echo "$tree" >&2
-echo "$tree" | grep -q "app shop .*canary=Completed" || fail "kubectl proxyfleet get pxd does not show the members' apps"
+<<<"$tree" grep -q "app shop .*canary=Completed" || fail "kubectl proxyfleet get pxd does not show the members' apps"
 
 say "5. deleting the hub fleet removes the app's copies from the members"
 hk delete pxd -n "$ns" edge --timeout=90s >/dev/null || fail "the hub fleet was not deleted"
