@@ -5,8 +5,8 @@ start_cert_manager() {
   . "$root/e2e/lib/versions.sh"
   kubectl apply --server-side -f "$PROXYFLEET_CACHE/cert-manager-$CERT_MANAGER_VERSION-crds.yaml" >/dev/null \
     || fail "installing cert-manager's CRDs failed"
-  kubectl wait --for=condition=Established crd/certificates.cert-manager.io crd/certificaterequests.cert-manager.io \
-    crd/issuers.cert-manager.io --timeout=60s >/dev/null || fail "cert-manager's CRDs not established"
+  retry 60 kubectl wait --for=condition=Established crd/certificates.cert-manager.io crd/certificaterequests.cert-manager.io \
+    crd/issuers.cert-manager.io --timeout=10s
   kubectl get ns cert-manager >/dev/null 2>&1 || kubectl create ns cert-manager >/dev/null
   if ! pgrep -f "cert-manager-controller --kubeconfig" >/dev/null; then
     "$PROXYFLEET_CACHE/bin/cert-manager-controller" --kubeconfig "$KUBECONFIG" > /tmp/e2e-cert-manager.log 2>&1 &

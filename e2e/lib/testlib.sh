@@ -16,7 +16,9 @@ export KUBECONFIG=${KUBECONFIG:-/var/lib/proxyfleet/clusters/main/admin.kubeconf
 say() { printf '  [%s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 fail() { printf '  FAIL: %s\n' "$*" >&2; exit 1; }
 
-# retry SECONDS COMMAND... — until the command succeeds.
+# retry SECONDS COMMAND... — until the command succeeds. `kubectl wait --for=condition=...` goes
+# through it too: on an object just created, whose status.conditions is still null, kubectl
+# fails at once ("accessor error: <nil> is of the type <nil>") instead of waiting (e2e 57 once).
 retry() {
   local t=$1; shift
   local end=$(( $(date +%s) + t ))

@@ -5,6 +5,6 @@
 . "$(dirname "$0")/../lib/testlib.sh"
 kubectl apply -f "$root/crds/" >/dev/null
 retry 30 kubectl get crd proxydeployments.proxyfleet.io
-kubectl wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=60s >/dev/null
+retry 60 kubectl wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=10s
 cd "$root"
 PROXYFLEET_TEST_KUBECONFIG=$KUBECONFIG cargo test -q -p proxyfleet-operator --test apiserver -- --include-ignored --test-threads 3 2>&1 | tail -5

@@ -115,7 +115,7 @@ say "namespaced mode: the chart's Roles only, on a control plane of its own (mem
 m3() { kubectl --kubeconfig /var/lib/proxyfleet/clusters/member-3/admin.kubeconfig "$@"; }
 retry 30 m3 get ns default
 m3 apply -f "$root/crds/" >/dev/null
-m3 wait --for=condition=Established crd --all --timeout=60s >/dev/null
+retry 60 m3 wait --for=condition=Established crd --all --timeout=10s
 for n in proxyfleet-system team-x team-y; do m3 create ns "$n" >/dev/null; done
 # Everything of the chart but the operator's own pod (a control plane has no kubelet): it runs
 # here as a process, authenticated as the chart's ServiceAccount.

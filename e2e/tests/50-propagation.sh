@@ -34,7 +34,7 @@ for i in 1 2; do
   mk "$m" apply -f "$root/crds/" >/dev/null
   # Established, not just present: an operator started before that exits ("cannot list").
   retry 30 mk "$m" get crd proxydeployments.proxyfleet.io
-  mk "$m" wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=60s >/dev/null
+  retry 60 mk "$m" wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=10s
   KUBECONFIG=/var/lib/proxyfleet/clusters/$m/admin.kubeconfig RUST_LOG=info,kube=warn \
     "$CARGO_TARGET_DIR_RELEASE/proxyfleet-operator" --metrics-addr "127.0.0.1:1809$i" --log-format text \
     --clusters-namespace proxyfleet-system >"/tmp/operator-$m.log" 2>&1 &

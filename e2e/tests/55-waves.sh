@@ -46,7 +46,7 @@ for i in 4 5 6; do
   "$root/e2e/cluster" up --name "$m" --control-plane-only >/dev/null 2>&1 || fail "could not start $m"
   mk "$m" apply -f "$root/crds/" >/dev/null
   retry 30 mk "$m" get crd proxydeployments.proxyfleet.io
-  mk "$m" wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=60s >/dev/null
+  retry 60 mk "$m" wait --for=condition=Established crd/proxydeployments.proxyfleet.io --timeout=10s
   : >"/tmp/operator-$m.log"
   start_member "$i"
   kubectl create secret generic "$m" -n proxyfleet-system --from-file=kubeconfig=<(kubeconfig_for_hub "$m") \

@@ -45,8 +45,8 @@ start_operator() { # start_operator CLUSTER METRICS_PORT
 for c in "$hub" "$m8"; do
   "$root/e2e/cluster" up --name "$c" --control-plane-only >/dev/null 2>&1 || fail "could not start $c"
   kubectl --kubeconfig "$state/$c/admin.kubeconfig" apply -f "$root/crds/" >/dev/null
-  kubectl --kubeconfig "$state/$c/admin.kubeconfig" wait --for=condition=Established \
-    crd/proxydeployments.proxyfleet.io crd/approllouts.proxyfleet.io --timeout=60s >/dev/null
+  retry 60 kubectl --kubeconfig "$state/$c/admin.kubeconfig" wait --for=condition=Established \
+    crd/proxydeployments.proxyfleet.io crd/approllouts.proxyfleet.io --timeout=10s
 done
 start_operator "$hub" 18197
 start_operator "$m8" 18198
