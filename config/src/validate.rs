@@ -312,4 +312,7 @@ fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     if config.worker_threads == Some(0) {
         errors.push(err("workerThreads", "must be at least 1"));
     }
+    if config.idle_spin_micros.is_some_and(|us| us > 1000) {
+        errors.push(err("idleSpinMicros", "must be at most 1000"));
+    }
 }

@@ -274,6 +274,12 @@ pub struct Tuning {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub worker_threads: Option<u16>,
+    /// Microseconds a proxy thread spins before it sleeps while work keeps arriving within twice
+    /// that and the thread is mostly busy (adaptive: an idle proxy never spins); default 20, or 0
+    /// under a CPU limit (the spin would spend the quota); 0 turns it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(max = 1000))]
+    pub idle_spin_micros: Option<u16>,
     /// Namespaced sysctls set on the pods; only Kubernetes' safe set is allowed.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     #[schemars(length(max = 8))]

@@ -88,6 +88,12 @@ fn main() -> ExitCode {
         b.worker_threads(workers);
         b
     };
+    let spin = config.idle_spin_micros.map_or_else(
+        || proxyfleet_proxy::idle_spin::default_spin(proxyfleet_proxy::cpu_quota::under_cpu_quota()),
+        |us| std::time::Duration::from_micros(us.into()),
+    );
+    tracing::info!(workers, idle_spin_us = spin.as_micros() as u64, "runtime");
+    proxyfleet_proxy::idle_spin::install(&mut builder, spin);
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
         Err(e) => {

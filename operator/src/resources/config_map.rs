@@ -163,6 +163,7 @@ pub fn render_proxy_config(spec: &ProxyDeploymentSpec, tls_mounted: bool) -> Pro
         drain: spec.drain.clone().unwrap_or_default(),
         connect: spec.connect.clone(),
         worker_threads: spec.tuning.as_ref().and_then(|t| t.worker_threads),
+        idle_spin_micros: spec.tuning.as_ref().and_then(|t| t.idle_spin_micros),
         forwarding: spec.forwarding.clone().unwrap_or_default(),
         tracing: spec.tracing.clone(),
         trust_bundle_files: if tls_mounted {
