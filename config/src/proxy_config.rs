@@ -41,7 +41,8 @@ pub struct ProxyConfig {
     pub worker_threads: Option<u16>,
     /// Microseconds a worker thread spins before it sleeps, while work keeps arriving within
     /// twice that and the thread is mostly busy (adaptive: an idle proxy never spins); saves the
-    /// senders waking it under load. Default 20, or 0 under a CPU quota; 0 turns it off.
+    /// senders waking it under load, and adds the spin to the CPU a busy proxy reports. One worker
+    /// thread only. Default 20, or 0 under a CPU quota; 0 turns it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1000))]
     pub idle_spin_micros: Option<u16>,

@@ -88,10 +88,9 @@ fn main() -> ExitCode {
         b.worker_threads(workers);
         b
     };
-    let spin = config.idle_spin_micros.map_or_else(
-        || proxyfleet_proxy::idle_spin::default_spin(proxyfleet_proxy::cpu_quota::under_cpu_quota()),
-        |us| std::time::Duration::from_micros(us.into()),
-    );
+    let spin = proxyfleet_proxy::idle_spin::spin_for(config.idle_spin_micros, workers, || {
+        proxyfleet_proxy::cpu_quota::under_cpu_quota()
+    });
     tracing::info!(workers, idle_spin_us = spin.as_micros() as u64, "runtime");
     proxyfleet_proxy::idle_spin::install(&mut builder, spin);
     let runtime = match builder.enable_all().build() {
