@@ -48,17 +48,24 @@ const WINDOW: Duration = Duration::from_millis(10);
 
 /// A thread's recent load: time awake and time asleep in the window being filled, and whether the
 /// last full window was mostly awake.
-#[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub struct Load {
+#[derive(Clone, Copy, Debug, PartialEq)]
+struct Load {
     awake: Duration,
     asleep: Duration,
     busy: bool,
 }
 
 impl Load {
+    /// Nothing recorded yet.
+    const NONE: Load = Load {
+        awake: Duration::ZERO,
+        asleep: Duration::ZERO,
+        busy: false,
+    };
+
     /// Adds one stretch awake and the sleep after it; a window spanning [`WINDOW`] is closed and
     /// judged busy when the thread was awake for at least half of it.
-    pub fn record(self, awake: Duration, asleep: Duration) -> Load {
+    fn record(self, awake: Duration, asleep: Duration) -> Load {
         let (awake, asleep) = (self.awake + awake, self.asleep + asleep);
         if awake + asleep < WINDOW {
             return Load {
@@ -78,7 +85,7 @@ impl Load {
 /// Whether the next idle moment should spin: only on a busy thread (mostly awake lately), where
 /// a sleep costs its senders a wake-up they can least afford, and only while work came back
 /// within twice the spin, so that a spin is likely to catch it.
-pub fn spin_next(load: Load, last_park: Duration, spin: Duration) -> bool {
+fn spin_next(load: Load, last_park: Duration, spin: Duration) -> bool {
     load.busy && last_park <= spin.saturating_mul(2)
 }
 
@@ -93,7 +100,7 @@ struct State {
 
 thread_local! {
     static STATE: Cell<State> = const {
-        Cell::new(State { unparked: None, parked: None, load: Load { awake: Duration::ZERO, asleep: Duration::ZERO, busy: false }, spin: false })
+        Cell::new(State { unparked: None, parked: None, load: Load::NONE, spin: false })
     };
 }
 
@@ -144,7 +151,7 @@ mod tests {
 
     /// The load after `n` equal stretches awake and asleep.
     fn load(n: usize, awake: Duration, asleep: Duration) -> Load {
-        (0..n).fold(Load::default(), |l, _| l.record(awake, asleep))
+        (0..n).fold(Load::NONE, |l, _| l.record(awake, asleep))
     }
 
     #[test]
@@ -159,7 +166,7 @@ mod tests {
     #[test]
     fn a_lightly_loaded_thread_never_spins() {
         assert!(!spin_next(load(200, us(30), us(70)), us(5), us(20)));
-        assert!(!spin_next(Load::default(), us(5), us(20)));
+        assert!(!spin_next(Load::NONE, us(5), us(20)));
         // One long sleep ends a busy spell at once.
         let after = load(200, us(70), us(30)).record(us(70), Duration::from_millis(50));
         assert!(!spin_next(after, us(5), us(20)));

@@ -91,7 +91,6 @@ fn main() -> ExitCode {
     let spin = proxyfleet_proxy::idle_spin::spin_for(config.idle_spin_micros, workers, || {
         proxyfleet_proxy::cpu_quota::under_cpu_quota()
     });
-    tracing::info!(workers, idle_spin_us = spin.as_micros() as u64, "runtime");
     proxyfleet_proxy::idle_spin::install(&mut builder, spin);
     let runtime = match builder.enable_all().build() {
         Ok(r) => r,
@@ -119,6 +118,7 @@ fn main() -> ExitCode {
         }
         tracing::info!(
             workers,
+            idle_spin_us = spin.as_micros() as u64,
             version = env!("CARGO_PKG_VERSION"),
             "starting proxyfleet-proxy"
         );
