@@ -2,9 +2,11 @@
 # the tools, builds proxyfleet-proxy in release, writes certificates and the three fronts'
 # configurations, starts the upstream nginx pinned to CPU 0 (pid in $UP), and defines
 # start_front/port_of/pids_of/cputicks/rss_kb. Expects $root; honours $PROXY_BIN (a prebuilt
-# proxy binary, to compare builds) and $PROXY_EXTRA_YAML (lines appended to its config).
+# proxy binary, to compare builds), $PROXY_EXTRA_YAML (lines appended to its config) and
+# $FRONT_WORKERS (every front's workers: nginx processes, HAProxy threads, ours; default 1).
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
+front_workers=${FRONT_WORKERS:-1}
 # Leftovers of an interrupted run (an nginx worker outlives a killed master) hold the ports.
 for stale in $(ss -Hltnp 2>/dev/null | awk '$4 ~ /:(1844[1-9]|1944[1-6]|1990[1-6])$/' | grep -o 'pid=[0-9]*' | cut -d= -f2 | sort -u); do
   kill -9 "$stale" 2>/dev/null || true
@@ -64,7 +66,7 @@ taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&
 trap 'kill $UP 2>/dev/null || true; remove_quota_cgroup' EXIT
 
 cat > "$work/nginx.conf" <<CONF
-worker_processes 1; daemon off; pid $work/nginx.pid; error_log $work/nginx-error.log warn;
+worker_processes $front_workers; daemon off; pid $work/nginx.pid; error_log $work/nginx-error.log warn;
 events { worker_connections 4096; }
 http {
   access_log off;
@@ -94,7 +96,7 @@ sed -e 's/18442/18444/; s/19442/19444/; s/FRONT:10m/FRONT12:10m/; s/nginx.pid/ng
 
 cat > "$work/haproxy.cfg" <<CONF
 global
-  nbthread 1
+  nbthread $front_workers
   tune.ssl.default-dh-param 2048
 defaults
   mode http
@@ -112,7 +114,7 @@ backend be
 CONF
 
 cat > "$work/certs/proxyfleet.yaml" <<CONF
-workerThreads: 1
+workerThreads: $front_workers
 listeners:
   - name: https
     address: 127.0.0.1:18441

@@ -35,14 +35,15 @@ pub struct ProxyConfig {
     /// HTTP CONNECT forward proxying; off unless an allow-list is given.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub connect: Option<ConnectProxy>,
-    /// Worker threads of the proxy runtime; defaults to the available cores.
+    /// Worker threads, each with its own event loop, listening socket per listener
+    /// (`SO_REUSEPORT`) and idle upstream connections; defaults to the available cores.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub worker_threads: Option<u16>,
     /// Microseconds a worker thread spins before it sleeps, while work keeps arriving within
     /// twice that and the thread is mostly busy (adaptive: an idle proxy never spins); saves the
-    /// senders waking it under load, and adds the spin to the CPU a busy proxy reports. One worker
-    /// thread only. Default 20, or 0 under a CPU quota; 0 turns it off.
+    /// senders waking it under load, and adds the spin to the CPU a busy proxy reports. Default
+    /// 20, or 0 under a CPU quota; 0 turns it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1000))]
     pub idle_spin_micros: Option<u16>,

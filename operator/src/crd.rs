@@ -270,14 +270,15 @@ pub struct PodOverrides {
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Tuning {
-    /// Worker threads per proxy; default: the CPUs the container may use.
+    /// Worker threads per proxy, each with its own event loop, listening socket (SO_REUSEPORT)
+    /// and idle upstream connections; default: the CPUs the container may use.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 256))]
     pub worker_threads: Option<u16>,
-    /// Microseconds a proxy thread spins before it sleeps while work keeps arriving within twice
-    /// that and the thread is mostly busy (adaptive: an idle proxy never spins); adds the spin to
-    /// the CPU a busy proxy reports. One worker thread only. Default 20, or 0 under a CPU limit
-    /// (the spin would spend the quota); 0 turns it off.
+    /// Microseconds a proxy worker thread spins before it sleeps while work keeps arriving
+    /// within twice that and the thread is mostly busy (adaptive: an idle proxy never spins);
+    /// adds the spin to the CPU a busy proxy reports. Default 20, or 0 under a CPU limit (the
+    /// spin would spend the quota); 0 turns it off.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(max = 1000))]
     pub idle_spin_micros: Option<u16>,

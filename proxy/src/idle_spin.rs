@@ -14,8 +14,8 @@
 //! while it was awake for at least half of the last 10 ms and its recent sleeps were short (no
 //! longer than twice the spin), i.e. when the machine is busy and work arrives often enough for a
 //! spin to catch it. Go's scheduler spins before parking for a similar reason; HAProxy's
-//! `busy-polling` is the unbounded form. Only one-worker runtimes spin ([`spin_for`] says why),
-//! by default not under a CPU quota; `idleSpinMicros` overrides (0 turns it off).
+//! `busy-polling` is the unbounded form. Every worker runs one current-thread runtime (`workers`),
+//! and each spins, by default not under a CPU quota; `idleSpinMicros` overrides (0 turns it off).
 //!
 //! The cost: a busy thread's reported CPU rises by the time it spins (at most the rest of the
 //! time it would have slept), which a CPU-based autoscaler sees; set `idleSpinMicros: 0` where
@@ -27,16 +27,14 @@ use std::time::{Duration, Instant};
 /// The spin when the configuration names none and no CPU quota caps the process.
 pub const DEFAULT_SPIN: Duration = Duration::from_micros(20);
 
-/// The spin a runtime gets. Only a one-worker (current-thread) runtime spins: in tokio's
-/// multi-thread runtime the park hook runs while the worker still counts as searching for work,
-/// so other workers would not wake a sleeper for work they hand out until the spin ends, and only
-/// the worker that then polls the I/O driver could gain. Unless configured, none under a CPU quota
-/// (a Kubernetes CPU limit), where the spin would spend the quota the requests need — measured:
-/// 0.954 × the req/s of the same build without it in bench/paired.sh's 25 % cgroups — and
-/// [`DEFAULT_SPIN`] otherwise.
-pub fn spin_for(configured_micros: Option<u16>, workers: usize, under_cpu_quota: impl FnOnce() -> bool) -> Duration {
+/// The spin each worker's runtime gets (every worker is a one-worker, current-thread runtime:
+/// in tokio's multi-thread runtime the park hook runs while the worker still counts as searching
+/// for work, so a spin there would delay work other workers hand to a sleeper). Unless
+/// configured, none under a CPU quota (a Kubernetes CPU limit), where the spin would spend the
+/// quota the requests need — measured: 0.954 × the req/s of the same build without it in
+/// bench/paired.sh's 25 % cgroups — and [`DEFAULT_SPIN`] otherwise.
+pub fn spin_for(configured_micros: Option<u16>, under_cpu_quota: impl FnOnce() -> bool) -> Duration {
     match configured_micros {
-        _ if workers != 1 => Duration::ZERO,
         Some(us) => Duration::from_micros(us.into()),
         None if under_cpu_quota() => Duration::ZERO,
         None => DEFAULT_SPIN,
@@ -185,13 +183,11 @@ mod tests {
     }
 
     #[test]
-    fn only_a_one_worker_runtime_spins_and_by_default_not_under_a_quota() {
-        assert_eq!(spin_for(None, 1, || false), DEFAULT_SPIN);
-        assert_eq!(spin_for(None, 1, || true), Duration::ZERO);
-        assert_eq!(spin_for(Some(50), 1, || true), us(50));
-        assert_eq!(spin_for(Some(0), 1, || false), Duration::ZERO);
-        assert_eq!(spin_for(Some(50), 2, || false), Duration::ZERO);
-        assert_eq!(spin_for(None, 4, || false), Duration::ZERO);
+    fn a_worker_spins_by_default_but_not_under_a_quota_unless_configured() {
+        assert_eq!(spin_for(None, || false), DEFAULT_SPIN);
+        assert_eq!(spin_for(None, || true), Duration::ZERO);
+        assert_eq!(spin_for(Some(50), || true), us(50));
+        assert_eq!(spin_for(Some(0), || false), Duration::ZERO);
     }
 
     #[test]

@@ -49,6 +49,7 @@ pub mod transcode;
 pub mod tunnel_target;
 pub mod upgrade;
 pub mod upstream;
+pub mod workers;
 
 pub use config_file::read_config;
 pub use server::{run, start, RunningProxy};

@@ -2,6 +2,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::Parser;
+use proxyfleet_proxy::workers::Workers;
 
 /// mimalloc instead of glibc's malloc: the request path allocates and frees small buffers
 /// (headers, TLS records, futures) at a high rate; see docs/decisions.md for the measurement.
@@ -75,32 +76,9 @@ fn main() -> ExitCode {
         Ok(c) => c,
         Err(e) => return fatal(term_log.as_deref(), &e.to_string(), ExitCode::from(2)),
     };
-    let workers = config
-        .worker_threads
-        .map(usize::from)
-        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
-    // One worker: a current-thread runtime (no work-stealing machinery, no cross-thread wakeups
-    // between the accept loop and connections), the shape of one nginx/HAProxy worker.
-    let mut builder = if workers == 1 {
-        tokio::runtime::Builder::new_current_thread()
-    } else {
-        let mut b = tokio::runtime::Builder::new_multi_thread();
-        b.worker_threads(workers);
-        b
-    };
-    let spin = proxyfleet_proxy::idle_spin::spin_for(config.idle_spin_micros, workers, || {
-        proxyfleet_proxy::cpu_quota::under_cpu_quota()
-    });
-    proxyfleet_proxy::idle_spin::install(&mut builder, spin);
-    let runtime = match builder.enable_all().build() {
+    let (runtime, extra, workers, spin) = match runtimes(&config, args.check) {
         Ok(r) => r,
-        Err(e) => {
-            return fatal(
-                term_log.as_deref(),
-                &format!("starting the runtime: {e}"),
-                ExitCode::FAILURE,
-            )
-        }
+        Err(e) => return fatal(term_log.as_deref(), &e, ExitCode::FAILURE),
     };
     runtime.block_on(async move {
         if args.check {
@@ -122,7 +100,7 @@ fn main() -> ExitCode {
             version = env!("CARGO_PKG_VERSION"),
             "starting proxyfleet-proxy"
         );
-        match proxyfleet_proxy::run(args.config, shutdown_signal()).await {
+        match proxyfleet_proxy::run(args.config, extra, shutdown_signal()).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %e, "proxy failed");
@@ -130,6 +108,33 @@ fn main() -> ExitCode {
             }
         }
     })
+}
+
+/// This thread's runtime (worker 0), the other workers (none for `--check`), how many in all, and
+/// the idle spin each gets. Every worker is a thread with its own current-thread runtime
+/// (`proxyfleet_proxy::workers`).
+fn runtimes(
+    config: &proxyfleet_config::ProxyConfig,
+    check: bool,
+) -> Result<(tokio::runtime::Runtime, Workers, usize, std::time::Duration), String> {
+    let workers = config
+        .worker_threads
+        .map(usize::from)
+        .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1));
+    let spin = proxyfleet_proxy::idle_spin::spin_for(config.idle_spin_micros, || {
+        proxyfleet_proxy::cpu_quota::under_cpu_quota()
+    });
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    proxyfleet_proxy::idle_spin::install(&mut builder, spin);
+    let runtime = builder
+        .enable_all()
+        .build()
+        .map_err(|e| format!("starting the runtime: {e}"))?;
+    let extra = match check {
+        true => Workers::none(),
+        false => Workers::start(workers, spin).map_err(|e| e.to_string())?,
+    };
+    Ok((runtime, extra, workers, spin))
 }
 
 async fn shutdown_signal() {

@@ -26,6 +26,7 @@ use crate::state::{ProxyState, StateError};
 use crate::tls::ServerResumption;
 
 pub use crate::shared::Shared;
+use crate::workers::Workers;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServerError {
@@ -112,7 +113,18 @@ async fn bind_admin(address: &str) -> Result<(TcpListener, SocketAddr), ServerEr
     Ok((admin, admin_addr))
 }
 
+/// Starts a proxy on the calling runtime alone (one worker).
 pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<RunningProxy, ServerError> {
+    start_with_workers(config, config_path, Workers::none()).await
+}
+
+/// Starts a proxy whose listeners accept on the calling runtime (worker 0) and on each of
+/// `workers`, which run until the drain has ended.
+pub async fn start_with_workers(
+    config: ProxyConfig,
+    config_path: Option<PathBuf>,
+    workers: Workers,
+) -> Result<RunningProxy, ServerError> {
     let (shared, dns_upstreams) = build_shared(&config, config_path)?;
 
     // Weights from the mounted directory are in force before the first request is accepted.
@@ -145,7 +157,14 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     let mut listener_addrs = HashMap::new();
     let mut accept_tasks = Vec::new();
     for l in &config.listeners {
-        let (addr, tasks) = start_listener(l, &shared, &graceful, &conn_limit, &stop_accepting_rx)?;
+        let accepting = Accepting {
+            shared: &shared,
+            graceful: &graceful,
+            conn_limit: &conn_limit,
+            stop: &stop_accepting_rx,
+            workers: workers.handles(),
+        };
+        let (addr, tasks) = start_listener(l, &accepting)?;
         listener_addrs.insert(l.name.clone(), addr);
         accept_tasks.extend(tasks);
     }
@@ -157,6 +176,7 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
         stop_accepting_tx,
         accept_tasks,
         graceful,
+        workers,
     ));
 
     Ok(RunningProxy {
@@ -168,46 +188,65 @@ pub async fn start(config: ProxyConfig, config_path: Option<PathBuf>) -> Result<
     })
 }
 
-/// Binds one listener (TCP, and UDP for HTTP/3) and starts accepting; returns its address
-/// and its accept tasks.
+/// What every accept loop of a proxy shares.
+struct Accepting<'a> {
+    shared: &'a Arc<Shared>,
+    graceful: &'a Arc<crate::connection_life::Drain>,
+    conn_limit: &'a Arc<Semaphore>,
+    stop: &'a watch::Receiver<bool>,
+    /// The workers beside the calling runtime's; each accepts on its own socket.
+    workers: &'a [tokio::runtime::Handle],
+}
+
+impl Accepting<'_> {
+    fn accept_loop(&self, l: &Listener, tcp: TcpListener) -> impl Future<Output = ()> + Send + 'static {
+        accept_loop(
+            l.clone(),
+            tcp,
+            self.shared.clone(),
+            self.graceful.clone(),
+            self.conn_limit.clone(),
+            self.stop.clone(),
+        )
+    }
+}
+
+/// Binds one listener (TCP on every worker, and UDP for HTTP/3 on the calling one) and starts
+/// accepting; returns its address and its accept tasks.
 fn start_listener(
     l: &Listener,
-    shared: &Arc<Shared>,
-    graceful: &Arc<crate::connection_life::Drain>,
-    conn_limit: &Arc<Semaphore>,
-    stop_accepting_rx: &watch::Receiver<bool>,
+    accepting: &Accepting<'_>,
 ) -> Result<(SocketAddr, Vec<tokio::task::JoinHandle<()>>), ServerError> {
     let mut accept_tasks = Vec::new();
-    let tcp = bind(&l.address).map_err(|source| ServerError::Bind {
+    let failed = |source| ServerError::Bind {
         what: format!("listener {}", l.name),
         address: l.address.clone(),
         source,
-    })?;
-    let addr = tcp.local_addr().map_err(|source| ServerError::Bind {
-        what: l.name.clone(),
-        address: l.address.clone(),
-        source,
-    })?;
-    if let Some(endpoint) = bind_quic(l, &tcp, shared)? {
+    };
+    let reuse_port = !accepting.workers.is_empty();
+    let tcp = parse_address(&l.address)
+        .and_then(|a| bind(a, reuse_port))
+        .map_err(failed)?;
+    let addr = tcp.local_addr().map_err(failed)?;
+    if let Some(endpoint) = bind_quic(l, &tcp, accepting.shared)? {
         let (l, shared, graceful, limit, stop) = (
             l.clone(),
-            shared.clone(),
-            graceful.clone(),
-            conn_limit.clone(),
-            stop_accepting_rx.clone(),
+            accepting.shared.clone(),
+            accepting.graceful.clone(),
+            accepting.conn_limit.clone(),
+            accepting.stop.clone(),
         );
         accept_tasks.push(tokio::spawn(async move {
             crate::http3::serve(&l, endpoint, shared, graceful, limit, stop).await
         }));
     }
-    accept_tasks.push(tokio::spawn(accept_loop(
-        l.clone(),
-        tcp,
-        shared.clone(),
-        graceful.clone(),
-        conn_limit.clone(),
-        stop_accepting_rx.clone(),
-    )));
+    for worker in accepting.workers {
+        // Its socket is registered with the worker's own I/O driver.
+        let _in_worker = worker.enter();
+        let own = bind(addr, true).map_err(failed)?;
+        accept_tasks.push(worker.spawn(accepting.accept_loop(l, own)));
+    }
+    accept_tasks.push(tokio::spawn(accepting.accept_loop(l, tcp)));
     Ok((addr, accept_tasks))
 }
 
@@ -225,16 +264,24 @@ fn bind_quic(l: &Listener, tcp: &TcpListener, shared: &Shared) -> Result<Option<
     crate::http3::bind(address, &config).map(Some).map_err(failed)
 }
 
-fn bind(address: &str) -> std::io::Result<TcpListener> {
-    let addr: SocketAddr = address
+fn parse_address(address: &str) -> std::io::Result<SocketAddr> {
+    address
         .parse()
-        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))?;
+        .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))
+}
+
+/// A listening socket on `addr`; with `reuse_port`, one of several (one per worker) that the
+/// kernel spreads new connections across. Linux lets only the same user join such a group.
+fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    if reuse_port {
+        socket.set_reuseport(true)?;
+    }
     socket.set_nodelay(true)?;
     socket.bind(addr)?;
     socket.listen(4096)
@@ -248,6 +295,7 @@ async fn drain_on_shutdown(
     stop_accepting_tx: watch::Sender<bool>,
     accept_tasks: Vec<tokio::task::JoinHandle<()>>,
     graceful: Arc<crate::connection_life::Drain>,
+    workers: Workers,
 ) {
     while !*rx.borrow() {
         if rx.changed().await.is_err() {
@@ -270,6 +318,7 @@ async fn drain_on_shutdown(
         tracing::warn!("drain deadline reached with requests still in flight");
     }
     tracing::info!("drained");
+    workers.stop();
 }
 
 /// What every connection of one listener shares.
@@ -601,10 +650,15 @@ async fn drive<F: Future>(served: F, seen: &std::sync::atomic::AtomicUsize, firs
     let _ = served.await;
 }
 
-/// Runs a proxy from a config file until `shutdown` completes, then drains and returns.
-pub async fn run(config_path: PathBuf, shutdown: impl Future<Output = ()>) -> Result<(), ServerError> {
+/// Runs a proxy from a config file, on the calling runtime and `workers`, until `shutdown`
+/// completes, then drains and returns.
+pub async fn run(
+    config_path: PathBuf,
+    workers: Workers,
+    shutdown: impl Future<Output = ()>,
+) -> Result<(), ServerError> {
     let config = read_config(&config_path)?;
-    let running = start(config, Some(config_path)).await?;
+    let running = start_with_workers(config, Some(config_path), workers).await?;
     for (name, addr) in &running.listener_addrs {
         tracing::info!(listener = %name, %addr, "listening");
     }

@@ -40,29 +40,43 @@ pub struct RelayConn {
     since: Instant,
 }
 
-/// An endpoint's idle connections, most recently used last.
-#[derive(Default)]
-pub struct IdleRelays(Mutex<Vec<RelayConn>>);
+/// An endpoint's idle connections, one list per worker (`crate::workers`), most recently used
+/// last: a connection is registered with the I/O driver of the worker that opened it, so it
+/// stays with that worker's requests and a checkout crosses no thread.
+pub struct IdleRelays(Box<[Mutex<Vec<RelayConn>>]>);
+
+impl Default for IdleRelays {
+    fn default() -> Self {
+        Self((0..crate::workers::count()).map(|_| Mutex::default()).collect())
+    }
+}
 
 impl IdleRelays {
-    pub fn len(&self) -> usize {
-        self.0.lock().map(|l| l.len()).unwrap_or(0)
+    /// The calling worker's list.
+    fn mine(&self) -> &Mutex<Vec<RelayConn>> {
+        &self.0[crate::workers::index() % self.0.len()]
     }
 
-    /// Keeps a new connection, or one whose exchange ended cleanly, unless `max` are kept
-    /// already.
+    /// How many the calling worker keeps.
+    pub fn len(&self) -> usize {
+        self.mine().lock().map(|l| l.len()).unwrap_or(0)
+    }
+
+    /// Keeps a new connection, or one whose exchange ended cleanly, unless the calling worker
+    /// keeps `max` already.
     pub fn keep(&self, mut conn: RelayConn, max: usize) {
         conn.since = Instant::now();
-        if let Ok(mut list) = self.0.lock() {
+        if let Ok(mut list) = self.mine().lock() {
             if list.len() < max {
                 list.push(conn);
             }
         }
     }
 
-    /// The most recently kept connection that is still fresh and open, dropping the others.
+    /// The calling worker's most recently kept connection that is still fresh and open,
+    /// dropping the others.
     pub fn take(&self, idle_timeout: Duration) -> Option<RelayConn> {
-        let mut list = self.0.lock().ok()?;
+        let mut list = self.mine().lock().ok()?;
         let now = Instant::now();
         while let Some(mut c) = list.pop() {
             if now.duration_since(c.since) < idle_timeout && c.looks_open() {
@@ -74,8 +88,10 @@ impl IdleRelays {
 
     /// Closes the connections idle for `idle_timeout` or closed by the upstream meanwhile.
     pub fn reap(&self, now: Instant, idle_timeout: Duration) {
-        if let Ok(mut list) = self.0.lock() {
-            list.retain_mut(|c| now.duration_since(c.since) < idle_timeout && c.looks_open());
+        for list in self.0.iter() {
+            if let Ok(mut list) = list.lock() {
+                list.retain_mut(|c| now.duration_since(c.since) < idle_timeout && c.looks_open());
+            }
         }
     }
 }
