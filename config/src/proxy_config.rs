@@ -390,9 +390,10 @@ pub struct UpstreamTls {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Pool {
-    /// Idle connections kept per endpoint. Default 1024 (as many as `maxConnectionsPerEndpoint`'s
-    /// default): a burst above the idle cap closes the connections it opened and pays a new
-    /// upstream handshake per request afterwards; idle ones are closed after `idleTimeout`.
+    /// Idle connections kept per endpoint by each worker thread (as nginx's `keepalive` is per
+    /// worker). Default 1024 (as many as `maxConnectionsPerEndpoint`'s default): a burst above
+    /// the idle cap closes the connections it opened and pays a new upstream handshake per
+    /// request afterwards; idle ones are closed after `idleTimeout`.
     #[serde(default = "default_max_idle")]
     #[schemars(range(min = 0, max = 100000))]
     pub max_idle_per_endpoint: u32,

@@ -225,6 +225,7 @@ fn start_listener(
     };
     let reuse_port = !accepting.workers.is_empty();
     let tcp = parse_address(&l.address)
+        .and_then(|a| if reuse_port { unclaimed(a) } else { Ok(a) })
         .and_then(|a| bind(a, reuse_port))
         .map_err(failed)?;
     let addr = tcp.local_addr().map_err(failed)?;
@@ -268,6 +269,21 @@ fn parse_address(address: &str) -> std::io::Result<SocketAddr> {
     address
         .parse()
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))
+}
+
+/// `addr` (port 0 resolved to a free port) when nothing listens on it yet: a group of
+/// `SO_REUSEPORT` sockets would otherwise let another process of the same user (a second
+/// instance, a stale one) join it and take part of the traffic, where a plain bind fails.
+/// (Bound, not listening: no client can connect to the probe.)
+fn unclaimed(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+    let probe = if addr.is_ipv4() {
+        tokio::net::TcpSocket::new_v4()?
+    } else {
+        tokio::net::TcpSocket::new_v6()?
+    };
+    probe.set_reuseaddr(true)?;
+    probe.bind(addr)?;
+    probe.local_addr()
 }
 
 /// A listening socket on `addr`; with `reuse_port`, one of several (one per worker) that the
@@ -508,9 +524,6 @@ async fn accept_loop(
     let port = tcp.local_addr().map_or(0, |a| a.port());
     let ctx = Arc::new(ListenerContext::new(&listener, shared, port));
     loop {
-        let Ok(permit) = conn_limit.clone().acquire_owned().await else {
-            return;
-        };
         let accepted = tokio::select! {
             a = tcp.accept() => a,
             _ = stop_accepting.changed() => return,
@@ -523,6 +536,14 @@ async fn accept_loop(
                 continue;
             }
         };
+        // The slot is taken once a connection is there, so that no idle accept loop (one per
+        // listener and worker) holds one; at the limit this loop holds one accepted connection
+        // and waits, and the kernel's backlog holds the rest. The drain's stop ends the wait.
+        let permit = tokio::select! {
+            p = conn_limit.clone().acquire_owned() => p,
+            _ = stop_accepting.changed() => return,
+        };
+        let Ok(permit) = permit else { return };
         let ip_slot = match ctx.shared.state.load().config.limits.max_connections_per_client_ip {
             None => None,
             Some(cap) => match ctx.shared.per_ip.try_take(remote.ip(), cap) {
@@ -667,4 +688,21 @@ pub async fn run(
     running.drain();
     let _ = running.done.await;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_group_of_reuse_port_sockets_is_not_formed_on_an_address_another_socket_listens_on() {
+        let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let addr = taken.local_addr().unwrap();
+        let err = unclaimed(addr).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+        drop(taken);
+        assert_eq!(unclaimed(addr).unwrap(), addr);
+        let free = unclaimed("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_ne!(free.port(), 0);
+    }
 }

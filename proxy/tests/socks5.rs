@@ -49,12 +49,22 @@ upstreams: []
 
 async fn round_trip(mut s: Socks5Stream<tokio::net::TcpStream>, line: &str) -> String {
     s.write_all(line.as_bytes()).await.unwrap();
+    // The answer may come in more than one segment ("echo: " and the line are two writes):
+    // read until all of it is here or the connection ends.
+    let want = "echo: ".len() + line.len();
+    let mut got = Vec::new();
     let mut buf = vec![0u8; 64];
-    let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
-        .await
-        .unwrap()
-        .unwrap();
-    String::from_utf8_lossy(&buf[..n]).into_owned()
+    while got.len() < want {
+        let n = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        if n == 0 {
+            break;
+        }
+        got.extend_from_slice(&buf[..n]);
+    }
+    String::from_utf8_lossy(&got).into_owned()
 }
 
 fn count(m: &str, result: &str) -> f64 {

@@ -1,6 +1,7 @@
 //! Integration test of the worker model: three workers, each accepting on its own
 //! `SO_REUSEPORT` socket, answer every connection (a worker that did not accept would leave
-//! about a third of them unanswered), and a drain lets requests in flight on every worker
+//! about a third of them unanswered) over HTTP/1.1 and over each worker's own HTTP/2 upstream
+//! connection, and a drain lets requests in flight on every worker
 //! finish before the workers stop. Real sockets on loopback.
 
 mod support;
@@ -10,7 +11,7 @@ use std::time::Duration;
 use proxyfleet_proxy::workers::Workers;
 use support::*;
 
-fn config(upstream: std::net::SocketAddr) -> String {
+fn config(upstream: std::net::SocketAddr, h2: std::net::SocketAddr) -> String {
     format!(
         r#"
 listeners:
@@ -18,10 +19,14 @@ listeners:
 admin: {{address: "127.0.0.1:0"}}
 drain: {{gracePeriod: 50ms, deadline: 10s}}
 routes:
+  - {{name: h2, upstream: g, match: {{pathPrefix: /h2/}}}}
   - {{name: all, upstream: u}}
 upstreams:
   - name: u
     endpoints: ["{upstream}"]
+  - name: g
+    endpoints: ["{h2}"]
+    protocol: h2
 "#
     )
 }
@@ -30,9 +35,10 @@ upstreams:
 async fn every_worker_accepts_and_a_drain_waits_for_each_workers_requests() {
     init();
     let up = upstream("up", None, false).await;
+    let g = upstream("g", None, false).await;
     let dir = tempdir("workers");
     let path = dir.join("proxy.yaml");
-    std::fs::write(&path, config(up.addr)).unwrap();
+    std::fs::write(&path, config(up.addr, g.addr)).unwrap();
     let config = proxyfleet_proxy::read_config(&path).unwrap();
     let workers = Workers::start(3, Duration::ZERO).unwrap();
     let running = proxyfleet_proxy::server::start_with_workers(config, Some(path), workers)
@@ -45,6 +51,12 @@ async fn every_worker_accepts_and_a_drain_waits_for_each_workers_requests() {
         let (status, body) = within("a request on a fresh connection", a).await.unwrap();
         assert_eq!((status, body), (200, format!("up /n{i} 0")));
     }
+    let answers = (0..30).map(|i| tokio::spawn(async move { get(addr, "x", &format!("/h2/{i}")).await }));
+    for (i, a) in answers.enumerate() {
+        let (status, body) = within("a request to the HTTP/2 upstream", a).await.unwrap();
+        assert_eq!((status, body), (200, format!("g /h2/{i} 0")));
+    }
+    assert_eq!(g.stats.h2_requests.load(std::sync::atomic::Ordering::Relaxed), 30);
 
     let slow: Vec<_> = (0..12)
         .map(|_| tokio::spawn(async move { get(addr, "x", "/delay/400").await }))

@@ -31,7 +31,7 @@ pub struct Endpoint {
     /// Idle connections of our own HTTP/1.1 exchange (`h1relay`); shared with the response
     /// bodies that bring their connection back.
     pub(super) h1_relays: std::sync::Arc<super::h1relay::IdleRelays>,
-    /// The connection when the cluster uses its own HTTP/2 pool.
+    /// The connections (one per worker) when the cluster uses its own HTTP/2 pool.
     pub(super) h2: super::h2pool::H2Connection,
     /// For a TLS upstream with `protocol: auto`: what ALPN agreed on with it (`Alpn`).
     pub(super) alpn: std::sync::atomic::AtomicU8,

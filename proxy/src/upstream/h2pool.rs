@@ -1,4 +1,4 @@
-//! One multiplexed HTTP/2 connection per endpoint for upstreams configured `protocol: h2` and
+//! One multiplexed HTTP/2 connection per endpoint and worker for upstreams configured `protocol: h2` and
 //! TLS `auto` endpoints whose ALPN agreed on h2. Our own rather than hyper-util's client so the
 //! request's own host travels as `:authority` (RFC 9113 §8.3.1): that client keys its pool by
 //! the URI, which must then name the endpoint, and a `host` header would contradict it.
@@ -16,12 +16,34 @@ use crate::body::UpstreamBody;
 
 type Sender = http2::SendRequest<UpstreamBody>;
 
-/// An endpoint's HTTP/2 connection: the sender to clone, and a lock that lets one request
-/// connect while the others wait for it instead of dialling too.
+/// An endpoint's HTTP/2 connections, one per worker (`crate::workers`), as Envoy keeps one
+/// pool per worker: a connection's task runs on the worker that opened it, so one shared
+/// connection would put every worker's upstream I/O, TLS and body forwarding on one thread.
+pub struct H2Connection(Box<[WorkerConnection]>);
+
+/// One worker's connection: the sender to clone, and a lock that lets one request connect while
+/// the others wait for it instead of dialling too.
 #[derive(Default)]
-pub struct H2Connection {
+struct WorkerConnection {
     sender: Mutex<Option<Sender>>,
     connecting: tokio::sync::Mutex<()>,
+}
+
+impl Default for H2Connection {
+    fn default() -> Self {
+        Self(
+            (0..crate::workers::count())
+                .map(|_| WorkerConnection::default())
+                .collect(),
+        )
+    }
+}
+
+impl H2Connection {
+    /// The calling worker's connection.
+    fn mine(&self) -> &WorkerConnection {
+        &self.0[crate::workers::index() % self.0.len()]
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -83,11 +105,12 @@ impl H2Pool {
     }
 
     async fn sender(&self, endpoint: &Endpoint) -> Result<(Sender, bool), H2Error> {
-        if let Some(s) = open(&endpoint.h2) {
+        let mine = endpoint.h2.mine();
+        if let Some(s) = open(mine) {
             return Ok((s, true));
         }
-        let _connecting = endpoint.h2.connecting.lock().await;
-        if let Some(s) = open(&endpoint.h2) {
+        let _connecting = mine.connecting.lock().await;
+        if let Some(s) = open(mine) {
             return Ok((s, true));
         }
         let io = self.connector.dial(&endpoint.authority).await?;
@@ -98,19 +121,26 @@ impl H2Pool {
                 now: "http/1.1",
             }));
         }
-        Ok((self.handshake(endpoint, io).await?, false))
+        Ok((self.handshake(endpoint, mine, io).await?, false))
     }
 
-    /// Makes `io`, a new connection that agreed on h2, the endpoint's connection.
+    /// Makes `io`, a new connection that agreed on h2, the calling worker's connection to
+    /// `endpoint`.
     pub async fn adopt(&self, endpoint: &Endpoint, io: TokioIo<UpstreamConnection>) -> Result<(), H2Error> {
-        let _connecting = endpoint.h2.connecting.lock().await;
-        if open(&endpoint.h2).is_none() {
-            self.handshake(endpoint, io).await?;
+        let mine = endpoint.h2.mine();
+        let _connecting = mine.connecting.lock().await;
+        if open(mine).is_none() {
+            self.handshake(endpoint, mine, io).await?;
         }
         Ok(())
     }
 
-    async fn handshake(&self, endpoint: &Endpoint, io: TokioIo<UpstreamConnection>) -> Result<Sender, H2Error> {
+    async fn handshake(
+        &self,
+        endpoint: &Endpoint,
+        slot: &WorkerConnection,
+        io: TokioIo<UpstreamConnection>,
+    ) -> Result<Sender, H2Error> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
@@ -127,13 +157,13 @@ impl H2Pool {
                 tracing::debug!(endpoint = %name, error = %e, "upstream HTTP/2 connection ended");
             }
         });
-        *endpoint.h2.sender.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
+        *slot.sender.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
         Ok(sender)
     }
 }
 
-/// The endpoint's connection, when it is open and takes requests.
-fn open(c: &H2Connection) -> Option<Sender> {
+/// The worker's connection, when it is open and takes requests.
+fn open(c: &WorkerConnection) -> Option<Sender> {
     let guard = c.sender.lock().unwrap_or_else(|p| p.into_inner());
     guard.as_ref().filter(|s| !s.is_closed()).cloned()
 }
