@@ -224,10 +224,15 @@ fn start_listener(
         source,
     };
     let reuse_port = !accepting.workers.is_empty();
-    let tcp = parse_address(&l.address)
-        .and_then(|a| if reuse_port { unclaimed(a) } else { Ok(a) })
-        .and_then(|a| bind(a, reuse_port))
-        .map_err(failed)?;
+    let address = parse_address(&l.address).map_err(failed)?;
+    // Held until every worker's socket is bound, so that no one else takes the port between.
+    let probe = if reuse_port {
+        Some(unclaimed(address).map_err(failed)?)
+    } else {
+        None
+    };
+    let address = probe.as_ref().map_or(Ok(address), |p| p.local_addr()).map_err(failed)?;
+    let tcp = bind(address, reuse_port).map_err(failed)?;
     let addr = tcp.local_addr().map_err(failed)?;
     if let Some(endpoint) = bind_quic(l, &tcp, accepting.shared)? {
         let (l, shared, graceful, limit, stop) = (
@@ -248,6 +253,7 @@ fn start_listener(
         accept_tasks.push(worker.spawn(accepting.accept_loop(l, own)));
     }
     accept_tasks.push(tokio::spawn(accepting.accept_loop(l, tcp)));
+    drop(probe);
     Ok((addr, accept_tasks))
 }
 
@@ -271,11 +277,12 @@ fn parse_address(address: &str) -> std::io::Result<SocketAddr> {
         .map_err(|_| std::io::Error::new(std::io::ErrorKind::InvalidInput, "not IP:port"))
 }
 
-/// `addr` (port 0 resolved to a free port) when nothing listens on it yet: a group of
-/// `SO_REUSEPORT` sockets would otherwise let another process of the same user (a second
-/// instance, a stale one) join it and take part of the traffic, where a plain bind fails.
-/// (Bound, not listening: no client can connect to the probe.)
-fn unclaimed(addr: SocketAddr) -> std::io::Result<SocketAddr> {
+/// A socket bound to `addr` (port 0 resolved to a free port) when nothing listens on it yet: a
+/// group of `SO_REUSEPORT` sockets would otherwise let another process of the same user (a
+/// second instance, a stale one) join it and take part of the traffic, where a plain bind
+/// fails. Bound, not listening: no client can connect to it, and the group can still form
+/// beside it.
+fn unclaimed(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
     let probe = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
@@ -283,7 +290,7 @@ fn unclaimed(addr: SocketAddr) -> std::io::Result<SocketAddr> {
     };
     probe.set_reuseaddr(true)?;
     probe.bind(addr)?;
-    probe.local_addr()
+    Ok(probe)
 }
 
 /// A listening socket on `addr`; with `reuse_port`, one of several (one per worker) that the
@@ -701,8 +708,18 @@ mod tests {
         let err = unclaimed(addr).unwrap_err();
         assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
         drop(taken);
-        assert_eq!(unclaimed(addr).unwrap(), addr);
-        let free = unclaimed("127.0.0.1:0".parse().unwrap()).unwrap();
+        assert_eq!(unclaimed(addr).unwrap().local_addr().unwrap(), addr);
+
+        let probe = unclaimed("127.0.0.1:0".parse().unwrap()).unwrap();
+        let free = probe.local_addr().unwrap();
         assert_ne!(free.port(), 0);
+        // The group forms beside the probe; once it listens, the probe's plain bind is refused.
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let _group = rt.block_on(async { [bind(free, true).unwrap(), bind(free, true).unwrap()] });
+        drop(probe);
+        assert_eq!(unclaimed(free).unwrap_err().kind(), std::io::ErrorKind::AddrInUse);
     }
 }

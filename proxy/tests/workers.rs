@@ -57,6 +57,13 @@ async fn every_worker_accepts_and_a_drain_waits_for_each_workers_requests() {
         assert_eq!((status, body), (200, format!("g /h2/{i} 0")));
     }
     assert_eq!(g.stats.h2_requests.load(std::sync::atomic::Ordering::Relaxed), 30);
+    // One HTTP/2 connection per worker that served some of them (30 fresh client connections
+    // over three workers' sockets): not one shared by all.
+    let h2_connections = g.stats.connections.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        (2..=3).contains(&h2_connections),
+        "{h2_connections} HTTP/2 upstream connections"
+    );
 
     let slow: Vec<_> = (0..12)
         .map(|_| tokio::spawn(async move { get(addr, "x", "/delay/400").await }))
