@@ -175,6 +175,10 @@ done
 [ -n "$saw_v3" ] || fail "main never got v3"
 reason=$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.abortReason}')
 say "hub aborted after $(( $(date +%s) - t0 ))s: $reason"
+if [ -z "$reason" ]; then   # seen once (session 27): phase Aborted read, then no abortReason; evidence for the cause
+  hk get pxd -n "$ns" edge -o json | jq '{waves: .status.waves, managedFields: [.metadata.managedFields[] | {manager, operation, subresource, time}]}' >&2 || true
+  grep -iE 'wave|abort' "/tmp/operator-$hub.log" | tail -30 >&2 || true
+fi
 <<<"$reason" grep -q "cluster main: app shop: its canary aborted" || fail "the abort does not name main's app canary: $reason"
 retry 90 bash -c "kubectl get deploy -n $ns shop -o json | jq -r '[.spec.template.spec.containers[0].env[].value] | join(\",\")' | grep -qx v1"
 say "main's app is back on the last completed version: $(env_of kubectl)"
