@@ -369,9 +369,13 @@ fn new_status(
 }
 
 /// The status this controller writes: everything but what the propagation controller owns
-/// (`clusters` and the `Propagated` condition, under its own field manager).
+/// (`clusters`, `waves` and the `Propagated` condition, under its own field manager).
 fn own_part(mut status: crate::crd::ProxyDeploymentStatus) -> crate::crd::ProxyDeploymentStatus {
     status.clusters.clear();
+    // The wave rollout is the propagation controller's: carried over from a cached status that
+    // lags its last write, a forced apply here would put an old wave status back (seen: an
+    // abort's reason gone a second after it was written, a rollout started twice).
+    status.waves = None;
     status.conditions.retain(|c| c.type_ != crate::conditions::PROPAGATED);
     status
 }
@@ -784,5 +788,23 @@ fn context(
             resync,
             cleanup_timeout,
         },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_fleet_controller_never_writes_the_propagation_controllers_part() {
+        let shown = crate::crd::ProxyDeploymentStatus {
+            waves: Some(Default::default()),
+            clusters: vec![Default::default()],
+            ready_replicas: 2,
+            ..Default::default()
+        };
+        let own = own_part(shown);
+        assert!(own.waves.is_none() && own.clusters.is_empty());
+        assert_eq!(own.ready_replicas, 2);
     }
 }
