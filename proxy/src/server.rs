@@ -156,14 +156,14 @@ pub async fn start_with_workers(
     let conn_limit = Arc::new(Semaphore::new(config.limits.max_connections as usize));
     let mut listener_addrs = HashMap::new();
     let mut accept_tasks = Vec::new();
+    let accepting = Accepting {
+        shared: &shared,
+        graceful: &graceful,
+        conn_limit: &conn_limit,
+        stop: &stop_accepting_rx,
+        workers: workers.handles(),
+    };
     for l in &config.listeners {
-        let accepting = Accepting {
-            shared: &shared,
-            graceful: &graceful,
-            conn_limit: &conn_limit,
-            stop: &stop_accepting_rx,
-            workers: workers.handles(),
-        };
         let (addr, tasks) = start_listener(l, &accepting)?;
         listener_addrs.insert(l.name.clone(), addr);
         accept_tasks.extend(tasks);
@@ -283,25 +283,26 @@ fn parse_address(address: &str) -> std::io::Result<SocketAddr> {
 /// fails. Bound, not listening: no client can connect to it, and the group can still form
 /// beside it.
 fn unclaimed(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
-    let probe = if addr.is_ipv4() {
-        tokio::net::TcpSocket::new_v4()?
-    } else {
-        tokio::net::TcpSocket::new_v6()?
-    };
-    probe.set_reuseaddr(true)?;
+    let probe = reusable_socket(addr)?;
     probe.bind(addr)?;
     Ok(probe)
 }
 
-/// A listening socket on `addr`; with `reuse_port`, one of several (one per worker) that the
-/// kernel spreads new connections across. Linux lets only the same user join such a group.
-fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+/// A TCP socket of `addr`'s family with `SO_REUSEADDR` (a restart binds despite TIME_WAIT).
+fn reusable_socket(addr: SocketAddr) -> std::io::Result<tokio::net::TcpSocket> {
     let socket = if addr.is_ipv4() {
         tokio::net::TcpSocket::new_v4()?
     } else {
         tokio::net::TcpSocket::new_v6()?
     };
     socket.set_reuseaddr(true)?;
+    Ok(socket)
+}
+
+/// A listening socket on `addr`; with `reuse_port`, one of several (one per worker) that the
+/// kernel spreads new connections across. Linux lets only the same user join such a group.
+fn bind(addr: SocketAddr, reuse_port: bool) -> std::io::Result<TcpListener> {
+    let socket = reusable_socket(addr)?;
     if reuse_port {
         socket.set_reuseport(true)?;
     }

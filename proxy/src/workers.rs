@@ -34,6 +34,28 @@ pub fn count() -> usize {
     COUNT.load(Ordering::Relaxed)
 }
 
+/// One `T` per worker (idle upstream connections and the like): what a worker opens is registered
+/// with its own I/O driver, so it stays with that worker's requests and crosses no thread.
+pub struct PerWorker<T>(Box<[T]>);
+
+impl<T: Default> Default for PerWorker<T> {
+    fn default() -> Self {
+        Self((0..count()).map(|_| T::default()).collect())
+    }
+}
+
+impl<T> PerWorker<T> {
+    /// The calling worker's (worker 0's on a thread that is not a worker).
+    pub fn mine(&self) -> &T {
+        &self.0[index() % self.0.len()]
+    }
+
+    /// Every worker's.
+    pub fn all(&self) -> impl Iterator<Item = &T> {
+        self.0.iter()
+    }
+}
+
 /// The workers beside the calling thread's, running until `stop`.
 pub struct Workers {
     handles: Vec<Handle>,

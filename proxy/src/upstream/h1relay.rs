@@ -43,18 +43,13 @@ pub struct RelayConn {
 /// An endpoint's idle connections, one list per worker (`crate::workers`), most recently used
 /// last: a connection is registered with the I/O driver of the worker that opened it, so it
 /// stays with that worker's requests and a checkout crosses no thread.
-pub struct IdleRelays(Box<[Mutex<Vec<RelayConn>>]>);
-
-impl Default for IdleRelays {
-    fn default() -> Self {
-        Self((0..crate::workers::count()).map(|_| Mutex::default()).collect())
-    }
-}
+#[derive(Default)]
+pub struct IdleRelays(crate::workers::PerWorker<Mutex<Vec<RelayConn>>>);
 
 impl IdleRelays {
     /// The calling worker's list.
     fn mine(&self) -> &Mutex<Vec<RelayConn>> {
-        &self.0[crate::workers::index() % self.0.len()]
+        self.0.mine()
     }
 
     /// How many the calling worker keeps.
@@ -88,7 +83,7 @@ impl IdleRelays {
 
     /// Closes the connections idle for `idle_timeout` or closed by the upstream meanwhile.
     pub fn reap(&self, now: Instant, idle_timeout: Duration) {
-        for list in self.0.iter() {
+        for list in self.0.all() {
             if let Ok(mut list) = list.lock() {
                 list.retain_mut(|c| now.duration_since(c.since) < idle_timeout && c.looks_open());
             }

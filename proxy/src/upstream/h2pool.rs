@@ -19,7 +19,8 @@ type Sender = http2::SendRequest<UpstreamBody>;
 /// An endpoint's HTTP/2 connections, one per worker (`crate::workers`), as Envoy keeps one
 /// pool per worker: a connection's task runs on the worker that opened it, so one shared
 /// connection would put every worker's upstream I/O, TLS and body forwarding on one thread.
-pub struct H2Connection(Box<[WorkerConnection]>);
+#[derive(Default)]
+pub struct H2Connection(crate::workers::PerWorker<WorkerConnection>);
 
 /// One worker's connection: the sender to clone, and a lock that lets one request connect while
 /// the others wait for it instead of dialling too.
@@ -29,20 +30,10 @@ struct WorkerConnection {
     connecting: tokio::sync::Mutex<()>,
 }
 
-impl Default for H2Connection {
-    fn default() -> Self {
-        Self(
-            (0..crate::workers::count())
-                .map(|_| WorkerConnection::default())
-                .collect(),
-        )
-    }
-}
-
 impl H2Connection {
     /// The calling worker's connection.
     fn mine(&self) -> &WorkerConnection {
-        &self.0[crate::workers::index() % self.0.len()]
+        self.0.mine()
     }
 }
 
