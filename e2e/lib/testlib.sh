@@ -36,3 +36,17 @@ test_namespace() {
   retry 30 kubectl get sa default -n "$ns"
   echo "$ns"
 }
+
+# announced_once KUBECTL... NAMESPACE NAME — fails when a wave transition that names its revision
+# (a rollout started, a wave started, a rollout completed) was announced more than once for the
+# same revision: a pass that decided on a status one write behind would repeat it.
+announced_once() {
+  local name=${*: -1} ns=${*: -2:1}
+  local dups
+  dups=$("${@:1:$#-2}" get events -n "$ns" --field-selector "involvedObject.name=$name" -o json | jq -r '
+    [.items[] | select(.reason == "WaveRolloutStarted" or .reason == "WaveStarted" or .reason == "WaveRolloutCompleted")]
+    | group_by(.reason + " " + .message)
+    | map(select((map(.series.count // .count // 1) | add) > 1) | "\(.[0].reason): \(.[0].message)")
+    | .[]')
+  [ -z "$dups" ] || fail "announced more than once: $dups"
+}

@@ -112,6 +112,8 @@ retry 120 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.waves.phase
 say "completed: wave first at $g4 ms, wave second at $first2 ms and $second2 ms (soak 8 s, one cluster at a time)"
 kubectl get events -n "$ns" --field-selector involvedObject.name=demo -o json \
   | jq -r '.items[] | select(.reason | startswith("Wave")) | "\(.lastTimestamp // .eventTime) \(.reason): \(.message)"' | tail -6 >&2
+announced_once kubectl "$ns" demo
+say "every wave transition of both rollouts announced once"
 
 say "a change that breaks the fleet in wave first: aborts there, wave second never gets it"
 before5=$(mk member-5 get pxd -n "$ns" demo -o json | jq -S .spec); before6=$(mk member-6 get pxd -n "$ns" demo -o json | jq -S .spec)

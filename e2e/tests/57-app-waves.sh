@@ -233,6 +233,8 @@ apps_main=$(hk get pxd -n "$ns" edge -o json | jq -r '.status.clusters[] | selec
 tree=$(KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" get pxd edge)
 echo "$tree" >&2
 <<<"$tree" grep -q "app shop .*canary=Completed" || fail "kubectl proxyfleet get pxd does not show the members' apps"
+announced_once hk "$ns" edge
+say "the hub announced every wave transition once"
 
 say "5. deleting the hub fleet removes the app's copies from the members"
 hk delete pxd -n "$ns" edge --timeout=90s >/dev/null || fail "the hub fleet was not deleted"

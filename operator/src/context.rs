@@ -35,7 +35,7 @@ pub struct Context {
     pub client: Client,
     /// The status this operator last wrote per object (uid → resourceVersion after the write,
     /// status). The watch cache can lag behind our own write; decisions must not.
-    pub written_status: crate::latest_status::LatestStatus<crate::crd::ProxyDeploymentStatus>,
+    pub latest_fleets: crate::latest_object::LatestObject<crate::crd::ProxyDeployment>,
     pub http: crate::canary::source::HttpGetter,
     pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,
@@ -49,7 +49,7 @@ pub struct Context {
     /// Every AppRollout (they reshape the routes of the fleets they name).
     pub apps: Store<crate::app::spec::AppRollout>,
     /// The AppRollout status last written, newer than the cache for a moment after a write.
-    pub app_status: crate::latest_status::LatestStatus<crate::app::spec::AppRolloutStatus>,
+    pub latest_apps: crate::latest_object::LatestObject<crate::app::spec::AppRollout>,
     /// ACME orders in flight (leader only, like every reconcile).
     pub acme_orders: crate::certs::acme_orders::Orders,
 }

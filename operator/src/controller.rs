@@ -77,22 +77,8 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
     result
 }
 
-/// The object with the newest status we know: our own last write when the cache lags behind it.
-fn with_latest_status(pxd: Arc<ProxyDeployment>, ctx: &Context) -> Arc<ProxyDeployment> {
-    let uid = pxd.metadata.uid.as_deref().unwrap_or_default();
-    let Some(status) = ctx
-        .written_status
-        .newer_than(uid, pxd.metadata.resource_version.as_deref())
-    else {
-        return pxd;
-    };
-    let mut newer = (*pxd).clone();
-    newer.status = Some(status);
-    Arc::new(newer)
-}
-
 async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
-    let pxd = with_latest_status(pxd, &ctx);
+    let pxd = ctx.latest_fleets.newest(pxd);
     let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
     if pxd.metadata.deletion_timestamp.is_some() {
         return Ok(finalize(&pxd, &owner, &ctx).await);
@@ -191,7 +177,7 @@ const MAX_REQUEUE: Duration = Duration::from_secs(300);
 /// Owned objects follow through their owner references; nothing to do but forget the status.
 async fn finalize(_pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
     // Members are the propagation controller's (it holds the finalizer until they are done).
-    ctx.written_status.forget(&owner.reference.uid);
+    ctx.latest_fleets.forget(&owner.reference.uid);
     ctx.acme_orders.forget(&owner.reference.uid);
     Action::await_change()
 }
@@ -427,11 +413,7 @@ async fn write_status(
             name: owner.name.clone(),
             source,
         })?;
-    ctx.written_status.record(
-        &owner.reference.uid,
-        written.metadata.resource_version.as_deref(),
-        status.clone(),
-    );
+    ctx.latest_fleets.record(written);
     ctx.metrics.api_write("ProxyDeployment/status", "apply");
     Ok(())
 }
@@ -571,12 +553,9 @@ async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: 
 /// Removes the handled command annotation, so it acts once.
 async fn clear_command(ctx: &Context, owner: &Owner) {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {canary::rollout::COMMAND_ANNOTATION: null}}});
-    match api
-        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => ctx.metrics.api_write("ProxyDeployment", "patch"),
+    let annotation = canary::rollout::COMMAND_ANNOTATION;
+    match crate::command_annotation::clear(&api, &owner.name, annotation, &ctx.latest_fleets).await {
+        Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
         Err(e) => tracing::warn!(error = %e, "could not clear the command annotation"),
     }
 }
@@ -777,10 +756,10 @@ fn context(
         settings,
         http: Default::default(),
         snapshots: Default::default(),
-        written_status: Default::default(),
+        latest_fleets: Default::default(),
         backoff: Default::default(),
         apps,
-        app_status: Default::default(),
+        latest_apps: Default::default(),
         acme_orders: Default::default(),
         propagation: crate::propagation::state::Propagation {
             cluster_secrets,

@@ -64,21 +64,8 @@ struct Inputs {
     canary: Option<Arc<Deployment>>,
 }
 
-/// The object with the newest status we know: our own last write when the cache lags behind it.
-fn with_latest_status(ar: Arc<AppRollout>, ctx: &Context) -> Arc<AppRollout> {
-    let uid = ar.metadata.uid.as_deref().unwrap_or_default();
-    match ctx.app_status.newer_than(uid, ar.metadata.resource_version.as_deref()) {
-        Some(status) => {
-            let mut newer = (*ar).clone();
-            newer.status = Some(status);
-            Arc::new(newer)
-        }
-        None => ar,
-    }
-}
-
 pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action, AppError> {
-    let ar = with_latest_status(ar, &ctx);
+    let ar = ctx.latest_apps.newest(ar);
     let owner = AppOwner::of(&ar).ok_or(AppError::Metadata("name, namespace or uid"))?;
     let inputs = match read_inputs(&ar, &owner, &ctx).await? {
         Ok(i) => i,
@@ -458,11 +445,7 @@ async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
 
 async fn clear_command(ctx: &Context, owner: &AppOwner) {
     let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: null}}});
-    if let Err(e) = api
-        .patch(&owner.name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
+    if let Err(e) = crate::command_annotation::clear(&api, &owner.name, COMMAND_ANNOTATION, &ctx.latest_apps).await {
         tracing::warn!(error = %e, "could not clear the command annotation");
     }
 }
@@ -534,11 +517,7 @@ async fn write_status(ctx: &Context, owner: &AppOwner, status: &AppRolloutStatus
             name: owner.name.clone(),
             source,
         })?;
-    ctx.app_status.record(
-        &owner.reference.uid,
-        written.metadata.resource_version.as_deref(),
-        status.clone(),
-    );
+    ctx.latest_apps.record(written);
     ctx.metrics.api_write("AppRollout/status", "apply");
     Ok(())
 }

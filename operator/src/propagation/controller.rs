@@ -88,28 +88,36 @@ async fn write(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, outcome: &Ou
         return Ok(());
     };
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    api.patch_status(
-        &owner.name,
-        &PatchParams::apply(STATUS_MANAGER).force(),
-        &Patch::Apply(&patch),
-    )
-    .await
-    .map_err(|source| Error::Status {
-        namespace: owner.namespace.clone(),
-        name: owner.name.clone(),
-        source,
-    })?;
+    let written = api
+        .patch_status(
+            &owner.name,
+            &PatchParams::apply(STATUS_MANAGER).force(),
+            &Patch::Apply(&patch),
+        )
+        .await
+        .map_err(|source| Error::Status {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
+    ctx.latest_fleets.record(written);
     ctx.metrics.api_write("ProxyDeployment/status", "apply");
     Ok(())
 }
 
-/// One pass: clean up a deleted fleet, hold one the policy refuses, else propagate it.
+/// One pass: clean up a deleted fleet, hold one the policy refuses, else propagate it. It
+/// decides on the newest version it knows (its own or the fleet controller's last write when
+/// the cache lags): the wave machine never judges a status one write behind.
 pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<Action, Error> {
+    let pxd = ctx.latest_fleets.newest(pxd);
     let owner = Owner::of(&pxd).map_err(|e| Error::Metadata(e.to_string()))?;
     if pxd.metadata.deletion_timestamp.is_some() {
         return Ok(match reconcile::finalize(&pxd, &owner, &ctx).await {
             Some(again) => Action::requeue(again),
-            None => Action::await_change(),
+            None => {
+                ctx.latest_fleets.forget(&owner.reference.uid);
+                Action::await_change()
+            }
         });
     }
     let refused = crate::policy::refusal(

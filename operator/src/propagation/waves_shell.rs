@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Secret;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::{Client, ResourceExt};
 
 use super::apps::{self, AppCopy};
@@ -209,12 +209,8 @@ async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
 /// A command is acted on once: the annotation goes once decided.
 async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let patch = serde_json::json!({"metadata": {"annotations": {WAVE_COMMAND: null}}});
-    match api
-        .patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-    {
-        Ok(_) => ctx.metrics.api_write("ProxyDeployment", "patch"),
+    match crate::command_annotation::clear(&api, &pxd.name_any(), WAVE_COMMAND, &ctx.latest_fleets).await {
+        Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
         Err(e) => tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command"),
     }
 }
