@@ -1,89 +1,268 @@
-//! kube-runtime's event [`Recorder`], let go of when idle. A Recorder keeps every event it
-//! published for six minutes, to count repeats as one series, and forgets old ones only on its
-//! next publish: after a busy spell a quiet operator held every event of it (5.9 MiB at 1 000
-//! fleets, issue 24). A recorder idle for a minute is dropped, and the next event starts a
-//! fresh one. What that changes: an event repeated after a minute of total quiet becomes a new
-//! Event object instead of a count on the old one's series — one API write either way (a create
-//! instead of a patch); the API server expires both alike. During any busy spell (a rollout, a
-//! burst of fleets) the recorder lives on and series count as before.
+//! Kubernetes Events (`events.k8s.io/v1`), with repeats counted as a series.
+//!
+//! Why not kube-runtime's `Recorder`: it keys a series by object, type, reason and action, not
+//! by the note. A second event of the same reason within its six-minute window with a new
+//! message ("revision B starts in wave first" after "revision A …", a canary aborted for a
+//! new reason) only raised the first Event's count, and `kubectl describe` kept showing the
+//! first message: the user read the wrong reason. It also kept every Event object it
+//! published until its next publish (5.9 MiB at 1 000 fleets, issue 24). Here a series is one
+//! object + type + reason + note, and what is kept per series is its Event's name, count and
+//! last time: about a hundred bytes, dropped once the series window has passed.
 
+use std::collections::HashMap;
+use std::hash::{DefaultHasher, Hash, Hasher};
 use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::ObjectReference;
-use kube::runtime::events::{Event, Recorder, Reporter};
+use k8s_openapi::api::events::v1::{Event as K8sEvent, EventSeries};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::runtime::events::{Event, EventType, Reporter};
 use kube::Client;
 
-/// How long the recorder may sit idle before it is dropped (kube-runtime's own series window,
-/// beyond which it would have forgotten an event anyway, is six minutes).
-const IDLE: Duration = Duration::from_secs(60);
+/// How long a repeat joins its series (kube-runtime's and client-go's window).
+const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
-type Slot = Mutex<Option<(Recorder, Instant)>>;
+/// A series as far as we need it: its Event's name, how often it happened, when last.
+struct Series {
+    name: String,
+    count: i32,
+    last: Instant,
+}
+
+type Book = Mutex<HashMap<u64, Series>>;
 
 pub struct Events {
     client: Client,
     reporter: Reporter,
-    slot: Arc<Slot>,
+    series: Arc<Book>,
+}
+
+/// One series: the object, type, reason, action, related object and note.
+fn series_key(ev: &Event, reference: &ObjectReference) -> u64 {
+    let mut h = DefaultHasher::new();
+    for part in [&reference.uid, &reference.namespace, &reference.name, &reference.kind] {
+        part.hash(&mut h);
+    }
+    matches!(ev.type_, EventType::Warning).hash(&mut h);
+    (&ev.reason, &ev.action, &ev.note).hash(&mut h);
+    ev.secondary.as_ref().map(|s| (&s.uid, &s.name)).hash(&mut h);
+    h.finish()
+}
+
+/// What to send: a new Event, or the next count of an existing one.
+#[derive(Debug, PartialEq)]
+enum Publish {
+    Create,
+    Repeat { name: String, count: i32 },
+}
+
+/// Pure: books the event under `key` at `now`, forgetting series past the window.
+fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
+    series.retain(|_, s| now.duration_since(s.last) < SERIES_WINDOW);
+    match series.get_mut(&key) {
+        Some(s) => {
+            s.count += 1;
+            s.last = now;
+            Publish::Repeat {
+                name: s.name.clone(),
+                count: s.count,
+            }
+        }
+        None => Publish::Create,
+    }
 }
 
 impl Events {
-    /// A publisher, and a task that drops its recorder once idle (it ends with the publisher).
+    /// A publisher, and a task that forgets series past their window (it ends with the
+    /// publisher), so a quiet operator keeps none.
     pub fn new(client: Client, reporter: Reporter) -> Self {
-        let slot: Arc<Slot> = Arc::default();
-        tokio::spawn(forget_when_idle(Arc::downgrade(&slot)));
-        Self { client, reporter, slot }
+        let series: Arc<Book> = Arc::default();
+        tokio::spawn(forget_old(Arc::downgrade(&series)));
+        Self {
+            client,
+            reporter,
+            series,
+        }
     }
 
     pub async fn publish(&self, ev: &Event, reference: &ObjectReference) -> Result<(), kube::Error> {
-        let recorder = {
-            let Ok(mut slot) = self.slot.lock() else {
-                return Ok(());
-            };
-            let (recorder, last) = slot.get_or_insert_with(|| {
-                (
-                    Recorder::new(self.client.clone(), self.reporter.clone()),
-                    Instant::now(),
-                )
-            });
-            *last = Instant::now();
-            recorder.clone()
+        let key = series_key(ev, reference);
+        let now = Instant::now();
+        let step = match self.series.lock() {
+            Ok(mut s) => book(&mut s, key, now),
+            Err(_) => Publish::Create,
         };
-        recorder.publish(ev, reference).await
+        let namespace = reference.namespace.as_deref().unwrap_or("default");
+        let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
+        let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        if let Publish::Repeat { name, count } = step {
+            let patch = serde_json::json!({"series": EventSeries { count, last_observed_time: stamp.clone() }});
+            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+                Ok(_) => return Ok(()),
+                // Expired or deleted meanwhile: start the series again.
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(e) => return Err(e),
+            }
+        }
+        let created = api
+            .create(&PostParams::default(), &self.event(ev, reference, stamp))
+            .await?;
+        if let (Ok(mut s), Some(name)) = (self.series.lock(), created.metadata.name) {
+            s.insert(
+                key,
+                Series {
+                    name,
+                    count: 1,
+                    last: now,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    fn event(&self, ev: &Event, reference: &ObjectReference, stamp: MicroTime) -> K8sEvent {
+        let object = reference.name.as_deref().unwrap_or(&self.reporter.controller);
+        K8sEvent {
+            metadata: ObjectMeta {
+                name: Some(format!("{object}.{:x}", stamp.0.as_nanosecond())),
+                namespace: reference.namespace.clone(),
+                ..Default::default()
+            },
+            action: Some(ev.action.clone()),
+            reason: Some(ev.reason.clone()),
+            note: ev.note.clone(),
+            event_time: Some(stamp),
+            regarding: Some(reference.clone()),
+            related: ev.secondary.clone(),
+            reporting_controller: Some(self.reporter.controller.clone()),
+            reporting_instance: Some(
+                self.reporter
+                    .instance
+                    .clone()
+                    .unwrap_or_else(|| self.reporter.controller.clone()),
+            ),
+            type_: Some(match ev.type_ {
+                EventType::Normal => "Normal".into(),
+                EventType::Warning => "Warning".into(),
+            }),
+            ..Default::default()
+        }
     }
 }
 
-async fn forget_when_idle(slot: Weak<Slot>) {
-    let mut tick = tokio::time::interval(IDLE / 6);
+async fn forget_old(series: Weak<Book>) {
+    let mut tick = tokio::time::interval(SERIES_WINDOW / 6);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Some(held) = slot.upgrade() else { return };
-        let Ok(mut recorder) = held.lock() else { return };
-        forget_if_idle(&mut recorder, Instant::now());
-    }
-}
-
-/// Drops the recorder when its last event is older than [`IDLE`].
-fn forget_if_idle<R>(slot: &mut Option<(R, Instant)>, now: Instant) {
-    if slot.as_ref().is_some_and(|(_, last)| now.duration_since(*last) > IDLE) {
-        *slot = None;
+        let Some(held) = series.upgrade() else { return };
+        let Ok(mut s) = held.lock() else { return };
+        let now = Instant::now();
+        s.retain(|_, s| now.duration_since(s.last) < SERIES_WINDOW);
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kube::client::Body;
+
+    fn event(reason: &str, note: &str) -> Event {
+        Event {
+            type_: EventType::Normal,
+            reason: reason.into(),
+            note: Some(note.into()),
+            action: "Reconcile".into(),
+            secondary: None,
+        }
+    }
+
+    fn fleet() -> ObjectReference {
+        ObjectReference {
+            kind: Some("ProxyDeployment".into()),
+            name: Some("demo".into()),
+            namespace: Some("team-a".into()),
+            uid: Some("u-1".into()),
+            ..Default::default()
+        }
+    }
 
     #[test]
-    fn a_recorder_is_dropped_only_after_a_minute_idle() {
-        let start = Instant::now();
-        let mut slot = Some(((), start));
-        forget_if_idle(&mut slot, start + IDLE);
-        assert!(slot.is_some(), "busy enough: an event may still join its series");
-        forget_if_idle(&mut slot, start + IDLE + Duration::from_secs(1));
-        assert!(slot.is_none());
-        let mut empty: Option<((), Instant)> = None;
-        forget_if_idle(&mut empty, start);
-        assert!(empty.is_none());
+    fn a_series_is_one_note_and_ends_after_its_window() {
+        let (r, start) = (fleet(), Instant::now());
+        let a = series_key(&event("WaveRolloutStarted", "revision a starts"), &r);
+        let b = series_key(&event("WaveRolloutStarted", "revision b starts"), &r);
+        assert_ne!(a, b, "a new message is a new series, not a count on the old one");
+        let mut book_ = HashMap::new();
+        assert_eq!(book(&mut book_, a, start), Publish::Create);
+        book_.insert(
+            a,
+            Series {
+                name: "demo.1".into(),
+                count: 1,
+                last: start,
+            },
+        );
+        let repeat = book(&mut book_, a, start + Duration::from_secs(60));
+        assert_eq!(
+            repeat,
+            Publish::Repeat {
+                name: "demo.1".into(),
+                count: 2
+            }
+        );
+        assert_eq!(book(&mut book_, b, start), Publish::Create);
+        let later = start + Duration::from_secs(60) + SERIES_WINDOW;
+        assert_eq!(book(&mut book_, a, later), Publish::Create, "past the window");
+        assert!(book_.is_empty(), "nothing kept past the window");
+    }
+
+    /// Against a mocked API server: the first event is created, its repeat counts on it, a new
+    /// note is an Event of its own.
+    #[tokio::test]
+    async fn repeats_count_on_their_event_new_notes_get_their_own() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..3 {
+                let (request, send) = handle.next_request().await.expect("a request");
+                let method = request.method().clone();
+                let bytes = http_body_util::BodyExt::collect(request.into_body())
+                    .await
+                    .expect("body")
+                    .to_bytes();
+                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+                if method == http::Method::POST {
+                    body["metadata"]["name"] = serde_json::json!(format!("demo.{}", seen.len()));
+                } else {
+                    body = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                        "metadata": {"name": "demo.0"}, "series": body["series"]});
+                }
+                seen.push((method, body.clone()));
+                let reply = serde_json::to_vec(&body).expect("json");
+                send.send_response(http::Response::builder().body(Body::from(reply)).expect("response"));
+            }
+            seen
+        });
+        let reporter = Reporter {
+            controller: "proxyfleet-operator".into(),
+            instance: None,
+        };
+        let events = Events::new(kube::Client::new(mock, "default"), reporter);
+        for note in ["revision a starts", "revision a starts", "revision b starts"] {
+            events
+                .publish(&event("WaveRolloutStarted", note), &fleet())
+                .await
+                .expect("published");
+        }
+        let seen = server.await.expect("mock server");
+        assert_eq!(seen[0].0, http::Method::POST);
+        assert_eq!(seen[0].1["note"], "revision a starts");
+        assert_eq!(seen[1].0, http::Method::PATCH);
+        assert_eq!(seen[1].1["series"]["count"], 2);
+        assert_eq!(seen[2].0, http::Method::POST, "a new note is a new Event");
+        assert_eq!(seen[2].1["note"], "revision b starts");
     }
 }

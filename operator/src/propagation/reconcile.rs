@@ -92,14 +92,18 @@ async fn set_finalizers(pxd: &ProxyDeployment, ctx: &Context, finalizers: Vec<St
         "finalizers": finalizers,
         "resourceVersion": pxd.resource_version(),
     }});
-    api.patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
+    let written = api
+        .patch(&pxd.name_any(), &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map(|_| ctx.metrics.api_write("ProxyDeployment", "patch"))
         .map_err(|source| HubError::Finalizers {
             namespace: pxd.namespace().unwrap_or_default(),
             name: pxd.name_any(),
             source,
-        })
+        })?;
+    ctx.metrics.api_write("ProxyDeployment", "patch");
+    // The next pass compares-and-swaps from this version, not the cache's older one.
+    ctx.latest_fleets.record(written);
+    Ok(())
 }
 
 /// The CA Secret members get when the fleet uses the managed issuer: the hub's namespace CA,

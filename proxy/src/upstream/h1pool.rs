@@ -42,9 +42,17 @@ struct Idle {
 
 /// An endpoint's idle hyper connections (for requests that stream a body); our own are in
 /// `Endpoint::h1_relays`. They live in the endpoint itself, so a request finds its
-/// connections without a map lookup, and they close when the endpoint goes away.
+/// connections without a map lookup, and they close when the endpoint goes away. One list per
+/// worker, as `h1relay::IdleRelays`: a connection's task runs on the worker that opened it.
 #[derive(Default)]
-pub struct IdleConnections(Mutex<Vec<Idle>>);
+pub struct IdleConnections(crate::workers::PerWorker<Mutex<Vec<Idle>>>);
+
+impl IdleConnections {
+    /// The calling worker's list.
+    fn mine(&self) -> &Mutex<Vec<Idle>> {
+        self.0.mine()
+    }
+}
 
 /// Which kind of connection a background replacement opens.
 #[derive(Clone, Copy)]
@@ -83,7 +91,7 @@ impl H1Pool {
 
     /// A ready connection to `endpoint` from the pool, dropping any that closed or idled out.
     fn checkout(&self, endpoint: &Endpoint) -> Option<Sender> {
-        let mut list = endpoint.h1_idle.0.lock().ok()?;
+        let mut list = endpoint.h1_idle.mine().lock().ok()?;
         let now = Instant::now();
         let mut i = list.len();
         while i > 0 {
@@ -101,7 +109,7 @@ impl H1Pool {
     /// Opens a connection to `endpoint` in the background and pools it, unless the pool is full.
     fn replace_in_background(self: &Arc<Self>, endpoint: &Arc<Endpoint>, spare: Spare) {
         let idle = match spare {
-            Spare::Hyper => endpoint.h1_idle.0.lock().map(|l| l.len()).unwrap_or(0),
+            Spare::Hyper => endpoint.h1_idle.mine().lock().map(|l| l.len()).unwrap_or(0),
             Spare::Relay => endpoint.h1_relays.len(),
         };
         if idle >= self.max_idle {
@@ -133,7 +141,7 @@ impl H1Pool {
         if sender.is_closed() {
             return;
         }
-        let Ok(mut list) = endpoint.h1_idle.0.lock() else {
+        let Ok(mut list) = endpoint.h1_idle.mine().lock() else {
             return;
         };
         if list.len() < self.max_idle {
@@ -318,8 +326,10 @@ impl H1Pool {
     /// Closes `endpoint`'s connections idle longer than the idle timeout (by dropping them).
     /// Closes too the kept connections the upstream has closed meanwhile.
     fn reap(&self, endpoint: &Endpoint, now: Instant) {
-        if let Ok(mut list) = endpoint.h1_idle.0.lock() {
-            list.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+        for list in endpoint.h1_idle.0.all() {
+            if let Ok(mut list) = list.lock() {
+                list.retain(|c| !c.sender.is_closed() && now.duration_since(c.since) < self.idle_timeout);
+            }
         }
         endpoint.h1_relays.reap(now, self.idle_timeout);
     }
