@@ -49,7 +49,8 @@ pub trait Trim: Resource {
     }
 }
 
-fn trim_meta<K: Resource + ?Sized>(object: &mut K) {
+/// Drops what no reconcile reads from any object: managed fields and kubectl's last-applied copy.
+pub fn trim_meta<K: Resource + ?Sized>(object: &mut K) {
     let meta = object.meta_mut();
     meta.managed_fields = None;
     if let Some(a) = meta.annotations.as_mut() {

@@ -86,7 +86,7 @@ impl Context {
         let ev = Event {
             type_,
             reason: reason.into(),
-            note: Some(note.chars().take(1000).collect()),
+            note: Some(crate::event_recorder::within_note_limit(note).to_string()),
             action: "Reconcile".into(),
             secondary: None,
         };

@@ -21,6 +21,22 @@ use kube::api::{Api, Patch, PatchParams, PostParams};
 use kube::runtime::events::{Event, EventType, Reporter};
 use kube::Client;
 
+/// The API server refuses an Event whose note is longer than this many bytes.
+const NOTE_LIMIT: usize = 1024;
+
+/// `note` cut to what the API server accepts (bytes, on a character boundary): an over-long
+/// note would lose the whole event.
+pub fn within_note_limit(note: &str) -> &str {
+    if note.len() <= NOTE_LIMIT {
+        return note;
+    }
+    let mut end = NOTE_LIMIT;
+    while !note.is_char_boundary(end) {
+        end -= 1;
+    }
+    &note[..end]
+}
+
 /// How long a repeat joins its series (kube-runtime's and client-go's window).
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
@@ -190,6 +206,15 @@ mod tests {
     }
 
     #[test]
+    fn a_note_is_cut_to_the_api_servers_limit_in_bytes() {
+        assert_eq!(within_note_limit("short"), "short");
+        let wide = "é".repeat(1000);
+        let cut = within_note_limit(&wide);
+        assert!(cut.len() <= NOTE_LIMIT && cut.len() >= NOTE_LIMIT - 1);
+        assert!(wide.starts_with(cut));
+    }
+
+    #[test]
     fn a_series_is_one_note_and_ends_after_its_window() {
         let (r, start) = (fleet(), Instant::now());
         let a = series_key(&event("WaveRolloutStarted", "revision a starts"), &r);
@@ -229,6 +254,19 @@ mod tests {
             for _ in 0..3 {
                 let (request, send) = handle.next_request().await.expect("a request");
                 let method = request.method().clone();
+                let path = request.uri().path().to_string();
+                let expected = match method {
+                    http::Method::POST => "/apis/events.k8s.io/v1/namespaces/team-a/events",
+                    _ => "/apis/events.k8s.io/v1/namespaces/team-a/events/demo.0",
+                };
+                assert_eq!(path, expected);
+                if method == http::Method::PATCH {
+                    let kind = request.headers().get(http::header::CONTENT_TYPE).cloned();
+                    assert_eq!(
+                        kind.as_ref().and_then(|k| k.to_str().ok()),
+                        Some("application/merge-patch+json")
+                    );
+                }
                 let bytes = http_body_util::BodyExt::collect(request.into_body())
                     .await
                     .expect("body")

@@ -12,11 +12,12 @@ use std::time::{Duration, Instant};
 
 use kube::Resource;
 
-/// How long a write may be preferred over the cache. A cache that lags longer has a broken
-/// watch, which relists anyway; the bound also lets go of objects deleted before a pass saw
-/// the cache catch up (nothing reconciles an object that is gone) and of versions from
-/// before an etcd restore.
-const MAX_LAG: Duration = Duration::from_secs(120);
+/// How long a write may be preferred over the cache: longer than a silently dead watch goes
+/// unnoticed (kube-runtime restarts a watch that received nothing for 290 s + 5 s, then
+/// relists), so a copy never expires while the cache is merely stuck. The bound lets go of
+/// objects deleted before a pass saw the cache catch up (nothing reconciles an object that is
+/// gone) and of versions from before an etcd restore.
+const MAX_LAG: Duration = Duration::from_secs(600);
 
 struct Written<K> {
     version: u64,
@@ -54,6 +55,7 @@ impl<K: Resource> LatestObject<K> {
         let Ok(mut m) = self.by_uid.lock() else {
             return cached;
         };
+        m.retain(|_, w| now.duration_since(w.at) < MAX_LAG);
         match m.get(uid) {
             Some(w) if w.version > seen && now.duration_since(w.at) < MAX_LAG => w.object.clone(),
             Some(_) => {
@@ -65,8 +67,8 @@ impl<K: Resource> LatestObject<K> {
     }
 
     /// Records an object as a write returned it (a status apply, an annotation or finalizer
-    /// patch), without its managed fields (the cache keeps none either); an older version than
-    /// one already recorded is ignored. Copies past `MAX_LAG` are let go here.
+    /// patch), trimmed as the cache trims it; an older version than one already recorded is
+    /// ignored. Copies past `MAX_LAG` are let go here and on every read.
     pub fn record(&self, written: K) {
         self.record_at(written, Instant::now())
     }
@@ -75,7 +77,7 @@ impl<K: Resource> LatestObject<K> {
         let (Some(uid), Some(version)) = (written.meta().uid.clone(), version(&written)) else {
             return;
         };
-        written.meta_mut().managed_fields = None;
+        crate::cache_trim::trim_meta(&mut written);
         let Ok(mut m) = self.by_uid.lock() else { return };
         m.retain(|_, w| now.duration_since(w.at) < MAX_LAG);
         if m.get(&uid).is_none_or(|w| w.version < version) {
@@ -198,13 +200,15 @@ mod tests {
                         server[o] = etcd;
                         ours[o] = etcd;
                         log.push((o, etcd));
-                        if let Some((lo, lv)) = late.take() {
-                            l.record(at(&uid(lo), lv));
-                        }
+                        // A held-back response lands after this newer one: out of order.
+                        let held_back = late.take();
                         if delayed {
                             late = Some((o, etcd));
                         } else {
                             l.record(at(&uid(o), etcd));
+                        }
+                        if let Some((lo, lv)) = held_back {
+                            l.record(at(&uid(lo), lv));
                         }
                     }
                     Step::Foreign(o) => {
@@ -221,8 +225,9 @@ mod tests {
                         }
                     }
                     Step::Reconcile(o) => {
-                        // A write whose response is not yet recorded is still in flight: its
-                        // own pass has not ended, so no other pass of this object runs.
+                        // A write whose response is not yet recorded is still in flight: the
+                        // pass that made it has not ended, and another controller's pass may
+                        // read the version before it (each owns its own part of the status).
                         if late.is_some_and(|(lo, _)| lo == o) {
                             continue;
                         }
