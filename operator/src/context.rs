@@ -7,12 +7,15 @@ use k8s_openapi::api::core::v1::{ConfigMap, ObjectReference, Secret, Service, Se
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::runtime::events::{Event, EventType};
 use kube::runtime::reflector::Store;
-use kube::Client;
+use kube::{Api, Client};
 use std::sync::Arc;
 
+use crate::app::spec::AppRollout;
 use crate::apply::Applier;
+use crate::crd::ProxyDeployment;
 use crate::metrics::Metrics;
 use crate::resources::{OperatorSettings, Owner};
+use crate::status_apply::StatusWriter;
 
 /// Caches of what the operator owns (everything labelled managed-by=proxyfleet-operator).
 #[derive(Clone)]
@@ -33,9 +36,9 @@ pub struct Stores {
 
 pub struct Context {
     pub client: Client,
-    /// The status this operator last wrote per object (uid → resourceVersion after the write,
-    /// status). The watch cache can lag behind our own write; decisions must not.
-    pub latest_fleets: crate::latest_object::LatestObject<crate::crd::ProxyDeployment>,
+    /// Each ProxyDeployment as our last write of it returned it, while the watch cache lags
+    /// behind that write; decisions must not.
+    pub latest_fleets: crate::latest_object::LatestObject<ProxyDeployment>,
     pub http: crate::canary::source::HttpGetter,
     pub snapshots: crate::canary::source::SnapshotHistory,
     pub stores: Stores,
@@ -47,14 +50,34 @@ pub struct Context {
     /// Retry delays of fleets that keep failing.
     pub backoff: crate::backoff::Backoff,
     /// Every AppRollout (they reshape the routes of the fleets they name).
-    pub apps: Store<crate::app::spec::AppRollout>,
-    /// The AppRollout status last written, newer than the cache for a moment after a write.
-    pub latest_apps: crate::latest_object::LatestObject<crate::app::spec::AppRollout>,
+    pub apps: Store<AppRollout>,
+    /// The same for AppRollouts.
+    pub latest_apps: crate::latest_object::LatestObject<AppRollout>,
     /// ACME orders in flight (leader only, like every reconcile).
     pub acme_orders: crate::certs::acme_orders::Orders,
 }
 
 impl Context {
+    /// Writes ProxyDeployment statuses in `namespace` under `manager`.
+    pub fn status_writer<'a>(&'a self, namespace: &str, manager: &'a str) -> StatusWriter<'a, ProxyDeployment> {
+        StatusWriter {
+            api: Api::namespaced(self.client.clone(), namespace),
+            manager,
+            latest: &self.latest_fleets,
+            metrics: &self.metrics,
+        }
+    }
+
+    /// Writes AppRollout statuses in `namespace`.
+    pub fn app_status_writer(&self, namespace: &str) -> StatusWriter<'_, AppRollout> {
+        StatusWriter {
+            api: Api::namespaced(self.client.clone(), namespace),
+            manager: crate::labels::FIELD_MANAGER,
+            latest: &self.latest_apps,
+            metrics: &self.metrics,
+        }
+    }
+
     /// Publishes a Normal event on the ProxyDeployment.
     pub async fn record(&self, owner: &Owner, reason: &str, note: &str) {
         self.publish(owner, EventType::Normal, reason, note).await;

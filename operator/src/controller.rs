@@ -7,7 +7,7 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Secret;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::events::Reporter;
 use kube::runtime::reflector::{ObjectRef, Store};
@@ -398,24 +398,14 @@ async fn write_status(
     if pxd.status.clone().map(own_part).as_ref() == Some(status) {
         return Ok(());
     }
-    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let patch = serde_json::json!({
-        "apiVersion": "proxyfleet.io/v1alpha1",
-        "kind": "ProxyDeployment",
-        "status": status,
-    });
-    let params = PatchParams::apply(labels::FIELD_MANAGER).force();
-    let written = api
-        .patch_status(&owner.name, &params, &Patch::Apply(&patch))
+    ctx.status_writer(&owner.namespace, labels::FIELD_MANAGER)
+        .apply(&owner.name, status)
         .await
         .map_err(|source| Error::Status {
             namespace: owner.namespace.clone(),
             name: owner.name.clone(),
             source,
-        })?;
-    ctx.latest_fleets.record(written);
-    ctx.metrics.api_write("ProxyDeployment/status", "apply");
-    Ok(())
+        })
 }
 
 /// Applies every object of the fleet's desired set, then deletes what it no longer contains:

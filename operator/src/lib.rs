@@ -35,6 +35,7 @@ pub mod secret_refs;
 pub mod shared_input;
 pub mod spec_check;
 pub mod status;
+pub mod status_apply;
 pub mod task;
 
 #[cfg(test)]

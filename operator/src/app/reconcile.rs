@@ -499,27 +499,14 @@ async fn blocked_status(
 }
 
 async fn write_status(ctx: &Context, owner: &AppOwner, status: &AppRolloutStatus) -> Result<(), AppError> {
-    let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let patch = serde_json::json!({
-        "apiVersion": "proxyfleet.io/v1alpha1",
-        "kind": "AppRollout",
-        "status": status,
-    });
-    let written = api
-        .patch_status(
-            &owner.name,
-            &PatchParams::apply(crate::labels::FIELD_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+    ctx.app_status_writer(&owner.namespace)
+        .apply(&owner.name, status)
         .await
         .map_err(|source| AppError::Status {
             namespace: owner.namespace.clone(),
             name: owner.name.clone(),
             source,
-        })?;
-    ctx.latest_apps.record(written);
-    ctx.metrics.api_write("AppRollout/status", "apply");
-    Ok(())
+        })
 }
 
 pub fn error_policy(ar: Arc<AppRollout>, error: &AppError, ctx: Arc<Context>) -> Action {

@@ -8,7 +8,6 @@ use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::reflector::ObjectRef;
 use kube::ResourceExt;
@@ -76,33 +75,21 @@ pub fn status_patch(pxd: &ProxyDeployment, outcome: &Outcome, now: &Time) -> Opt
     if let Some(w) = waves {
         status["waves"] = serde_json::to_value(w).unwrap_or_default();
     }
-    Some(serde_json::json!({
-        "apiVersion": "proxyfleet.io/v1alpha1",
-        "kind": "ProxyDeployment",
-        "status": status,
-    }))
+    Some(status)
 }
 
 async fn write(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, outcome: &Outcome) -> Result<(), Error> {
-    let Some(patch) = status_patch(pxd, outcome, &Time(k8s_openapi::jiff::Timestamp::now())) else {
+    let Some(status) = status_patch(pxd, outcome, &Time(k8s_openapi::jiff::Timestamp::now())) else {
         return Ok(());
     };
-    let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let written = api
-        .patch_status(
-            &owner.name,
-            &PatchParams::apply(STATUS_MANAGER).force(),
-            &Patch::Apply(&patch),
-        )
+    ctx.status_writer(&owner.namespace, STATUS_MANAGER)
+        .apply(&owner.name, &status)
         .await
         .map_err(|source| Error::Status {
             namespace: owner.namespace.clone(),
             name: owner.name.clone(),
             source,
-        })?;
-    ctx.latest_fleets.record(written);
-    ctx.metrics.api_write("ProxyDeployment/status", "apply");
-    Ok(())
+        })
 }
 
 /// One pass: clean up a deleted fleet, hold one the policy refuses, else propagate it. It
@@ -218,16 +205,15 @@ mod tests {
         let now = Time(k8s_openapi::jiff::Timestamp::from_second(1_000).expect("time"));
         let mut pxd = fleet();
         let patch = status_patch(&pxd, &outcome(true), &now).expect("a first write");
-        let status = patch["status"].as_object().expect("status");
+        let status = patch.as_object().expect("status");
         assert_eq!(
             status.keys().collect::<Vec<_>>(),
             ["clusters", "conditions"],
             "nothing the fleet controller owns"
         );
-        assert_eq!(patch["status"]["conditions"][0]["type"], "Propagated");
+        assert_eq!(patch["conditions"][0]["type"], "Propagated");
         // The fleet now shows it (beside the fleet controller's own conditions): nothing to write.
-        let mut shown: crate::crd::ProxyDeploymentStatus =
-            serde_json::from_value(patch["status"].clone()).expect("status");
+        let mut shown: crate::crd::ProxyDeploymentStatus = serde_json::from_value(patch.clone()).expect("status");
         shown
             .conditions
             .push(k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition {
@@ -246,7 +232,7 @@ mod tests {
             "a quiet resync writes nothing"
         );
         let changed = status_patch(&pxd, &outcome(false), &later).expect("a change is written");
-        assert_eq!(changed["status"]["clusters"][0]["applied"], false);
+        assert_eq!(changed["clusters"][0]["applied"], false);
         let gone = Outcome {
             condition: None,
             clusters: Vec::new(),
@@ -254,6 +240,6 @@ mod tests {
             waves: None,
         };
         let cleared = status_patch(&pxd, &gone, &later).expect("placement removed");
-        assert_eq!(cleared["status"]["conditions"], serde_json::json!([]));
+        assert_eq!(cleared["conditions"], serde_json::json!([]));
     }
 }
