@@ -40,9 +40,10 @@ pub fn within_note_limit(note: &str) -> &str {
 /// How long a repeat joins its series (kube-runtime's and client-go's window).
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
-/// A series as far as we need it: its Event's name, how often it happened, when last.
+/// A series as far as we need it: its Event's name (none while its creation is in flight), how
+/// often it happened, when last.
 struct Series {
-    name: String,
+    name: Option<String>,
     count: i32,
     last: Instant,
 }
@@ -67,27 +68,61 @@ fn series_key(ev: &Event, reference: &ObjectReference) -> u64 {
     h.finish()
 }
 
-/// What to send: a new Event, or the next count of an existing one.
+/// What to send: a new Event, the next count of an existing one, or nothing yet (the series'
+/// Event is being created; its creator sends the count when it is done).
 #[derive(Debug, PartialEq)]
 enum Publish {
     Create,
     Repeat { name: String, count: i32 },
+    Pending,
 }
 
-/// Pure: books the event under `key` at `now`, forgetting series past the window.
+/// Pure: books the event under `key` at `now`, forgetting series past the window. A new series
+/// is booked at once, so a second publish of it before its Event exists counts on it instead
+/// of creating another Event.
 fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
     series.retain(|_, s| now.duration_since(s.last) < SERIES_WINDOW);
     match series.get_mut(&key) {
         Some(s) => {
             s.count += 1;
             s.last = now;
-            Publish::Repeat {
-                name: s.name.clone(),
-                count: s.count,
+            match &s.name {
+                Some(name) => Publish::Repeat {
+                    name: name.clone(),
+                    count: s.count,
+                },
+                None => Publish::Pending,
             }
         }
-        None => Publish::Create,
+        None => {
+            series.insert(
+                key,
+                Series {
+                    name: None,
+                    count: 1,
+                    last: now,
+                },
+            );
+            Publish::Create
+        }
     }
+}
+
+/// Pure: the series once its Event `name` exists. A fresh series (its earlier Event was gone)
+/// starts counting again; otherwise returns the count to send when repeats were booked while
+/// the Event was being created.
+fn created(series: &mut HashMap<u64, Series>, key: u64, name: String, fresh: bool, now: Instant) -> Option<i32> {
+    let s = series.entry(key).or_insert(Series {
+        name: None,
+        count: 1,
+        last: now,
+    });
+    if fresh {
+        s.count = 1;
+    }
+    let pending = s.name.is_none() && s.count > 1;
+    s.name = Some(name);
+    pending.then_some(s.count)
 }
 
 impl Events {
@@ -112,30 +147,48 @@ impl Events {
         };
         let namespace = reference.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
-        let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        if let Publish::Repeat { name, count } = step {
-            let patch = serde_json::json!({"series": EventSeries { count, last_observed_time: stamp.clone() }});
-            match api.patch(&name, &PatchParams::default(), &Patch::Merge(&patch)).await {
-                Ok(_) => return Ok(()),
+        let fresh = match step {
+            Publish::Pending => return Ok(()),
+            Publish::Create => false,
+            Publish::Repeat { name, count } => match count_on(&api, &name, count).await {
+                Ok(()) => return Ok(()),
                 // Expired or deleted meanwhile: start the series again.
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
+                Err(kube::Error::Api(e)) if e.code == 404 => true,
                 Err(e) => return Err(e),
+            },
+        };
+        let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
+        let created_event = match api
+            .create(&PostParams::default(), &self.event(ev, reference, stamp))
+            .await
+        {
+            Ok(e) => e,
+            Err(e) => {
+                self.forget_unnamed(key);
+                return Err(e);
+            }
+        };
+        let Some(name) = created_event.metadata.name else {
+            return Ok(());
+        };
+        let missed = self
+            .series
+            .lock()
+            .ok()
+            .and_then(|mut s| created(&mut s, key, name.clone(), fresh, now));
+        match missed {
+            Some(count) => count_on(&api, &name, count).await,
+            None => Ok(()),
+        }
+    }
+
+    /// A series whose Event could not be created is forgotten, so the next publish tries again.
+    fn forget_unnamed(&self, key: u64) {
+        if let Ok(mut s) = self.series.lock() {
+            if s.get(&key).is_some_and(|s| s.name.is_none()) {
+                s.remove(&key);
             }
         }
-        let created = api
-            .create(&PostParams::default(), &self.event(ev, reference, stamp))
-            .await?;
-        if let (Ok(mut s), Some(name)) = (self.series.lock(), created.metadata.name) {
-            s.insert(
-                key,
-                Series {
-                    name,
-                    count: 1,
-                    last: now,
-                },
-            );
-        }
-        Ok(())
     }
 
     fn event(&self, ev: &Event, reference: &ObjectReference, stamp: MicroTime) -> K8sEvent {
@@ -166,6 +219,14 @@ impl Events {
             ..Default::default()
         }
     }
+}
+
+/// Sets the count of the series' Event `name`.
+async fn count_on(api: &Api<K8sEvent>, name: &str, count: i32) -> Result<(), kube::Error> {
+    let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
+    let patch = serde_json::json!({"series": EventSeries { count, last_observed_time: stamp }});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    Ok(())
 }
 
 async fn forget_old(series: Weak<Book>) {
@@ -222,14 +283,7 @@ mod tests {
         assert_ne!(a, b, "a new message is a new series, not a count on the old one");
         let mut book_ = HashMap::new();
         assert_eq!(book(&mut book_, a, start), Publish::Create);
-        book_.insert(
-            a,
-            Series {
-                name: "demo.1".into(),
-                count: 1,
-                last: start,
-            },
-        );
+        assert_eq!(created(&mut book_, a, "demo.1".into(), false, start), None);
         let repeat = book(&mut book_, a, start + Duration::from_secs(60));
         assert_eq!(
             repeat,
@@ -241,7 +295,42 @@ mod tests {
         assert_eq!(book(&mut book_, b, start), Publish::Create);
         let later = start + Duration::from_secs(60) + SERIES_WINDOW;
         assert_eq!(book(&mut book_, a, later), Publish::Create, "past the window");
-        assert!(book_.is_empty(), "nothing kept past the window");
+        assert_eq!(
+            book_.len(),
+            1,
+            "only the series just booked: the others ended with their window"
+        );
+    }
+
+    /// Two publishes of a new series at once make one Event: the second is counted while the
+    /// first is created, and the creator sends the count; a re-created Event counts from one.
+    #[test]
+    fn a_repeat_during_creation_counts_on_the_event_being_created() {
+        let (r, now) = (fleet(), Instant::now());
+        let a = series_key(&event("CanaryAborted", "P99 above 250 ms"), &r);
+        let mut book_ = HashMap::new();
+        assert_eq!(book(&mut book_, a, now), Publish::Create);
+        assert_eq!(book(&mut book_, a, now), Publish::Pending, "not a second Event");
+        assert_eq!(created(&mut book_, a, "demo.1".into(), false, now), Some(2));
+        assert_eq!(
+            book(&mut book_, a, now),
+            Publish::Repeat {
+                name: "demo.1".into(),
+                count: 3
+            }
+        );
+        assert_eq!(
+            created(&mut book_, a, "demo.2".into(), true, now),
+            None,
+            "re-created after a 404"
+        );
+        assert_eq!(
+            book(&mut book_, a, now),
+            Publish::Repeat {
+                name: "demo.2".into(),
+                count: 2
+            }
+        );
     }
 
     /// Against a mocked API server: the first event is created, its repeat counts on it, a new
@@ -302,5 +391,45 @@ mod tests {
         assert_eq!(seen[1].1["series"]["count"], 2);
         assert_eq!(seen[2].0, http::Method::POST, "a new note is a new Event");
         assert_eq!(seen[2].1["note"], "revision b starts");
+    }
+
+    /// Against a mocked API server: two publishes of a new series at the same time make one
+    /// Event, then its count of 2.
+    #[tokio::test]
+    async fn simultaneous_publishes_make_one_event() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for _ in 0..2 {
+                let (request, send) = handle.next_request().await.expect("a request");
+                let method = request.method().clone();
+                let bytes = http_body_util::BodyExt::collect(request.into_body())
+                    .await
+                    .expect("body")
+                    .to_bytes();
+                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+                seen.push((method, body.clone()));
+                body["apiVersion"] = serde_json::json!("events.k8s.io/v1");
+                body["kind"] = serde_json::json!("Event");
+                body["metadata"] = serde_json::json!({"name": "demo.0"});
+                let reply = serde_json::to_vec(&body).expect("json");
+                send.send_response(http::Response::builder().body(Body::from(reply)).expect("response"));
+            }
+            seen
+        });
+        let reporter = Reporter {
+            controller: "proxyfleet-operator".into(),
+            instance: None,
+        };
+        let events = Events::new(kube::Client::new(mock, "default"), reporter);
+        let ev = event("CanaryAborted", "P99 above 250 ms");
+        let r = fleet();
+        let (a, b) = tokio::join!(events.publish(&ev, &r), events.publish(&ev, &r));
+        a.expect("published");
+        b.expect("published");
+        let seen = server.await.expect("mock server");
+        assert_eq!(seen[0].0, http::Method::POST);
+        assert_eq!(seen[1].0, http::Method::PATCH, "the second is a count, not an Event");
+        assert_eq!(seen[1].1["series"]["count"], 2);
     }
 }
