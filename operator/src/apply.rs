@@ -15,6 +15,7 @@ use sha2::{Digest, Sha256};
 
 use crate::labels;
 use crate::metrics::Metrics;
+use crate::owner_index::OwnerIndex;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -160,11 +161,11 @@ impl Applier {
     }
 
     /// Deletes objects of kind K that carry our labels, are controlled by `owner_uid`, and are
-    /// not in `keep`. Only what the cache shows is considered, so a cache that failed to sync
-    /// deletes nothing.
+    /// not in `keep`. Only what the cache shows is considered (found through `index`, see
+    /// `owner_index`), so a cache that failed to sync deletes nothing.
     pub async fn delete_orphans<K>(
         &self,
-        cache: &Store<K>,
+        (cache, index): (&Store<K>, &OwnerIndex),
         namespace: &str,
         owner_uid: &str,
         keep: &[String],
@@ -180,10 +181,7 @@ impl Applier {
     {
         let kind = K::kind(&()).to_string();
         let mut deleted = Vec::new();
-        for obj in cache.state() {
-            if obj.namespace().as_deref() != Some(namespace) || !is_owned_by(obj.as_ref(), owner_uid) {
-                continue;
-            }
+        for obj in index.owned(cache, namespace, owner_uid) {
             let name = obj.name_any();
             if keep.contains(&name) || obj.meta().deletion_timestamp.is_some() {
                 continue;
@@ -209,19 +207,6 @@ impl Applier {
     }
 }
 
-/// Ours: our managed-by label and a controller owner reference to this exact object.
-pub fn is_owned_by<K: Resource>(obj: &K, owner_uid: &str) -> bool {
-    let m = obj.meta();
-    m.labels
-        .as_ref()
-        .and_then(|l| l.get(labels::MANAGED_BY))
-        .map(String::as_str)
-        == Some(labels::MANAGER)
-        && m.owner_references
-            .as_ref()
-            .is_some_and(|refs| refs.iter().any(|r| r.uid == owner_uid && r.controller == Some(true)))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -242,13 +227,6 @@ mod tests {
             },
             ..Default::default()
         }
-    }
-
-    #[test]
-    fn ownership_needs_both_label_and_controller_reference() {
-        assert!(is_owned_by(&cm(true, "u1"), "u1"));
-        assert!(!is_owned_by(&cm(false, "u1"), "u1"));
-        assert!(!is_owned_by(&cm(true, "u2"), "u1"));
     }
 
     /// The shell against a mocked API server: a 422 is the user's to fix and is reported with
@@ -292,7 +270,8 @@ mod tests {
         let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let applier = Applier::new(Client::new(mock, "default"), std::sync::Arc::new(Metrics::new()));
         let (not_synced, _unused) = kube::runtime::reflector::store::<ConfigMap>();
-        let deleted = applier.delete_orphans(&not_synced, "team-a", "u1", &[]).await;
+        let index = OwnerIndex::default();
+        let deleted = applier.delete_orphans((&not_synced, &index), "team-a", "u1", &[]).await;
         assert!(deleted.expect("no calls").is_empty());
 
         let (cache, mut writer) = kube::runtime::reflector::store::<ConfigMap>();
@@ -306,6 +285,7 @@ mod tests {
             let mut o = cm(labelled, uid);
             o.metadata.name = Some(name.into());
             o.metadata.namespace = Some("team-a".into());
+            index.note(&o);
             writer.apply_watcher_event(&Event::InitApply(o));
         }
         writer.apply_watcher_event(&Event::InitDone);
@@ -324,12 +304,12 @@ mod tests {
         });
         let keep = vec!["kept".to_string()];
         let deleted = applier
-            .delete_orphans(&cache, "team-a", "u1", &keep)
+            .delete_orphans((&cache, &index), "team-a", "u1", &keep)
             .await
             .expect("deleted");
         assert_eq!(deleted, vec!["orphan".to_string()]);
         let failed = applier
-            .delete_orphans(&cache, "team-a", "u1", &keep)
+            .delete_orphans((&cache, &index), "team-a", "u1", &keep)
             .await
             .expect_err("500");
         assert!(failed.to_string().contains("team-a/orphan"), "{failed}");

@@ -19,9 +19,10 @@ use serde::de::DeserializeOwned;
 
 use crate::app::spec::AppRollout;
 use crate::cache_trim::Trim;
-use crate::context::Stores;
+use crate::context::{ByOwner, Stores};
 use crate::crd::ProxyDeployment;
 use crate::labels;
+use crate::owner_index::OwnerIndex;
 use crate::policy::spec::ProxyFleetPolicy;
 use crate::resources::OperatorSettings;
 use crate::shared_input::{shared_input, Triggers};
@@ -100,9 +101,12 @@ impl Caches {
             fleets: fleet_tx.clone(),
             apps: app_tx,
         };
+        let by_owner = ByOwner::default();
         let deployment_owners = owners.clone();
-        let (deployments, f1) = owned_store_with(client, settings, move |d: &Deployment| deployment_owners.wake(d));
-        let (config_maps, f2) = owned_store::<ConfigMap>(client, settings);
+        let (deployments, f1) = indexed_store_with(client, settings, &by_owner.deployments, move |d: &Deployment| {
+            deployment_owners.wake(d)
+        });
+        let (config_maps, f2) = indexed_store::<ConfigMap>(client, settings, &by_owner.config_maps);
         // AppRollouts reshape the routes of the fleets they name: a change wakes that fleet.
         let (apps, [app_changes], f8) =
             crate::app::controller::store(client, settings, [fleet_tx.clone(), propagated_tx]);
@@ -111,18 +115,10 @@ impl Caches {
             watcher::Config::default().page_size(crate::cache_trim::LIST_PAGE),
             |_: &ProxyDeployment| {},
         );
-        // An app track's Service gets its ClusterIP: the fleet renders it as the endpoint.
-        let app_store = apps.clone();
-        let service_owners = owners.clone();
-        let (services, f3) = owned_store_with(client, settings, move |svc: &Service| {
-            service_owners.wake(svc);
-            if let Some(fleet) = crate::app::controller::fleet_of_service(&app_store, svc) {
-                let _ = fleet_tx.unbounded_send(fleet);
-            }
-        });
+        let (services, f3) = service_store(client, settings, &by_owner.services, owners.clone(), (&apps, fleet_tx));
         let (service_accounts, f4) = owned_store::<ServiceAccount>(client, settings);
-        let (pdbs, f5) = owned_store::<PodDisruptionBudget>(client, settings);
-        let (revisions, f7) = owned_store::<ControllerRevision>(client, settings);
+        let (pdbs, f5) = indexed_store::<PodDisruptionBudget>(client, settings, &by_owner.pdbs);
+        let (revisions, f7) = indexed_store::<ControllerRevision>(client, settings, &by_owner.revisions);
         let (network_policies, f11) = owned_store::<NetworkPolicy>(client, settings);
         let (ca_namespaces, (secrets, f6), (namespaces, f9)) = namespace_wide(client, settings, owners);
         let (all_tx, all_fleets) = unbounded::<()>();
@@ -139,20 +135,23 @@ impl Caches {
             f12.boxed(),
             futures::future::join_all(cluster_watches).map(drop).boxed(),
         ]);
+        let stores = Stores {
+            deployments,
+            config_maps,
+            services,
+            service_accounts,
+            pdbs,
+            secrets,
+            revisions,
+            network_policies,
+            policies,
+            namespaces,
+            by_owner,
+        };
+        watches.push(sweep_owner_indexes(stores.clone()).boxed());
         let task = crate::task::AbortOnDrop(tokio::spawn(futures::future::join_all(watches).map(drop)));
         Self {
-            stores: Stores {
-                deployments,
-                config_maps,
-                services,
-                service_accounts,
-                pdbs,
-                secrets,
-                revisions,
-                network_policies,
-                policies,
-                namespaces,
-            },
+            stores,
             fleets: fleets_store,
             apps,
             cluster_secrets,
@@ -322,6 +321,82 @@ where
         + 'static,
 {
     owned_store_with(client, settings, |_: &K| {})
+}
+
+/// The Services we own; a change wakes their fleet, and an app track's Service (it got its
+/// ClusterIP, which the fleet renders as the endpoint) the fleet its AppRollout names.
+fn service_store(
+    client: &Client,
+    settings: &OperatorSettings,
+    index: &OwnerIndex,
+    owners: Owners,
+    (apps, fleet_tx): (&Store<AppRollout>, UnboundedSender<ObjectRef<ProxyDeployment>>),
+) -> (Store<Service>, impl std::future::Future<Output = ()>) {
+    let apps = apps.clone();
+    indexed_store_with(client, settings, index, move |svc: &Service| {
+        owners.wake(svc);
+        if let Some(fleet) = crate::app::controller::fleet_of_service(&apps, svc) {
+            let _ = fleet_tx.unbounded_send(fleet);
+        }
+    })
+}
+
+/// [`owned_store`], noting every object in `index` under the fleet that controls it.
+fn indexed_store<K>(
+    client: &Client,
+    settings: &OperatorSettings,
+    index: &OwnerIndex,
+) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: Trim
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    indexed_store_with(client, settings, index, |_: &K| {})
+}
+
+/// [`indexed_store`], then `on_touched` (see [`owned_store_with`]).
+fn indexed_store_with<K>(
+    client: &Client,
+    settings: &OperatorSettings,
+    index: &OwnerIndex,
+    mut on_touched: impl FnMut(&K) + Send + 'static,
+) -> (Store<K>, impl std::future::Future<Output = ()>)
+where
+    K: Trim
+        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
+        + Clone
+        + DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let index = index.clone();
+    owned_store_with(client, settings, move |o: &K| {
+        index.note(o);
+        on_touched(o)
+    })
+}
+
+/// Every five minutes, lets the owner indexes forget objects their caches no longer hold.
+async fn sweep_owner_indexes(stores: Stores) {
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(300));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        let b = &stores.by_owner;
+        b.deployments.sweep(&stores.deployments);
+        b.config_maps.sweep(&stores.config_maps);
+        b.services.sweep(&stores.services);
+        b.pdbs.sweep(&stores.pdbs);
+        b.revisions.sweep(&stores.revisions);
+    }
 }
 
 /// [`owned_store`], calling `on_touched` for every object after the cache holds it — so a

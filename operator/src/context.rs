@@ -14,6 +14,7 @@ use crate::app::spec::AppRollout;
 use crate::apply::Applier;
 use crate::crd::ProxyDeployment;
 use crate::metrics::Metrics;
+use crate::owner_index::OwnerIndex;
 use crate::resources::{OperatorSettings, Owner};
 use crate::status_apply::StatusWriter;
 
@@ -32,6 +33,18 @@ pub struct Stores {
     pub policies: Store<crate::policy::spec::ProxyFleetPolicy>,
     /// Every namespace's metadata: its labels select the policies that govern it.
     pub namespaces: Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
+    /// What each fleet controls, for the kinds a pass looks its own objects up in.
+    pub by_owner: ByOwner,
+}
+
+/// Per kind, the cached objects each fleet controls (see `owner_index`).
+#[derive(Clone, Default)]
+pub struct ByOwner {
+    pub deployments: OwnerIndex,
+    pub config_maps: OwnerIndex,
+    pub services: OwnerIndex,
+    pub pdbs: OwnerIndex,
+    pub revisions: OwnerIndex,
 }
 
 pub struct Context {

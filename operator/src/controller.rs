@@ -479,30 +479,32 @@ async fn delete_orphans(
 ) -> Result<Vec<String>, ApplyError> {
     let uid = owner.reference.uid.as_str();
     let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
+    let (s, by) = (&ctx.stores, &ctx.stores.by_owner);
+    let ns = owner.namespace.as_str();
     Ok([
         ctx.applier
-            .delete_orphans(&ctx.stores.config_maps, &owner.namespace, uid, keep_config_maps)
+            .delete_orphans((&s.config_maps, &by.config_maps), ns, uid, keep_config_maps)
             .await?,
         ctx.applier
             .delete_orphans(
-                &ctx.stores.deployments,
-                &owner.namespace,
+                (&s.deployments, &by.deployments),
+                ns,
                 uid,
                 &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
             )
             .await?,
         ctx.applier
             .delete_orphans(
-                &ctx.stores.services,
-                &owner.namespace,
+                (&s.services, &by.services),
+                ns,
                 uid,
                 &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
             )
             .await?,
         ctx.applier
             .delete_orphans(
-                &ctx.stores.pdbs,
-                &owner.namespace,
+                (&s.pdbs, &by.pdbs),
+                ns,
                 uid,
                 &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
             )

@@ -13,7 +13,6 @@ use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, PostParams};
 use serde_json::Value;
 
-use crate::apply::is_owned_by;
 use crate::crd::ProxyDeploymentSpec;
 use crate::labels;
 use crate::resources::Owner;
@@ -203,13 +202,12 @@ pub async fn record_stable(
     spec: &ProxyDeploymentSpec,
     stable_hash: &str,
 ) -> Result<(), HistoryError> {
-    let ours: Vec<Kept> = ctx
-        .stores
+    let s = &ctx.stores;
+    let ours: Vec<Kept> = s
+        .by_owner
         .revisions
-        .state()
+        .owned(&s.revisions, &owner.namespace, &owner.reference.uid)
         .iter()
-        .filter(|c| c.metadata.namespace.as_deref() == Some(owner.namespace.as_str()))
-        .filter(|c| is_owned_by(c.as_ref(), &owner.reference.uid))
         .filter_map(|c| Kept::of(c))
         .collect();
     let plan = plan(&ours, stable_hash, HISTORY_LIMIT);

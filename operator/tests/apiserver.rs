@@ -23,6 +23,7 @@ use proxyfleet_operator::apply::{Applier, Outcome};
 use proxyfleet_operator::crd::ProxyDeployment;
 use proxyfleet_operator::labels;
 use proxyfleet_operator::metrics::Metrics;
+use proxyfleet_operator::owner_index::OwnerIndex;
 
 /// The real API server these tests need. They are `#[ignore]`d in `cargo test` (reported as
 /// ignored, never as passed) and run by e2e/tests/15-apiserver.sh with `--include-ignored`,
@@ -78,6 +79,11 @@ impl TestNamespace {
 
 /// A cache of ConfigMaps in `namespace`, as the operator keeps one.
 async fn config_map_store(client: &Client, namespace: &str) -> Store<ConfigMap> {
+    config_map_store_indexed(client, namespace, OwnerIndex::default()).await
+}
+
+/// A cache of the namespace's ConfigMaps, each noted in `index` as the operator's caches do.
+async fn config_map_store_indexed(client: &Client, namespace: &str, index: OwnerIndex) -> Store<ConfigMap> {
     let (reader, writer) = reflector::store();
     let stream = reflector::reflector(
         writer,
@@ -88,7 +94,12 @@ async fn config_map_store(client: &Client, namespace: &str) -> Store<ConfigMap> 
     )
     .default_backoff()
     .touched_objects()
-    .for_each(|_| futures::future::ready(()));
+    .for_each(move |o| {
+        if let Ok(o) = o {
+            index.note(&o);
+        }
+        futures::future::ready(())
+    });
     tokio::spawn(stream);
     reader.wait_until_ready().await.expect("cache ready");
     reader
@@ -203,7 +214,8 @@ async fn apply_creates_then_writes_nothing_then_reverts_an_edit() {
 async fn orphan_deletion_spares_what_is_not_ours() {
     let client = client().await;
     let ns = TestNamespace::new(&client, "orphans").await;
-    let store = config_map_store(&client, &ns.name).await;
+    let index = OwnerIndex::default();
+    let store = config_map_store_indexed(&client, &ns.name, index.clone()).await;
     let owner = create_owner(&client, &ns.name, "owner").await;
     let applier = Applier::new(client.clone(), Arc::new(Metrics::new()));
     let api = Api::<ConfigMap>::namespaced(client.clone(), &ns.name);
@@ -224,7 +236,7 @@ async fn orphan_deletion_spares_what_is_not_ours() {
     until_cached(&store, &ns.name, "unlabelled", &last_rv).await;
 
     let deleted = applier
-        .delete_orphans(&store, &ns.name, &owner.uid, &["keep".to_string()])
+        .delete_orphans((&store, &index), &ns.name, &owner.uid, &["keep".to_string()])
         .await
         .expect("delete_orphans");
     assert_eq!(deleted, ["stale"]);

@@ -156,7 +156,7 @@ async fn with_revisions(
         .map_err(|e| format!("listing revisions of {name}: {e}"))?
         .items
         .into_iter()
-        .filter(|c| proxyfleet_operator::apply::is_owned_by(c, &uid))
+        .filter(|c| proxyfleet_operator::owner_index::is_owned_by(c, &uid))
         .collect();
     list.sort_by_key(|c| std::cmp::Reverse(c.revision));
     Ok((pxd, list))

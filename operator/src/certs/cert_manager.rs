@@ -105,7 +105,7 @@ pub async fn remove(client: &kube::Client, owner: &Owner) -> Result<bool, CertMa
         Err(source) => return Err(err(source)),
     };
     let Some(existing) = existing else { return Ok(false) };
-    if !crate::apply::is_owned_by(&existing, &owner.reference.uid) {
+    if !crate::owner_index::is_owned_by(&existing, &owner.reference.uid) {
         return Ok(false);
     }
     match api.delete(&owner.name, &DeleteParams::background()).await {
