@@ -86,6 +86,8 @@ kubectl get pxd -n "$ns" demo
 say "healthy rollout load: $(cat /tmp/canary-healthy.json)"
 grep -q '"status_5xx": 0, "errors": 0' /tmp/canary-healthy.json || fail "requests failed during a healthy rollout"
 kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null
+# The finished canary's Deployment is collected: the operator finds it through its owner index.
+retry 60 bash -c "! kubectl get deploy -n $ns demo-canary"
 
 say "2. canary answering 5xx on 20% (Prometheus source) → automatic rollback"
 load 120 /tmp/canary-bad.json

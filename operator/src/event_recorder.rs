@@ -108,21 +108,38 @@ fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
     }
 }
 
-/// Pure: the series once its Event `name` exists. A fresh series (its earlier Event was gone)
-/// starts counting again; otherwise returns the count to send when repeats were booked while
-/// the Event was being created.
-fn created(series: &mut HashMap<u64, Series>, key: u64, name: String, fresh: bool, now: Instant) -> Option<i32> {
+/// Pure: the series once its Event `name` exists; returns the count to send when repeats were
+/// booked while the Event was being created.
+fn created(series: &mut HashMap<u64, Series>, key: u64, name: String, now: Instant) -> Option<i32> {
     let s = series.entry(key).or_insert(Series {
         name: None,
         count: 1,
         last: now,
     });
-    if fresh {
-        s.count = 1;
-    }
     let pending = s.name.is_none() && s.count > 1;
     s.name = Some(name);
     pending.then_some(s.count)
+}
+
+/// Pure: the series' Event `gone` no longer exists (expired, deleted). If the series still
+/// names it, it starts again as a new series whose Event this publish creates; if another
+/// publish got there first, this occurrence is counted on the series it started (sent by its
+/// creator, or with the next repeat).
+fn restart(series: &mut HashMap<u64, Series>, key: u64, gone: &str, now: Instant) -> Publish {
+    match series.get_mut(&key) {
+        Some(s) if s.name.as_deref() == Some(gone) => {
+            s.name = None;
+            s.count = 1;
+            s.last = now;
+            Publish::Create
+        }
+        Some(s) => {
+            s.count += 1;
+            s.last = now;
+            Publish::Pending
+        }
+        None => book(series, key, now),
+    }
 }
 
 impl Events {
@@ -147,16 +164,22 @@ impl Events {
         };
         let namespace = reference.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
-        let fresh = match step {
-            Publish::Pending => return Ok(()),
-            Publish::Create => false,
-            Publish::Repeat { name, count } => match count_on(&api, &name, count).await {
+        if let Publish::Repeat { name, count } = step {
+            match count_on(&api, &name, count).await {
                 Ok(()) => return Ok(()),
-                // Expired or deleted meanwhile: start the series again.
-                Err(kube::Error::Api(e)) if e.code == 404 => true,
+                Err(kube::Error::Api(e)) if e.code == 404 => {}
                 Err(e) => return Err(e),
-            },
-        };
+            }
+            let again = match self.series.lock() {
+                Ok(mut s) => restart(&mut s, key, &name, now),
+                Err(_) => Publish::Create,
+            };
+            if again != Publish::Create {
+                return Ok(());
+            }
+        } else if step == Publish::Pending {
+            return Ok(());
+        }
         let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let created_event = match api
             .create(&PostParams::default(), &self.event(ev, reference, stamp))
@@ -169,20 +192,22 @@ impl Events {
             }
         };
         let Some(name) = created_event.metadata.name else {
+            self.forget_unnamed(key);
             return Ok(());
         };
         let missed = self
             .series
             .lock()
             .ok()
-            .and_then(|mut s| created(&mut s, key, name.clone(), fresh, now));
+            .and_then(|mut s| created(&mut s, key, name.clone(), now));
         match missed {
             Some(count) => count_on(&api, &name, count).await,
             None => Ok(()),
         }
     }
 
-    /// A series whose Event could not be created is forgotten, so the next publish tries again.
+    /// A series whose Event could not be created is forgotten, so the next publish tries again
+    /// (repeats counted while it was being created are lost with it).
     fn forget_unnamed(&self, key: u64) {
         if let Ok(mut s) = self.series.lock() {
             if s.get(&key).is_some_and(|s| s.name.is_none()) {
@@ -283,7 +308,7 @@ mod tests {
         assert_ne!(a, b, "a new message is a new series, not a count on the old one");
         let mut book_ = HashMap::new();
         assert_eq!(book(&mut book_, a, start), Publish::Create);
-        assert_eq!(created(&mut book_, a, "demo.1".into(), false, start), None);
+        assert_eq!(created(&mut book_, a, "demo.1".into(), start), None);
         let repeat = book(&mut book_, a, start + Duration::from_secs(60));
         assert_eq!(
             repeat,
@@ -311,24 +336,26 @@ mod tests {
         let mut book_ = HashMap::new();
         assert_eq!(book(&mut book_, a, now), Publish::Create);
         assert_eq!(book(&mut book_, a, now), Publish::Pending, "not a second Event");
-        assert_eq!(created(&mut book_, a, "demo.1".into(), false, now), Some(2));
+        assert_eq!(created(&mut book_, a, "demo.1".into(), now), Some(2));
+        let repeat = |count| Publish::Repeat {
+            name: "demo.1".into(),
+            count,
+        };
+        assert_eq!(book(&mut book_, a, now), repeat(3));
+        assert_eq!(book(&mut book_, a, now), repeat(4));
+        // Both repeats find demo.1 gone: the first re-creates it, the second counts on that.
+        assert_eq!(restart(&mut book_, a, "demo.1", now), Publish::Create);
+        assert_eq!(restart(&mut book_, a, "demo.1", now), Publish::Pending);
         assert_eq!(
-            book(&mut book_, a, now),
-            Publish::Repeat {
-                name: "demo.1".into(),
-                count: 3
-            }
-        );
-        assert_eq!(
-            created(&mut book_, a, "demo.2".into(), true, now),
-            None,
-            "re-created after a 404"
+            created(&mut book_, a, "demo.2".into(), now),
+            Some(2),
+            "the second is sent as its count"
         );
         assert_eq!(
             book(&mut book_, a, now),
             Publish::Repeat {
                 name: "demo.2".into(),
-                count: 2
+                count: 3
             }
         );
     }

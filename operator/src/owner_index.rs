@@ -175,7 +175,9 @@ mod tests {
         seen(&mut writer, &index, Event::Apply(cm("edge-config-1", "team-a", "u1")));
         seen(&mut writer, &index, Event::Apply(cm("edge-config-2", "team-a", "u1")));
         seen(&mut writer, &index, Event::Apply(cm("other-config", "team-a", "u2")));
-        seen(&mut writer, &index, Event::Apply(cm("edge-config-1", "team-b", "u3")));
+        // The same owner uid on an object of another namespace (owner references never cross
+        // namespaces): not this fleet's.
+        seen(&mut writer, &index, Event::Apply(cm("edge-config-1", "team-b", "u1")));
         assert_eq!(
             names(index.owned(&cache, "team-a", "u1")),
             ["edge-config-1", "edge-config-2"]
