@@ -31,6 +31,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::Resource;
+use serde::de::DeserializeOwned;
 
 /// Objects per page of the initial list of a watch whose kind has an object per fleet. The
 /// page is decoded whole, before the cache trims its objects: at 1 000 fleets kube-runtime's
@@ -48,6 +49,23 @@ pub trait Trim: Resource {
         trim_meta(self);
     }
 }
+
+/// A kind a cache here holds: decoded from the API server, trimmed ([`Trim`]) before it is
+/// kept, and shared across tasks.
+pub trait Cached:
+    Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+impl<K> Cached for K where
+    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static
+{
+}
+
+/// A namespaced kind a fleet owns: what the owned caches (and their owner indexes) hold.
+pub trait Owned: Cached + Resource<Scope = k8s_openapi::NamespaceResourceScope> {}
+
+impl<K> Owned for K where K: Cached + Resource<Scope = k8s_openapi::NamespaceResourceScope> {}
 
 /// Drops what no reconcile reads from any object: managed fields and kubectl's last-applied copy.
 pub fn trim_meta<K: Resource + ?Sized>(object: &mut K) {

@@ -15,10 +15,9 @@ use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::{Client, Resource};
-use serde::de::DeserializeOwned;
 
 use crate::app::spec::AppRollout;
-use crate::cache_trim::Trim;
+use crate::cache_trim::{Cached, Owned, Trim};
 use crate::context::{ByOwner, Stores};
 use crate::crd::ProxyDeployment;
 use crate::labels;
@@ -271,7 +270,7 @@ fn store_all<K>(
     on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Cached,
 {
     let (reader, [], watch) = shared_input(api, config, on_touched);
     (reader, watch)
@@ -311,14 +310,7 @@ fn namespace_store(
 /// A cache of one owned kind, limited to objects we manage, kept by a background task.
 pub fn owned_store<K>(client: &Client, settings: &OperatorSettings) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Trim
-        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned,
 {
     owned_store_with(client, settings, |_: &K| {})
 }
@@ -348,14 +340,7 @@ fn indexed_store<K>(
     index: &OwnerIndex,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Trim
-        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned,
 {
     indexed_store_with(client, settings, index, |_: &K| {})
 }
@@ -368,14 +353,7 @@ fn indexed_store_with<K>(
     mut on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Trim
-        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned,
 {
     let index = index.clone();
     owned_store_with(client, settings, move |o: &K| {
@@ -407,14 +385,7 @@ pub fn owned_store_with<K>(
     on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, impl std::future::Future<Output = ()>)
 where
-    K: Trim
-        + Resource<DynamicType = (), Scope = k8s_openapi::NamespaceResourceScope>
-        + Clone
-        + DeserializeOwned
-        + std::fmt::Debug
-        + Send
-        + Sync
-        + 'static,
+    K: Owned,
 {
     let config = watcher::Config::default()
         .labels(&labels::managed_selector())

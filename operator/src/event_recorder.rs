@@ -459,4 +459,65 @@ mod tests {
         assert_eq!(seen[1].0, http::Method::PATCH, "the second is a count, not an Event");
         assert_eq!(seen[1].1["series"]["count"], 2);
     }
+
+    /// Against a mocked API server: a repeat whose Event has expired (the count's PATCH gets
+    /// 404) creates it again, and the next repeat counts on the new one.
+    #[tokio::test]
+    async fn a_repeat_of_an_expired_event_creates_it_again() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for i in 0..4 {
+                let (request, send) = handle.next_request().await.expect("a request");
+                let method = request.method().clone();
+                let path = request.uri().path().to_string();
+                let bytes = http_body_util::BodyExt::collect(request.into_body())
+                    .await
+                    .expect("body")
+                    .to_bytes();
+                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+                seen.push((method, path, body.clone()));
+                let response = if i == 1 {
+                    let gone = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                        "reason": "NotFound", "message": "events \"demo.0\" not found", "code": 404});
+                    http::Response::builder()
+                        .status(404)
+                        .body(Body::from(serde_json::to_vec(&gone).expect("json")))
+                } else {
+                    body["apiVersion"] = serde_json::json!("events.k8s.io/v1");
+                    body["kind"] = serde_json::json!("Event");
+                    body["metadata"] = serde_json::json!({"name": if i < 2 { "demo.0" } else { "demo.1" }});
+                    http::Response::builder().body(Body::from(serde_json::to_vec(&body).expect("json")))
+                };
+                send.send_response(response.expect("response"));
+            }
+            seen
+        });
+        let reporter = Reporter {
+            controller: "proxyfleet-operator".into(),
+            instance: None,
+        };
+        let events = Events::new(kube::Client::new(mock, "default"), reporter);
+        let ev = event("CertificateRenewed", "leaf renewed");
+        for _ in 0..3 {
+            events.publish(&ev, &fleet()).await.expect("published");
+        }
+        let seen = server.await.expect("mock server");
+        let calls: Vec<_> = seen
+            .iter()
+            .map(|(m, p, _)| (m.as_str(), p.rsplit('/').next().unwrap_or_default()))
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                ("POST", "events"),
+                ("PATCH", "demo.0"),
+                ("POST", "events"),
+                ("PATCH", "demo.1")
+            ],
+            "created, its count refused as gone, created again, then counted on the new one"
+        );
+        assert_eq!(seen[2].2["note"], "leaf renewed");
+        assert_eq!(seen[3].2["series"]["count"], 2, "the new Event's series starts again");
+    }
 }

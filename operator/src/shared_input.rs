@@ -17,9 +17,8 @@ use kube::api::Api;
 use kube::runtime::reflector::{self, ObjectRef, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Resource;
-use serde::de::DeserializeOwned;
 
-use crate::cache_trim::Trim;
+use crate::cache_trim::Cached;
 
 /// The changes one controller reconciles: each object as the shared cache holds it.
 pub type Triggers<K> = UnboundedReceiver<Arc<K>>;
@@ -33,7 +32,7 @@ pub fn shared_input<K, const N: usize>(
     mut on_touched: impl FnMut(&K) + Send + 'static,
 ) -> (Store<K>, [Triggers<K>; N], impl std::future::Future<Output = ()>)
 where
-    K: Trim + Resource<DynamicType = ()> + Clone + DeserializeOwned + std::fmt::Debug + Send + Sync + 'static,
+    K: Cached,
 {
     let (reader, writer) = reflector::store();
     let mut senders = Vec::with_capacity(N);

@@ -330,7 +330,7 @@ pub struct TcpBytesLabels {
 
 /// The metrics of TCP listeners (passthrough and plain TCP).
 pub struct TcpMetrics {
-    pub connections: Family<TcpResultLabels, Counter>,
+    connections: Family<TcpResultLabels, Counter>,
     bytes: Family<TcpBytesLabels, Counter>,
     pub duration: HistogramFamilyOf<TcpLabels>,
 }
@@ -356,6 +356,17 @@ impl TcpMetrics {
             ),
             duration,
         }
+    }
+
+    /// The connection counter of a TCP route (`labels`) for one result.
+    pub fn connections(&self, labels: &TcpLabels, result: &'static str) -> Counter {
+        self.connections
+            .get_or_create(&TcpResultLabels {
+                listener: labels.listener.clone(),
+                route: labels.route.clone(),
+                result,
+            })
+            .clone()
     }
 
     /// The byte counter of a TCP route in one direction.

@@ -18,7 +18,7 @@ use tokio::net::TcpStream;
 
 use proxyfleet_config::{TcpMode, TcpProxy};
 
-use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
+use crate::metrics::{Metrics, TcpLabels};
 use crate::router::HostMatch;
 use crate::upstream::{pick_avoiding, Endpoint, UpstreamCluster};
 use sniff::{Sniffed, Sniffer};
@@ -60,17 +60,7 @@ impl CompiledTcpListener {
                 listener: listener.to_string(),
                 route: route.to_string(),
             };
-            let result = |result| {
-                metrics
-                    .tcp
-                    .connections
-                    .get_or_create(&TcpResultLabels {
-                        listener: listener.to_string(),
-                        route: route.to_string(),
-                        result,
-                    })
-                    .clone()
-            };
+            let result = |result| metrics.tcp.connections(&labels, result);
             let bytes = |direction| metrics.tcp.bytes(&labels, direction);
             Some(TcpTarget {
                 matches: names.iter().map(|n| HostMatch::parse(n)).collect(),
@@ -91,17 +81,11 @@ impl CompiledTcpListener {
             Some(u) => Some(target("default", &[], u)?),
             None => None,
         };
-        let refused = |result| {
-            metrics
-                .tcp
-                .connections
-                .get_or_create(&TcpResultLabels {
-                    listener: listener.to_string(),
-                    route: String::new(),
-                    result,
-                })
-                .clone()
+        let refusals = TcpLabels {
+            listener: listener.to_string(),
+            route: String::new(),
         };
+        let refused = |result| metrics.tcp.connections(&refusals, result);
         Some(Self {
             sniff_sni: t.mode == TcpMode::TlsPassthrough,
             routes,

@@ -17,7 +17,7 @@ use tokio::net::TcpStream;
 
 use proxyfleet_config::{ConnectProxy, TcpProxy, SOCKS5_PASSWORD_FILE, SOCKS5_USERNAME_FILE};
 
-use crate::metrics::{Metrics, TcpLabels, TcpResultLabels};
+use crate::metrics::{Metrics, TcpLabels};
 use crate::tunnel_target::{allowed, dial, DialError};
 use handshake::{Command, Credentials, Invalid, Parsed, Reply};
 
@@ -111,17 +111,7 @@ impl Socks5Listener {
             listener: listener.to_string(),
             route: ROUTE.to_string(),
         };
-        let result = |result| {
-            metrics
-                .tcp
-                .connections
-                .get_or_create(&TcpResultLabels {
-                    listener: listener.to_string(),
-                    route: ROUTE.to_string(),
-                    result,
-                })
-                .clone()
-        };
+        let result = |result| metrics.tcp.connections(&labels, result);
         Ok(Self {
             connect,
             user,
