@@ -10,7 +10,7 @@ install_operator
 start_prometheus
 ns=$(test_namespace e2e-canary)
 LOADGEN=$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen
-trap 'stop_prometheus; pkill -f proxyfleet-loadgen 2>/dev/null || true; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'stop_prometheus; pkill -f "proxyfleet-loadgen.*/tmp/canary-" 2>/dev/null || true; kubectl delete ns e2e-canary --wait=false >/dev/null 2>&1 || true' EXIT
 
 # The example, with 5 replicas and a canary strategy analysed every 10 s.
 strategy() { # strategy SOURCE_YAML

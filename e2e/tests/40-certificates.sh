@@ -10,7 +10,7 @@
 
 install_operator
 ns=$(test_namespace e2e-certs)
-trap 'pkill -f proxyfleet-loadgen 2>/dev/null || true; stop_cert_manager; kubectl delete ns e2e-certs --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'pkill -f "proxyfleet-loadgen.*/tmp/certs-" 2>/dev/null || true; stop_cert_manager; kubectl delete ns e2e-certs --wait=false >/dev/null 2>&1 || true' EXIT
 # Leaves live 3 minutes and renew 2m10s before expiry: a rotation about every 50 s.
 sed "s/echo.default.svc.cluster.local/echo.$ns.svc.cluster.local/; s/managed: {duration: 2160h}.*/managed: {duration: 3m, renewBefore: 2m10s}/" \
   "$root/examples/basic.yaml" | kubectl apply -n "$ns" -f - >/dev/null

@@ -12,7 +12,7 @@
 
 install_operator
 ns=$(test_namespace e2e-acme)
-trap 'pkill -f proxyfleet-loadgen 2>/dev/null || true; stop_pebble; kubectl delete ns e2e-acme --wait=false >/dev/null 2>&1 || true' EXIT
+trap 'pkill -f "proxyfleet-loadgen.*/tmp/acme-" 2>/dev/null || true; stop_pebble; kubectl delete ns e2e-acme --wait=false >/dev/null 2>&1 || true' EXIT
 # Leaves of 3 minutes: renewed at two thirds, about every 2 minutes.
 start_pebble 180
 kubectl create secret generic -n "$ns" pebble-https --from-file=ca.crt="$PEBBLE_DIR/ca.crt" >/dev/null
