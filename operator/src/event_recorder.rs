@@ -291,6 +291,60 @@ mod tests {
         }
     }
 
+    type Handle = tower_test::mock::Handle<http::Request<Body>, http::Response<Body>>;
+    type Reply = tower_test::mock::SendResponse<http::Response<Body>>;
+
+    /// A publisher whose API server is the returned mock.
+    fn mocked_events() -> (Events, Handle) {
+        let (mock, handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let reporter = Reporter {
+            controller: "proxyfleet-operator".into(),
+            instance: None,
+        };
+        (Events::new(kube::Client::new(mock, "default"), reporter), handle)
+    }
+
+    /// What the mocked API server was sent.
+    struct Seen {
+        method: http::Method,
+        path: String,
+        content_type: Option<String>,
+        body: serde_json::Value,
+    }
+
+    /// The mock's next request, and where its reply goes.
+    async fn next_request(handle: &mut Handle) -> (Seen, Reply) {
+        let (request, send) = handle.next_request().await.expect("a request");
+        let method = request.method().clone();
+        let path = request.uri().path().to_string();
+        let content_type = request
+            .headers()
+            .get(http::header::CONTENT_TYPE)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_string);
+        let bytes = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let body = serde_json::from_slice(&bytes).expect("json");
+        let seen = Seen {
+            method,
+            path,
+            content_type,
+            body,
+        };
+        (seen, send)
+    }
+
+    /// Replies with `body` as the Event named `name`.
+    fn reply_event(send: Reply, mut body: serde_json::Value, name: &str) {
+        body["apiVersion"] = serde_json::json!("events.k8s.io/v1");
+        body["kind"] = serde_json::json!("Event");
+        body["metadata"] = serde_json::json!({ "name": name });
+        let reply = serde_json::to_vec(&body).expect("json");
+        send.send_response(http::Response::builder().body(Body::from(reply)).expect("response"));
+    }
+
     #[test]
     fn a_note_is_cut_to_the_api_servers_limit_in_bytes() {
         assert_eq!(within_note_limit("short"), "short");
@@ -364,47 +418,30 @@ mod tests {
     /// note is an Event of its own.
     #[tokio::test]
     async fn repeats_count_on_their_event_new_notes_get_their_own() {
-        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let (events, mut handle) = mocked_events();
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
             for _ in 0..3 {
-                let (request, send) = handle.next_request().await.expect("a request");
-                let method = request.method().clone();
-                let path = request.uri().path().to_string();
-                let expected = match method {
-                    http::Method::POST => "/apis/events.k8s.io/v1/namespaces/team-a/events",
-                    _ => "/apis/events.k8s.io/v1/namespaces/team-a/events/demo.0",
+                let (request, send) = next_request(&mut handle).await;
+                let (expected, name) = match request.method {
+                    http::Method::POST => (
+                        "/apis/events.k8s.io/v1/namespaces/team-a/events",
+                        format!("demo.{}", seen.len()),
+                    ),
+                    _ => {
+                        assert_eq!(request.content_type.as_deref(), Some("application/merge-patch+json"));
+                        (
+                            "/apis/events.k8s.io/v1/namespaces/team-a/events/demo.0",
+                            "demo.0".into(),
+                        )
+                    }
                 };
-                assert_eq!(path, expected);
-                if method == http::Method::PATCH {
-                    let kind = request.headers().get(http::header::CONTENT_TYPE).cloned();
-                    assert_eq!(
-                        kind.as_ref().and_then(|k| k.to_str().ok()),
-                        Some("application/merge-patch+json")
-                    );
-                }
-                let bytes = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
-                if method == http::Method::POST {
-                    body["metadata"]["name"] = serde_json::json!(format!("demo.{}", seen.len()));
-                } else {
-                    body = serde_json::json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
-                        "metadata": {"name": "demo.0"}, "series": body["series"]});
-                }
-                seen.push((method, body.clone()));
-                let reply = serde_json::to_vec(&body).expect("json");
-                send.send_response(http::Response::builder().body(Body::from(reply)).expect("response"));
+                assert_eq!(request.path, expected);
+                reply_event(send, request.body.clone(), &name);
+                seen.push((request.method, request.body));
             }
             seen
         });
-        let reporter = Reporter {
-            controller: "proxyfleet-operator".into(),
-            instance: None,
-        };
-        let events = Events::new(kube::Client::new(mock, "default"), reporter);
         for note in ["revision a starts", "revision a starts", "revision b starts"] {
             events
                 .publish(&event("WaveRolloutStarted", note), &fleet())
@@ -424,31 +461,16 @@ mod tests {
     /// Event, then its count of 2.
     #[tokio::test]
     async fn simultaneous_publishes_make_one_event() {
-        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let (events, mut handle) = mocked_events();
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
             for _ in 0..2 {
-                let (request, send) = handle.next_request().await.expect("a request");
-                let method = request.method().clone();
-                let bytes = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
-                seen.push((method, body.clone()));
-                body["apiVersion"] = serde_json::json!("events.k8s.io/v1");
-                body["kind"] = serde_json::json!("Event");
-                body["metadata"] = serde_json::json!({"name": "demo.0"});
-                let reply = serde_json::to_vec(&body).expect("json");
-                send.send_response(http::Response::builder().body(Body::from(reply)).expect("response"));
+                let (request, send) = next_request(&mut handle).await;
+                reply_event(send, request.body.clone(), "demo.0");
+                seen.push((request.method, request.body));
             }
             seen
         });
-        let reporter = Reporter {
-            controller: "proxyfleet-operator".into(),
-            instance: None,
-        };
-        let events = Events::new(kube::Client::new(mock, "default"), reporter);
         let ev = event("CanaryAborted", "P99 above 250 ms");
         let r = fleet();
         let (a, b) = tokio::join!(events.publish(&ev, &r), events.publish(&ev, &r));
@@ -464,40 +486,24 @@ mod tests {
     /// 404) creates it again, and the next repeat counts on the new one.
     #[tokio::test]
     async fn a_repeat_of_an_expired_event_creates_it_again() {
-        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let (events, mut handle) = mocked_events();
         let server = tokio::spawn(async move {
             let mut seen = Vec::new();
             for i in 0..4 {
-                let (request, send) = handle.next_request().await.expect("a request");
-                let method = request.method().clone();
-                let path = request.uri().path().to_string();
-                let bytes = http_body_util::BodyExt::collect(request.into_body())
-                    .await
-                    .expect("body")
-                    .to_bytes();
-                let mut body: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
-                seen.push((method, path, body.clone()));
-                let response = if i == 1 {
+                let (request, send) = next_request(&mut handle).await;
+                let body = request.body.clone();
+                seen.push(request);
+                if i == 1 {
                     let gone = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
                         "reason": "NotFound", "message": "events \"demo.0\" not found", "code": 404});
-                    http::Response::builder()
-                        .status(404)
-                        .body(Body::from(serde_json::to_vec(&gone).expect("json")))
+                    let reply = Body::from(serde_json::to_vec(&gone).expect("json"));
+                    send.send_response(http::Response::builder().status(404).body(reply).expect("response"));
                 } else {
-                    body["apiVersion"] = serde_json::json!("events.k8s.io/v1");
-                    body["kind"] = serde_json::json!("Event");
-                    body["metadata"] = serde_json::json!({"name": if i < 2 { "demo.0" } else { "demo.1" }});
-                    http::Response::builder().body(Body::from(serde_json::to_vec(&body).expect("json")))
-                };
-                send.send_response(response.expect("response"));
+                    reply_event(send, body, if i < 2 { "demo.0" } else { "demo.1" });
+                }
             }
             seen
         });
-        let reporter = Reporter {
-            controller: "proxyfleet-operator".into(),
-            instance: None,
-        };
-        let events = Events::new(kube::Client::new(mock, "default"), reporter);
         let ev = event("CertificateRenewed", "leaf renewed");
         for _ in 0..3 {
             events.publish(&ev, &fleet()).await.expect("published");
@@ -505,7 +511,7 @@ mod tests {
         let seen = server.await.expect("mock server");
         let calls: Vec<_> = seen
             .iter()
-            .map(|(m, p, _)| (m.as_str(), p.rsplit('/').next().unwrap_or_default()))
+            .map(|r| (r.method.as_str(), r.path.rsplit('/').next().unwrap_or_default()))
             .collect();
         assert_eq!(
             calls,
@@ -517,7 +523,10 @@ mod tests {
             ],
             "created, its count refused as gone, created again, then counted on the new one"
         );
-        assert_eq!(seen[2].2["note"], "leaf renewed");
-        assert_eq!(seen[3].2["series"]["count"], 2, "the new Event's series starts again");
+        assert_eq!(seen[2].body["note"], "leaf renewed");
+        assert_eq!(
+            seen[3].body["series"]["count"], 2,
+            "the new Event's series starts again"
+        );
     }
 }
