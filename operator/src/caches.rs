@@ -9,7 +9,6 @@ use k8s_openapi::api::apps::v1::{ControllerRevision, Deployment};
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Secret, Service, ServiceAccount};
 use k8s_openapi::api::networking::v1::NetworkPolicy;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::api::Api;
 use kube::core::PartialObjectMeta;
 use kube::runtime::reflector::{self, ObjectRef, Store};
@@ -21,7 +20,7 @@ use crate::cache_trim::{Cached, Owned, Trim};
 use crate::context::{ByOwner, Stores};
 use crate::crd::ProxyDeployment;
 use crate::labels;
-use crate::owner_index::OwnerIndex;
+use crate::owner_index::{controller_of, OwnerIndex};
 use crate::policy::spec::ProxyFleetPolicy;
 use crate::resources::OperatorSettings;
 use crate::shared_input::{shared_input, Triggers};
@@ -79,16 +78,6 @@ impl Owners {
             let _ = self.apps.unbounded_send(app);
         }
     }
-}
-
-/// The object of kind `O` that controls an object with metadata `meta`, if one does.
-fn controller_of<O: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> Option<ObjectRef<O>> {
-    let owner = meta
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|r| r.controller == Some(true) && r.kind == O::kind(&()) && r.api_version == O::api_version(&()))?;
-    Some(ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?))
 }
 
 impl Caches {
@@ -391,43 +380,4 @@ where
         .labels(&labels::managed_selector())
         .page_size(crate::cache_trim::LIST_PAGE);
     store_all(settings.api(client), config, on_touched)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-
-    fn owned_by(kind: &str, api_version: &str, controller: bool) -> ObjectMeta {
-        ObjectMeta {
-            namespace: Some("team-a".into()),
-            owner_references: Some(vec![OwnerReference {
-                api_version: api_version.into(),
-                kind: kind.into(),
-                name: "edge".into(),
-                uid: "u1".into(),
-                controller: Some(controller),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }
-    }
-
-    #[test]
-    fn the_controlling_owner_of_the_right_kind_is_woken() {
-        let meta = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", true);
-        assert_eq!(
-            controller_of::<ProxyDeployment>(&meta),
-            Some(ObjectRef::new("edge").within("team-a"))
-        );
-        assert_eq!(controller_of::<AppRollout>(&meta), None);
-    }
-
-    #[test]
-    fn owners_that_do_not_control_or_are_of_another_group_are_not() {
-        let not_controller = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", false);
-        assert_eq!(controller_of::<ProxyDeployment>(&not_controller), None);
-        let other_group = owned_by("ProxyDeployment", "example.com/v1", true);
-        assert_eq!(controller_of::<ProxyDeployment>(&other_group), None);
-    }
 }

@@ -12,6 +12,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::Resource;
 
@@ -42,6 +43,16 @@ fn controller_uid<K: Resource>(object: &K) -> Option<&str> {
         .iter()
         .find(|r| r.controller == Some(true))
         .map(|r| r.uid.as_str())
+}
+
+/// The object of kind `O` that controls an object with metadata `meta`, if one does.
+pub fn controller_of<O: Resource<DynamicType = ()>>(meta: &ObjectMeta) -> Option<ObjectRef<O>> {
+    let owner = meta
+        .owner_references
+        .as_ref()?
+        .iter()
+        .find(|r| r.controller == Some(true) && r.kind == O::kind(&()) && r.api_version == O::api_version(&()))?;
+    Some(ObjectRef::new(&owner.name).within(meta.namespace.as_deref()?))
 }
 
 impl OwnerIndex {
@@ -211,5 +222,40 @@ mod tests {
         assert_eq!(index.sweep(&cache), 1);
         assert!(index.owned(&cache, "team-a", "u1").is_empty());
         assert_eq!(names(index.owned(&cache, "team-a", "u2")), ["kept-config"]);
+    }
+
+    fn owned_by(kind: &str, api_version: &str, controller: bool) -> ObjectMeta {
+        ObjectMeta {
+            namespace: Some("team-a".into()),
+            owner_references: Some(vec![OwnerReference {
+                api_version: api_version.into(),
+                kind: kind.into(),
+                name: "edge".into(),
+                uid: "u1".into(),
+                controller: Some(controller),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn the_controlling_owner_of_the_right_kind_is_found() {
+        use crate::{app::spec::AppRollout, crd::ProxyDeployment};
+        let meta = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", true);
+        assert_eq!(
+            controller_of::<ProxyDeployment>(&meta),
+            Some(ObjectRef::new("edge").within("team-a"))
+        );
+        assert_eq!(controller_of::<AppRollout>(&meta), None);
+    }
+
+    #[test]
+    fn owners_that_do_not_control_or_are_of_another_group_are_not() {
+        use crate::crd::ProxyDeployment;
+        let not_controller = owned_by("ProxyDeployment", "proxyfleet.io/v1alpha1", false);
+        assert_eq!(controller_of::<ProxyDeployment>(&not_controller), None);
+        let other_group = owned_by("ProxyDeployment", "example.com/v1", true);
+        assert_eq!(controller_of::<ProxyDeployment>(&other_group), None);
     }
 }

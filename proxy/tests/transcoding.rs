@@ -8,8 +8,15 @@ mod support;
 
 use support::*;
 
+/// The test data, found where `cargo test` says the package is now (a binary built from a
+/// tree that has since moved would otherwise look in the old place).
+fn data_dir() -> String {
+    let package = std::env::var("CARGO_MANIFEST_DIR").unwrap_or_else(|_| env!("CARGO_MANIFEST_DIR").into());
+    format!("{package}/tests/data")
+}
+
 fn config(upstream: std::net::SocketAddr, extra: &str) -> String {
-    let pb = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/health_http.pb");
+    let pb = format!("{}/health_http.pb", data_dir());
     format!(
         "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\n\
 routes:\n  - name: api\n    upstream: g\n    timeout: 5s\n    grpcTranscoding: {{descriptorSetFile: {pb}{extra}}}\n\
@@ -146,7 +153,7 @@ async fn a_new_descriptor_set_is_picked_up_without_a_restart() {
     init();
     let up = grpc_upstream().await;
     let dir = tempdir("transcode-reload");
-    let data = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data");
+    let data = data_dir();
     let pb = dir.join("api.pb");
     std::fs::copy(format!("{data}/health_http.pb"), &pb).unwrap();
     let yaml = format!(

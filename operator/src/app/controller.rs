@@ -19,6 +19,7 @@ use super::reconcile::{error_policy, reconcile};
 use super::spec::AppRollout;
 use crate::context::Context;
 use crate::crd::ProxyDeployment;
+use crate::owner_index::controller_of;
 use crate::shared_input::{shared_input, Triggers};
 
 /// A cache of every AppRollout, the changes the AppRollout controller reconciles, and the
@@ -83,12 +84,69 @@ pub fn fleet_of_service(apps: &Store<AppRollout>, svc: &Service) -> Option<Objec
     Some(ObjectRef::new(&ar.spec.route.proxy_deployment).within(&namespace))
 }
 
-/// The AppRollouts whose workload is `d`.
+/// The AppRollouts `d` concerns: those whose workload it is (a new template starts a rollout),
+/// and those routed through the fleet that controls it. A fleet's Deployment changes while its
+/// pods come and go (a re-render, a rollout, a scale); the new pods' weights must be confirmed
+/// and counted again, not a minute later at the next periodic pass.
 fn releasing(apps: &Store<AppRollout>, d: &PartialObjectMeta<Deployment>) -> Vec<ObjectRef<AppRollout>> {
     let (name, namespace) = (d.name_any(), d.namespace());
+    let fleet = controller_of::<ProxyDeployment>(&d.metadata).map(|f| f.name);
     apps.state()
         .iter()
-        .filter(|ar| ar.spec.workload_ref.name == name && ar.namespace() == namespace)
+        .filter(|ar| ar.namespace() == namespace)
+        .filter(|ar| ar.spec.workload_ref.name == name || fleet.as_ref() == Some(&ar.spec.route.proxy_deployment))
         .map(|ar| ObjectRef::from_obj(ar.as_ref()))
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::app::render::tests::rollout;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::runtime::reflector;
+    use kube::runtime::watcher::Event;
+    use kube::Resource;
+
+    fn deployment(name: &str, namespace: &str, fleet: Option<&str>) -> PartialObjectMeta<Deployment> {
+        let mut d: PartialObjectMeta<Deployment> = PartialObjectMeta::default();
+        d.metadata.name = Some(name.into());
+        d.metadata.namespace = Some(namespace.into());
+        d.metadata.owner_references = fleet.map(|f| {
+            vec![OwnerReference {
+                api_version: ProxyDeployment::api_version(&()).into(),
+                kind: ProxyDeployment::kind(&()).into(),
+                name: f.into(),
+                uid: "u1".into(),
+                controller: Some(true),
+                ..Default::default()
+            }]
+        });
+        d
+    }
+
+    fn names(refs: Vec<ObjectRef<AppRollout>>) -> Vec<String> {
+        let mut n: Vec<String> = refs.into_iter().map(|r| r.name).collect();
+        n.sort();
+        n
+    }
+
+    #[test]
+    fn a_workload_or_its_fleet_wakes_the_rollouts_that_use_it() {
+        let (apps, mut writer) = reflector::store::<AppRollout>();
+        // shop and cart go through fleet edge, api through fleet inner; all release "shop".
+        for (name, fleet) in [("shop", "edge"), ("cart", "edge"), ("api", "inner")] {
+            writer.apply_watcher_event(&Event::Apply(rollout(name, fleet, "r")));
+        }
+        let mut elsewhere = rollout("other", "edge", "r");
+        elsewhere.metadata.namespace = Some("team-b".into());
+        writer.apply_watcher_event(&Event::Apply(elsewhere));
+
+        let fleet_deployment = deployment("edge", "team", Some("edge"));
+        assert_eq!(names(releasing(&apps, &fleet_deployment)), ["cart", "shop"]);
+        let workload = deployment("shop", "team", None);
+        assert_eq!(names(releasing(&apps, &workload)), ["api", "cart", "shop"]);
+        let unrelated = deployment("db", "team", Some("db"));
+        assert!(releasing(&apps, &unrelated).is_empty());
+    }
 }

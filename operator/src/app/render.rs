@@ -169,7 +169,7 @@ fn split_route(
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::resources::fixtures::basic;
 
