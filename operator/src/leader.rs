@@ -7,6 +7,11 @@
 //! takes the lease only once `lease_duration` has passed since that renewal's `renewTime`
 //! (written at the same start), so the two windows never overlap. `tests::a_hung_renew_*`
 //! checks it with a stalling API server.
+//!
+//! On shutdown, once the controllers have stopped, the holder gives the lease up (client-go's
+//! `ReleaseOnCancel`): a successor takes over within one of its retries instead of waiting for
+//! the lease to expire. An operator upgrade or a deleted pod used to leave fleets unattended
+//! for up to `lease_duration` plus a retry.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +21,8 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
 use kube::Client;
-use tokio::sync::watch;
+use tokio::sync::{watch, Notify};
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 /// The wall clock used for `renewTime` (replaceable in tests, where time is paused).
@@ -76,6 +82,37 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
                 Decision::Standby
             }
         }
+    }
+}
+
+/// The lease given up by `identity` at `now`, if `identity` holds it: no holder, expired a
+/// second after `now` (what client-go writes on release). `None` when someone else holds it.
+pub fn released(spec: &LeaseSpec, identity: &str, now: Timestamp) -> Option<LeaseSpec> {
+    if spec.holder_identity.as_deref() != Some(identity) {
+        return None;
+    }
+    Some(LeaseSpec {
+        holder_identity: None,
+        lease_duration_seconds: Some(1),
+        acquire_time: Some(MicroTime(now)),
+        renew_time: Some(MicroTime(now)),
+        ..spec.clone()
+    })
+}
+
+/// A running election; [`Resign::now`] ends it, giving the lease up.
+pub struct Resign {
+    resign: Arc<Notify>,
+    election: JoinHandle<()>,
+}
+
+impl Resign {
+    /// Stops renewing and gives the lease up if this replica holds it. Call it only once this
+    /// replica has stopped acting. Bounded: the attempt in flight and the release each take at
+    /// most `call_timeout`.
+    pub async fn now(self) {
+        self.resign.notify_one();
+        let _ = self.election.await;
     }
 }
 
@@ -147,9 +184,44 @@ impl LeaderElection {
         }
     }
 
-    /// Keeps trying forever; publishes whether we are the leader. Leadership is dropped as
-    /// soon as `act_for` has passed since the start of the last successful renewal.
-    pub async fn run(self, leader: watch::Sender<bool>) {
+    /// Starts the election, publishing whether we are the leader to `leader`.
+    pub fn spawn(self, leader: watch::Sender<bool>) -> Resign {
+        let resign = Arc::new(Notify::new());
+        let election = tokio::spawn(self.run(leader, resign.clone()));
+        Resign { resign, election }
+    }
+
+    /// Gives the lease up if we hold it (one bounded attempt; on failure the lease expires as
+    /// it always did).
+    async fn release(&self) {
+        let give_up = async {
+            let Some(mut lease) = self.api.get_opt(&self.name).await? else {
+                return Ok(false);
+            };
+            let Some(spec) = lease
+                .spec
+                .as_ref()
+                .and_then(|s| released(s, &self.identity, (self.clock)()))
+            else {
+                return Ok(false);
+            };
+            lease.spec = Some(spec);
+            // replace() carries the resourceVersion: a successor's write in between wins.
+            self.api.replace(&self.name, &PostParams::default(), &lease).await?;
+            Ok::<_, kube::Error>(true)
+        };
+        match tokio::time::timeout(self.timing.call_timeout, give_up).await {
+            Ok(Ok(true)) => tracing::info!(identity = %self.identity, "gave the leader lease up"),
+            Ok(Ok(false)) => {}
+            Ok(Err(e)) => tracing::warn!(error = %e, "giving the lease up failed; it expires instead"),
+            Err(_) => tracing::warn!("giving the lease up took too long; it expires instead"),
+        }
+    }
+
+    /// Keeps trying until `resign` is notified; publishes whether we are the leader. Leadership
+    /// is dropped as soon as `act_for` has passed since the start of the last successful
+    /// renewal.
+    async fn run(self, leader: watch::Sender<bool>, resign: Arc<Notify>) {
         let mut deadline = Instant::now();
         loop {
             let started = Instant::now();
@@ -178,7 +250,14 @@ impl LeaderElection {
             }
             let next = started + self.timing.renew_every;
             let wake = if *leader.borrow() { next.min(deadline) } else { next };
-            tokio::time::sleep_until(wake.max(Instant::now())).await;
+            tokio::select! {
+                _ = tokio::time::sleep_until(wake.max(Instant::now())) => {}
+                _ = resign.notified() => {
+                    let _ = leader.send(false);
+                    self.release().await;
+                    return;
+                }
+            }
             if *leader.borrow() && Instant::now() >= deadline {
                 tracing::warn!("lease renewal is overdue; standing down");
                 let _ = leader.send(false);
@@ -207,6 +286,15 @@ mod tests {
         assert_eq!(decide(Some(&lease("a", 990)), "a", now), Decision::Renew);
         assert_eq!(decide(Some(&lease("b", 990)), "a", now), Decision::Standby);
         assert_eq!(decide(Some(&lease("b", 980)), "a", now), Decision::Acquire);
+    }
+
+    #[test]
+    fn only_the_holder_gives_the_lease_up_and_then_anyone_may_take_it() {
+        let now = Timestamp::from_second(1000).unwrap();
+        assert_eq!(released(&lease("b", 990), "a", now), None);
+        let given_up = released(&lease("a", 990), "a", now).expect("a holds it");
+        assert_eq!(given_up.holder_identity, None);
+        assert_eq!(decide(Some(&given_up), "b", now), Decision::Acquire);
     }
 
     /// One Lease behind a fake API server with compare-and-swap on resourceVersion, as the
@@ -292,11 +380,11 @@ mod tests {
         let (tx_b, mut rx_b) = watch::channel(false);
         let a = LeaderElection::new(client(server.clone(), stalled_a.clone()), "ns", "lease", "a")
             .with_timing(Timing::default(), clock.clone());
-        tokio::spawn(a.run(tx_a));
+        let _a = a.spawn(tx_a);
         tokio::time::sleep(Duration::from_millis(500)).await;
         let b = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "b")
             .with_timing(Timing::default(), clock.clone());
-        tokio::spawn(b.run(tx_b));
+        let _b = b.spawn(tx_b);
 
         let start = Instant::now();
         let (mut a_stood_down, mut b_took_over) = (None, None);
@@ -334,5 +422,42 @@ mod tests {
             *rx_b.borrow() && !*rx_a.borrow(),
             "B leads, A follows after reconnecting"
         );
+    }
+
+    /// A leads and B stands by; A resigns (a deleted pod, an upgrade): B leads within one of its
+    /// retries, not after the lease's 15 s, and A's election has ended (it never takes the
+    /// lease back).
+    #[tokio::test(start_paused = true)]
+    async fn a_resigning_leader_hands_over_at_once() {
+        let server = Arc::new(FakeServer::default());
+        let clock = paused_clock();
+        let (tx_a, rx_a) = watch::channel(false);
+        let (tx_b, mut rx_b) = watch::channel(false);
+        let a = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "a")
+            .with_timing(Timing::default(), clock.clone())
+            .spawn(tx_a);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let _b = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "b")
+            .with_timing(Timing::default(), clock.clone())
+            .spawn(tx_b);
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(*rx_a.borrow() && !*rx_b.borrow(), "A leads, B stands by");
+
+        let resigned = Instant::now();
+        a.now().await;
+        assert!(!*rx_a.borrow(), "A no longer leads once it resigned");
+        tokio::time::timeout(Duration::from_secs(60), rx_b.wait_for(|leading| *leading))
+            .await
+            .expect("B took over")
+            .expect("B's election runs");
+        let took = resigned.elapsed();
+        assert!(took <= Duration::from_secs(3), "B took over {took:?} after A resigned");
+        let holder = server
+            .lease
+            .lock()
+            .expect("lease")
+            .as_ref()
+            .and_then(|l| l.spec.clone());
+        assert_eq!(holder.and_then(|s| s.holder_identity).as_deref(), Some("b"));
     }
 }

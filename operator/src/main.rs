@@ -144,16 +144,30 @@ async fn run_controllers(
     futures::future::join_all(runs).await;
 }
 
-/// True while this replica leads (always, without leader election). Without an election the
-/// sender is returned and must be kept: a dropped sender reads as leadership lost.
-fn leadership(client: &Client, args: &Args, identity: &str) -> (Option<watch::Sender<bool>>, watch::Receiver<bool>) {
+/// True while this replica leads (always, without leader election), and the election to end
+/// on shutdown. Without an election the sender is returned and must be kept: a dropped sender
+/// reads as leadership lost.
+fn leadership(client: &Client, args: &Args, identity: &str) -> (Leadership, watch::Receiver<bool>) {
     let (leader_tx, leader_rx) = watch::channel(!args.leader_elect);
     if !args.leader_elect {
-        return (Some(leader_tx), leader_rx);
+        return (Leadership::Always(leader_tx), leader_rx);
     }
     let election = leader::LeaderElection::new(client.clone(), &args.lease_namespace, "proxyfleet-operator", identity);
-    tokio::spawn(election.run(leader_tx));
-    (None, leader_rx)
+    (Leadership::Elected(election.spawn(leader_tx)), leader_rx)
+}
+
+enum Leadership {
+    Always(#[allow(dead_code)] watch::Sender<bool>),
+    Elected(leader::Resign),
+}
+
+impl Leadership {
+    /// Gives the lease up, if there is one; only once this replica has stopped acting.
+    async fn resign(self) {
+        if let Leadership::Elected(election) = self {
+            election.now().await;
+        }
+    }
 }
 
 /// Notified once on SIGTERM or Ctrl-C.
@@ -176,6 +190,42 @@ fn on_sigterm() -> Arc<tokio::sync::Notify> {
     });
 
     shutdown
+}
+
+/// Runs the controllers while this replica leads. Returns true on SIGTERM, once they have
+/// stopped (aborted after 10 s); false when they ended or leadership was lost (then aborted).
+async fn lead(
+    client: &Client,
+    metrics: &Arc<Metrics>,
+    scopes: &[OperatorSettings],
+    identity: &str,
+    leader_rx: &mut watch::Receiver<bool>,
+    shutdown: &tokio::sync::Notify,
+) -> bool {
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let mut controller = tokio::spawn(run_controllers(
+        client.clone(),
+        metrics.clone(),
+        scopes.to_vec(),
+        identity.to_string(),
+        stop_rx,
+    ));
+    tokio::select! {
+        _ = &mut controller => false,
+        _ = async { while *leader_rx.borrow() { if leader_rx.changed().await.is_err() { break; } } } => {
+            tracing::warn!("leadership lost: stopping the controller now");
+            controller.abort();
+            false
+        }
+        _ = shutdown.notified() => {
+            let _ = stop_tx.send(true);
+            if tokio::time::timeout(Duration::from_secs(10), &mut controller).await.is_err() {
+                controller.abort();
+                let _ = controller.await;
+            }
+            true
+        }
+    }
 }
 
 #[tokio::main]
@@ -210,7 +260,7 @@ async fn main() -> std::process::ExitCode {
         }
     });
 
-    let (_always_leader, mut leader_rx) = leadership(&client, &args, &identity);
+    let (leadership, mut leader_rx) = leadership(&client, &args, &identity);
     let shutdown = on_sigterm();
 
     let watching: Vec<String> = scopes.iter().filter_map(|s| s.watch_namespace.clone()).collect();
@@ -220,34 +270,19 @@ async fn main() -> std::process::ExitCode {
         while !*leader_rx.borrow() {
             tokio::select! {
                 r = leader_rx.changed() => if r.is_err() { return std::process::ExitCode::FAILURE },
-                _ = shutdown.notified() => return std::process::ExitCode::SUCCESS,
+                _ = shutdown.notified() => {
+                    leadership.resign().await;
+                    return std::process::ExitCode::SUCCESS;
+                }
             }
         }
         metrics.leader.set(1);
-        let (stop_tx, stop_rx) = watch::channel(false);
-        let mut controller = tokio::spawn(run_controllers(
-            client.clone(),
-            metrics.clone(),
-            scopes.clone(),
-            identity.clone(),
-            stop_rx,
-        ));
-        let mut terminating = false;
-        tokio::select! {
-            _ = &mut controller => {}
-            _ = async { while *leader_rx.borrow() { if leader_rx.changed().await.is_err() { break; } } } => {
-                tracing::warn!("leadership lost: stopping the controller now");
-                controller.abort();
-            }
-            _ = shutdown.notified() => {
-                terminating = true;
-                let _ = stop_tx.send(true);
-                let _ = tokio::time::timeout(Duration::from_secs(10), &mut controller).await;
-            }
-        }
+        let terminating = lead(&client, &metrics, &scopes, &identity, &mut leader_rx, &shutdown).await;
         metrics.leader.set(0);
         ready.store(true, Ordering::Relaxed);
         if terminating {
+            // Nothing acts any more: a successor may take over at once.
+            leadership.resign().await;
             return std::process::ExitCode::SUCCESS;
         }
         // The election is gone (its sender dropped): never spin restarting the controller.
