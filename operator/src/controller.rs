@@ -602,6 +602,7 @@ pub async fn run(
         apps,
         cluster_secrets,
     ));
+    let _orders = ctx.acme_orders.stop_on_drop();
     let controller = Controller::for_shared_stream(wake.fleet_changes, fleets.clone())
         .with_config(kube::runtime::controller::Config::default().concurrency(ctx.settings.reconcile_concurrency));
     let ca_changes = fleets_of_namespace(controller.store(), wake.ca_namespaces);

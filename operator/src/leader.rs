@@ -85,6 +85,12 @@ pub fn decide(spec: Option<&LeaseSpec>, identity: &str, now: Timestamp) -> Decis
     }
 }
 
+/// Publishes whether we lead, waking the watchers only when it changed (a follower retries
+/// every 2 s).
+fn publish(leader: &watch::Sender<bool>, leading: bool) {
+    leader.send_if_modified(|current| std::mem::replace(current, leading) != leading);
+}
+
 /// The lease given up by `identity` at `now`, if `identity` holds it: no holder, expired a
 /// second after `now` (what client-go writes on release). `None` when someone else holds it.
 pub fn released(spec: &LeaseSpec, identity: &str, now: Timestamp) -> Option<LeaseSpec> {
@@ -232,35 +238,38 @@ impl LeaderElection {
                     if !leading {
                         tracing::info!(identity = %self.identity, "acquired leader lease");
                     }
-                    let _ = leader.send(true);
+                    publish(&leader, true);
                 }
                 Ok(false) => {
                     if leading {
                         tracing::warn!("lost the leader lease to another replica");
                     }
-                    let _ = leader.send(false);
+                    publish(&leader, false);
                 }
                 Err(e) => {
                     tracing::warn!(error = %e, "lease update failed");
                     if leading && Instant::now() >= deadline {
                         tracing::warn!("could not renew the lease in time; standing down");
-                        let _ = leader.send(false);
+                        publish(&leader, false);
                     }
                 }
             }
             let next = started + self.timing.renew_every;
             let wake = if *leader.borrow() { next.min(deadline) } else { next };
+            // Resigning comes first: after a slow attempt the sleep is ready at once too, and
+            // another renewal after the controllers stopped would only delay the handover.
             tokio::select! {
-                _ = tokio::time::sleep_until(wake.max(Instant::now())) => {}
+                biased;
                 _ = resign.notified() => {
-                    let _ = leader.send(false);
+                    publish(&leader, false);
                     self.release().await;
                     return;
                 }
+                _ = tokio::time::sleep_until(wake.max(Instant::now())) => {}
             }
             if *leader.borrow() && Instant::now() >= deadline {
                 tracing::warn!("lease renewal is overdue; standing down");
-                let _ = leader.send(false);
+                publish(&leader, false);
             }
         }
     }
@@ -424,6 +433,19 @@ mod tests {
         );
     }
 
+    /// A replica named `name` on `server` (its connection stalls while `stalled`), running.
+    fn replica(
+        server: &Arc<FakeServer>,
+        stalled: &Arc<std::sync::atomic::AtomicBool>,
+        clock: &Clock,
+        name: &str,
+        leader: watch::Sender<bool>,
+    ) -> Resign {
+        LeaderElection::new(client(server.clone(), stalled.clone()), "ns", "lease", name)
+            .with_timing(Timing::default(), clock.clone())
+            .spawn(leader)
+    }
+
     /// A leads and B stands by; A resigns (a deleted pod, an upgrade): B leads within one of its
     /// retries, not after the lease's 15 s, and A's election has ended (it never takes the
     /// lease back).
@@ -433,13 +455,9 @@ mod tests {
         let clock = paused_clock();
         let (tx_a, rx_a) = watch::channel(false);
         let (tx_b, mut rx_b) = watch::channel(false);
-        let a = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "a")
-            .with_timing(Timing::default(), clock.clone())
-            .spawn(tx_a);
+        let a = replica(&server, &Default::default(), &clock, "a", tx_a);
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let _b = LeaderElection::new(client(server.clone(), Default::default()), "ns", "lease", "b")
-            .with_timing(Timing::default(), clock.clone())
-            .spawn(tx_b);
+        let _b = replica(&server, &Default::default(), &clock, "b", tx_b);
         tokio::time::sleep(Duration::from_secs(10)).await;
         assert!(*rx_a.borrow() && !*rx_b.borrow(), "A leads, B stands by");
 
@@ -459,5 +477,49 @@ mod tests {
             .as_ref()
             .and_then(|l| l.spec.clone());
         assert_eq!(holder.and_then(|s| s.holder_identity).as_deref(), Some("b"));
+    }
+
+    /// Resigning is bounded even when the API server stops answering (the renewal in flight and
+    /// the release are each cut at `call_timeout`), so it fits the pod's grace period; a
+    /// follower resigns too, and leaves the holder's lease alone.
+    #[tokio::test(start_paused = true)]
+    async fn resigning_is_bounded_and_leaves_another_holders_lease_alone() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let server = Arc::new(FakeServer::default());
+        let clock = paused_clock();
+        let stalled_a = Arc::new(AtomicBool::new(false));
+        let (tx_a, rx_a) = watch::channel(false);
+        let (tx_b, rx_b) = watch::channel(false);
+        let a = replica(&server, &stalled_a, &clock, "a", tx_a);
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let b = replica(&server, &Default::default(), &clock, "b", tx_b);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        assert!(*rx_a.borrow() && !*rx_b.borrow());
+
+        b.now().await;
+        let holder = || {
+            server
+                .lease
+                .lock()
+                .expect("lease")
+                .as_ref()
+                .and_then(|l| l.spec.clone()?.holder_identity)
+        };
+        assert_eq!(
+            holder().as_deref(),
+            Some("a"),
+            "a follower's resignation leaves the lease alone"
+        );
+
+        stalled_a.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(2100)).await; // a renewal is in flight, hung
+        let resigned = Instant::now();
+        a.now().await;
+        let took = resigned.elapsed();
+        assert!(
+            took <= Duration::from_secs(4),
+            "resigning took {took:?} against a hung API server"
+        );
+        assert!(!*rx_a.borrow());
     }
 }

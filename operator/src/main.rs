@@ -170,37 +170,50 @@ impl Leadership {
     }
 }
 
-/// Notified once on SIGTERM or Ctrl-C.
-fn on_sigterm() -> Arc<tokio::sync::Notify> {
-    let shutdown = Arc::new(tokio::sync::Notify::new());
-    tokio::spawn({
-        let shutdown = shutdown.clone();
-        async move {
-            let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(t) => t,
-                Err(_) => return,
-            };
-            tokio::select! {
-                _ = term.recv() => {},
-                _ = tokio::signal::ctrl_c() => {},
-            }
-            tracing::info!("shutting down");
-            shutdown.notify_waiters();
+/// Turns true on SIGTERM or Ctrl-C, and stays true: a signal that comes while nothing waits
+/// (between two waits of the main loop) is still seen by the next wait.
+fn on_sigterm() -> watch::Receiver<bool> {
+    let (tx, rx) = watch::channel(false);
+    tokio::spawn(async move {
+        let mut term = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(t) => t,
+            Err(_) => return std::future::pending().await,
+        };
+        tokio::select! {
+            _ = term.recv() => {},
+            _ = tokio::signal::ctrl_c() => {},
         }
+        tracing::info!("shutting down");
+        let _ = tx.send(true);
     });
-
-    shutdown
+    rx
 }
 
+/// Completes once SIGTERM has come (at once if it already has).
+async fn terminated(shutdown: &watch::Receiver<bool>) {
+    let mut shutdown = shutdown.clone();
+    let _ = shutdown.wait_for(|term| *term).await;
+}
+
+/// Completes once this replica no longer leads (or the election has ended).
+async fn leadership_lost(leader_rx: &mut watch::Receiver<bool>) {
+    let _ = leader_rx.wait_for(|leading| !*leading).await;
+}
+
+/// How long stopping controllers may take before they are aborted: with the election's two
+/// bounded calls (2 s each) it stays within the chart's 15 s grace period.
+const STOP_WITHIN: Duration = Duration::from_secs(8);
+
 /// Runs the controllers while this replica leads. Returns true on SIGTERM, once they have
-/// stopped (aborted after 10 s); false when they ended or leadership was lost (then aborted).
+/// stopped (aborted after [`STOP_WITHIN`], or at once if leadership is lost meanwhile); false
+/// when they ended or leadership was lost (then aborted).
 async fn lead(
     client: &Client,
     metrics: &Arc<Metrics>,
     scopes: &[OperatorSettings],
     identity: &str,
     leader_rx: &mut watch::Receiver<bool>,
-    shutdown: &tokio::sync::Notify,
+    shutdown: &watch::Receiver<bool>,
 ) -> bool {
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut controller = tokio::spawn(run_controllers(
@@ -212,16 +225,24 @@ async fn lead(
     ));
     tokio::select! {
         _ = &mut controller => false,
-        _ = async { while *leader_rx.borrow() { if leader_rx.changed().await.is_err() { break; } } } => {
+        _ = leadership_lost(leader_rx) => {
             tracing::warn!("leadership lost: stopping the controller now");
             controller.abort();
             false
         }
-        _ = shutdown.notified() => {
+        _ = terminated(shutdown) => {
             let _ = stop_tx.send(true);
-            if tokio::time::timeout(Duration::from_secs(10), &mut controller).await.is_err() {
-                controller.abort();
-                let _ = controller.await;
+            tokio::select! {
+                _ = &mut controller => {}
+                _ = leadership_lost(leader_rx) => {
+                    tracing::warn!("leadership lost while stopping: aborting the controller now");
+                    controller.abort();
+                    let _ = controller.await;
+                }
+                _ = tokio::time::sleep(STOP_WITHIN) => {
+                    controller.abort();
+                    let _ = controller.await;
+                }
             }
             true
         }
@@ -270,7 +291,7 @@ async fn main() -> std::process::ExitCode {
         while !*leader_rx.borrow() {
             tokio::select! {
                 r = leader_rx.changed() => if r.is_err() { return std::process::ExitCode::FAILURE },
-                _ = shutdown.notified() => {
+                _ = terminated(&shutdown) => {
                     leadership.resign().await;
                     return std::process::ExitCode::SUCCESS;
                 }

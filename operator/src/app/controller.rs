@@ -89,12 +89,14 @@ pub fn fleet_of_service(apps: &Store<AppRollout>, svc: &Service) -> Option<Objec
 /// pods come and go (a re-render, a rollout, a scale); the new pods' weights must be confirmed
 /// and counted again, not a minute later at the next periodic pass.
 fn releasing(apps: &Store<AppRollout>, d: &PartialObjectMeta<Deployment>) -> Vec<ObjectRef<AppRollout>> {
-    let (name, namespace) = (d.name_any(), d.namespace());
+    let (name, namespace) = (d.metadata.name.as_deref(), d.metadata.namespace.as_deref());
     let fleet = controller_of::<ProxyDeployment>(&d.metadata).map(|f| f.name);
     apps.state()
         .iter()
-        .filter(|ar| ar.namespace() == namespace)
-        .filter(|ar| ar.spec.workload_ref.name == name || fleet.as_ref() == Some(&ar.spec.route.proxy_deployment))
+        .filter(|ar| ar.metadata.namespace.as_deref() == namespace)
+        .filter(|ar| {
+            name == Some(ar.spec.workload_ref.name.as_str()) || fleet.as_ref() == Some(&ar.spec.route.proxy_deployment)
+        })
         .map(|ar| ObjectRef::from_obj(ar.as_ref()))
         .collect()
 }

@@ -1,7 +1,9 @@
 //! The ACME orders in flight, one per fleet at most. Only the leader reconciles fleets, so
 //! one registry in its memory is enough for "one order per fleet whatever the number of
 //! operator replicas"; a new leader starts from the status (the backoff is recorded there)
-//! and places a new order, which the ACME server handles as any client retry.
+//! and places a new order, which the ACME server handles as any client retry. Orders end with
+//! the controllers that started them ([`Orders::stop_on_drop`]): a replica that stopped
+//! leading (shutdown, a lost lease) keeps none running beside the new leader's.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -82,5 +84,45 @@ impl Orders {
         if let Some(Slot::Running(task)) = self.0.lock().ok().and_then(|mut m| m.remove(uid)) {
             task.abort();
         }
+    }
+
+    /// A guard that aborts every running order when dropped (the controllers' run ends or is
+    /// aborted). Orders hold the context, so the registry alone would outlive the controllers.
+    pub fn stop_on_drop(&self) -> StopOnDrop {
+        StopOnDrop(self.0.clone())
+    }
+}
+
+/// See [`Orders::stop_on_drop`].
+pub struct StopOnDrop(Arc<Mutex<HashMap<String, Slot>>>);
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        let Ok(mut slots) = self.0.lock() else { return };
+        for (_, slot) in slots.drain() {
+            if let Slot::Running(task) = slot {
+                task.abort();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn orders_end_with_the_controllers_that_started_them() {
+        let orders = Orders::default();
+        let (dropped_tx, dropped_rx) = tokio::sync::oneshot::channel::<()>();
+        let order = async move {
+            let _noticed = dropped_tx; // dropped with the order's future
+            std::future::pending::<Outcome>().await
+        };
+        assert!(orders.start("u1", order));
+        assert!(orders.in_flight("u1"));
+        drop(orders.stop_on_drop());
+        assert!(!orders.in_flight("u1"));
+        assert!(dropped_rx.await.is_err(), "the order's task was aborted");
     }
 }
