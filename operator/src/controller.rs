@@ -582,8 +582,13 @@ pub async fn run(
     stop: impl std::future::Future<Output = ()> + Send + Sync + 'static,
 ) {
     let caches = Caches::start(&client, &settings);
-    // Decisions need complete caches: wait for every initial list.
-    caches.wait_until_ready().await;
+    // Decisions need complete caches: wait for every initial list — or for the stop, which
+    // must not wait for a long first sync (the successor takes over once we return).
+    let stop = futures::FutureExt::shared(stop);
+    tokio::select! {
+        _ = caches.wait_until_ready() => {}
+        _ = stop.clone() => return,
+    }
     tracing::info!("caches synced; starting the controllers");
     let Caches {
         stores,
