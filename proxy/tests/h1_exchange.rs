@@ -192,11 +192,17 @@ async fn a_broken_upstream_response_is_a_502_or_a_cut_body_and_the_proxy_keeps_s
         let r = exchange(a, &request("GET", path)).await;
         assert!(r.starts_with("HTTP/1.1 502"), "{path}: {r}");
     }
-    // The head was good, the body ends early: the client sees its connection cut (hyper drops
-    // what it had buffered), never a complete response.
+    // The head was good, the body ends early: the client's connection is cut before the body
+    // is whole, never a complete response. What it got first depends on timing: nothing (the
+    // upstream's close was seen before hyper wrote anything, and it dropped what it had
+    // buffered) or the head and the part of the body that had come (written before the close
+    // was seen) — still framed with the upstream's length, so the client knows it is short.
     let cut = exchange(a, &request("GET", "/cut")).await;
-    assert!(cut.is_empty() || cut.starts_with("HTTP/1.1 200"), "{cut}");
-    assert!(!cut.ends_with("\r\n\r\nabc"), "{cut}");
+    if !cut.is_empty() {
+        let (head, body) = cut.split_once("\r\n\r\n").unwrap_or((&cut, ""));
+        assert!(head.starts_with("HTTP/1.1 200"), "{cut}");
+        assert!(head.contains("content-length: 10") && body.len() < 10, "{cut}");
+    }
     assert_eq!(
         within("after broken ones", get(a, "x", "/")).await,
         (200, "plain".to_string())
