@@ -45,7 +45,7 @@ pub async fn handle_connect(
         tracing::debug!(%target, "CONNECT refused by allow-list");
         return status(StatusCode::FORBIDDEN, "CONNECT target not allowed\n");
     }
-    let mut upstream = match dial(connect, &target).await {
+    let upstream = match dial(connect, &target).await {
         Ok(s) => s,
         Err(e) => {
             if e == DialError::AddressNotAllowed {
@@ -58,7 +58,9 @@ pub async fn handle_connect(
     tokio::spawn(async move {
         let _slot_holder = client;
         match hyper::upgrade::on(req).await {
-            Ok(upgraded) => crate::upgrade::join(TokioIo::new(upgraded), &mut upstream, idle).await,
+            Ok(upgraded) => {
+                crate::relay::relay_streams(TokioIo::new(upgraded), upstream, idle).await;
+            }
             Err(e) => tracing::debug!(error = %e, "CONNECT upgrade failed"),
         }
     });

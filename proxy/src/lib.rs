@@ -32,6 +32,7 @@ pub mod ocsp;
 pub mod passthrough;
 pub mod rate_limit;
 mod redirect;
+pub mod relay;
 pub mod reload;
 pub mod route_auth;
 pub mod router;

@@ -1,17 +1,16 @@
 //! WebSocket pass-through: the handshake goes to the upstream on a connection of its own;
 //! once both sides have switched protocols (101), the two upgraded streams are copied to each
-//! other until either closes or the tunnel idles out. A WebSocket over HTTP/2 (RFC 8441: an
-//! extended CONNECT with `:protocol: websocket`) becomes an HTTP/1.1 upgrade towards the
-//! upstream, and its 101 a 200 towards the client.
+//! other (`relay`: each direction half-closes on its own) until both end or the tunnel idles
+//! out. A WebSocket over HTTP/2 (RFC 8441: an extended CONNECT with `:protocol: websocket`)
+//! becomes an HTTP/1.1 upgrade towards the upstream, and its 101 a 200 towards the client.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::body::RequestBody;
 use http::header::{self, HeaderValue};
 use http::{Request, Response, StatusCode, Version};
 use hyper_util::rt::TokioIo;
-use tokio::io::{AsyncRead, AsyncWrite};
 
 use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
@@ -58,7 +57,9 @@ pub async fn tunnel(
         // The tunnel keeps the client's connection slot (`client.slot`) until it ends.
         let _client = client;
         match tokio::join!(client_side, upstream_side) {
-            (Ok(c), Ok(u)) => join(TokioIo::new(c), TokioIo::new(u), idle).await,
+            (Ok(c), Ok(u)) => {
+                crate::relay::relay_streams(TokioIo::new(c), TokioIo::new(u), idle).await;
+            }
             (c, u) => tracing::debug!(client = ?c.err(), upstream = ?u.err(), "upgrade not completed"),
         }
     });
@@ -133,34 +134,4 @@ fn upstream_request(
     *out.version_mut() = Version::HTTP_11;
     *out.headers_mut() = parts.headers;
     Some(out)
-}
-
-/// Copies both directions until either side closes, or nothing moves for `idle`.
-pub(crate) async fn join<A, B>(mut a: A, mut b: B, idle: Duration)
-where
-    A: AsyncRead + AsyncWrite + Unpin,
-    B: AsyncRead + AsyncWrite + Unpin,
-{
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let (mut buf_a, mut buf_b) = (vec![0u8; 16 * 1024], vec![0u8; 16 * 1024]);
-    loop {
-        let step = tokio::time::timeout(idle, async {
-            tokio::select! {
-                n = a.read(&mut buf_a) => match n {
-                    Ok(0) | Err(_) => false,
-                    Ok(n) => b.write_all(&buf_a[..n]).await.is_ok(),
-                },
-                n = b.read(&mut buf_b) => match n {
-                    Ok(0) | Err(_) => false,
-                    Ok(n) => a.write_all(&buf_b[..n]).await.is_ok(),
-                },
-            }
-        });
-        match step.await {
-            Ok(true) => {}
-            _ => break,
-        }
-    }
-    let _ = a.shutdown().await;
-    let _ = b.shutdown().await;
 }

@@ -3,7 +3,6 @@
 //! outlier ejection are the same as for HTTP; the bytes pass untouched.
 
 mod proxy_protocol;
-pub(crate) mod relay;
 pub mod sniff;
 
 use std::net::SocketAddr;
@@ -207,7 +206,7 @@ pub async fn serve(listener: &CompiledTcpListener, mut client: TcpStream, remote
         return;
     }
     target.relayed.inc();
-    let moved = relay::relay(client, upstream, listener.idle).await;
+    let moved = crate::relay::relay(client, upstream, listener.idle).await;
     target.to_upstream.inc_by(moved.to_upstream + first_bytes.len() as u64);
     target.to_client.inc_by(moved.to_client);
     target.duration.observe(started.elapsed().as_secs_f64());

@@ -252,7 +252,7 @@ pub async fn serve(l: &Socks5Listener, mut client: TcpStream, remote: SocketAddr
         return l.count(Refusal::TargetFailed);
     }
     l.relayed.inc();
-    let moved = crate::passthrough::relay::relay(client, upstream, l.connect.idle_timeout.get()).await;
+    let moved = crate::relay::relay(client, upstream, l.connect.idle_timeout.get()).await;
     l.to_upstream.inc_by(moved.to_upstream + early.len() as u64);
     l.to_client.inc_by(moved.to_client);
     l.duration.observe(started.elapsed().as_secs_f64());

@@ -1,6 +1,9 @@
-//! Relaying bytes both ways between a client and an upstream, counting them. Each direction
-//! ends on its own: EOF from one side is passed on as a half-close (shutdown of the write side),
-//! so protocols that half-close keep working. Both end when neither moved a byte for `idle`.
+//! Relaying bytes both ways between a client and an upstream, counting them: TLS passthrough,
+//! plain TCP and SOCKS5 listeners, CONNECT tunnels and upgraded (WebSocket) connections. Each
+//! direction ends on its own: EOF from one side is passed on as a half-close (shutdown of the
+//! write side, END_STREAM on an HTTP/2 tunnel) after everything read before it, so protocols
+//! that half-close keep working and a side's last bytes are never cut off by the other side
+//! closing. Both end when neither moved a byte for `idle`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -45,7 +48,9 @@ where
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if to.write_all(&buf[..n]).await.is_err() {
+        // Flushed at once: a TLS stream may hold written bytes until flushed, and the peer
+        // may wait for them before it sends anything more.
+        if to.write_all(&buf[..n]).await.is_err() || to.flush().await.is_err() {
             break;
         }
         moved.fetch_add(n as u64, Ordering::Relaxed);
@@ -57,8 +62,30 @@ where
 /// Copies `client` ⇄ `upstream` until both directions end or the connection idles out. The
 /// sockets are split into owned halves: no lock between the two directions.
 pub async fn relay(client: TcpStream, upstream: TcpStream, idle: Duration) -> Relayed {
-    let (client_r, client_w) = client.into_split();
-    let (upstream_r, upstream_w) = upstream.into_split();
+    relay_halves(client.into_split(), upstream.into_split(), idle).await
+}
+
+/// [`relay`] for any two streams (an upgraded HTTP/1.1 or HTTP/2 connection, a TLS stream):
+/// each is split with `tokio::io::split`, a lock held only while one half is polled.
+pub async fn relay_streams<A, B>(client: A, upstream: B, idle: Duration) -> Relayed
+where
+    A: AsyncRead + AsyncWrite,
+    B: AsyncRead + AsyncWrite,
+{
+    relay_halves(tokio::io::split(client), tokio::io::split(upstream), idle).await
+}
+
+async fn relay_halves<CR, CW, UR, UW>(
+    (client_r, client_w): (CR, CW),
+    (upstream_r, upstream_w): (UR, UW),
+    idle: Duration,
+) -> Relayed
+where
+    CR: AsyncRead + Unpin,
+    CW: AsyncWrite + Unpin,
+    UR: AsyncRead + Unpin,
+    UW: AsyncWrite + Unpin,
+{
     let (up, down) = (AtomicU64::new(0), AtomicU64::new(0));
     let activity = Activity {
         start: Instant::now(),
@@ -138,5 +165,32 @@ mod tests {
         let mut rest = Vec::new();
         client_peer.read_to_end(&mut rest).await.unwrap();
         assert!(rest.is_empty(), "the client sees the close");
+    }
+
+    #[tokio::test]
+    async fn any_stream_keeps_its_last_bytes_and_its_other_direction_after_a_close() {
+        let (client, mut client_peer) = tokio::io::duplex(64);
+        let (upstream, mut upstream_peer) = tokio::io::duplex(64);
+        let relay = tokio::spawn(relay_streams(client, upstream, Duration::from_secs(60)));
+        // The upstream's last frame, then its close: both reach the client, in order.
+        upstream_peer.write_all(&[0x88, 0x00]).await.unwrap();
+        upstream_peer.shutdown().await.unwrap();
+        let mut last = [0u8; 2];
+        client_peer.read_exact(&mut last).await.unwrap();
+        assert_eq!(last, [0x88, 0x00]);
+        assert_eq!(client_peer.read(&mut last).await.unwrap(), 0, "then the half-close");
+        // The client's direction still flows until it ends too.
+        client_peer.write_all(b"bye").await.unwrap();
+        client_peer.shutdown().await.unwrap();
+        let mut got = Vec::new();
+        upstream_peer.read_to_end(&mut got).await.unwrap();
+        assert_eq!(got, b"bye");
+        assert_eq!(
+            relay.await.unwrap(),
+            Relayed {
+                to_upstream: 3,
+                to_client: 2
+            }
+        );
     }
 }
