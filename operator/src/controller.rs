@@ -14,7 +14,7 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use tracing::{field, info_span, Instrument};
 
-use crate::apply::{Applier, ApplyError, Outcome};
+use crate::apply::{Applier, ApplyError};
 use crate::caches::Caches;
 use crate::canary;
 use crate::certs;
@@ -257,7 +257,7 @@ async fn roll_out(
     if command.is_some() {
         clear_command(ctx, owner).await;
     }
-    match apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
+    match crate::owned_set::apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
         Ok((changes, stable)) => {
             pass.written_stable = stable;
             if !changes.is_empty() {
@@ -408,111 +408,6 @@ async fn write_status(
         })
 }
 
-/// Applies every object of the fleet's desired set, then deletes what it no longer contains:
-/// old ConfigMaps, a PDB after scaling to one, the headless Service when turned off, a
-/// finished canary. Returns what changed and the stable Deployment as written.
-async fn apply_owned_set(
-    ctx: &Context,
-    owner: &Owner,
-    desired: &crate::desired::DesiredObjects,
-    keep_config_maps: &[String],
-) -> Result<(Vec<String>, Option<Deployment>), ApplyError> {
-    let mut written_stable = None;
-    let mut changes = Vec::new();
-    if let Some(sa) = desired.service_account.clone() {
-        note(
-            &mut changes,
-            "ServiceAccount",
-            ctx.applier.apply(sa, &ctx.stores.service_accounts).await?.0,
-        );
-    }
-    for cm in desired.config_maps.iter().cloned() {
-        note(
-            &mut changes,
-            "ConfigMap",
-            ctx.applier.apply(cm, &ctx.stores.config_maps).await?.0,
-        );
-    }
-    for d in desired.deployments.iter().cloned() {
-        let is_stable = status::track_of(&d) == Some(Track::Stable);
-        let (outcome, written) = ctx.applier.apply(d, &ctx.stores.deployments).await?;
-        if is_stable {
-            written_stable = written;
-        }
-        note(&mut changes, "Deployment", outcome);
-    }
-    for s in desired.services.iter().cloned() {
-        note(
-            &mut changes,
-            "Service",
-            ctx.applier.apply(s, &ctx.stores.services).await?.0,
-        );
-    }
-    if let Some(p) = desired.pdb.clone() {
-        note(
-            &mut changes,
-            "PodDisruptionBudget",
-            ctx.applier.apply(p, &ctx.stores.pdbs).await?.0,
-        );
-    }
-    if let Some(n) = desired.network_policy.clone() {
-        note(
-            &mut changes,
-            "NetworkPolicy",
-            ctx.applier.apply(n, &ctx.stores.network_policies).await?.0,
-        );
-    }
-    let deleted = delete_orphans(ctx, owner, desired, keep_config_maps).await?;
-    if !deleted.is_empty() {
-        changes.push(format!("deleted {}", deleted.join(", ")));
-    }
-    Ok((changes, written_stable))
-}
-
-/// Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after scaling to
-/// one, the headless Service when turned off, a finished canary. Returns what was deleted.
-async fn delete_orphans(
-    ctx: &Context,
-    owner: &Owner,
-    desired: &crate::desired::DesiredObjects,
-    keep_config_maps: &[String],
-) -> Result<Vec<String>, ApplyError> {
-    let uid = owner.reference.uid.as_str();
-    let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
-    let (s, by) = (&ctx.stores, &ctx.stores.by_owner);
-    let ns = owner.namespace.as_str();
-    Ok([
-        ctx.applier
-            .delete_orphans((&s.config_maps, &by.config_maps), ns, uid, keep_config_maps)
-            .await?,
-        ctx.applier
-            .delete_orphans(
-                (&s.deployments, &by.deployments),
-                ns,
-                uid,
-                &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
-            )
-            .await?,
-        ctx.applier
-            .delete_orphans(
-                (&s.services, &by.services),
-                ns,
-                uid,
-                &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
-            )
-            .await?,
-        ctx.applier
-            .delete_orphans(
-                (&s.pdbs, &by.pdbs),
-                ns,
-                uid,
-                &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
-            )
-            .await?,
-    ]
-    .concat())
-}
-
 /// The Deployment controller gave up on the stable pods: say which pod and why.
 async fn stalled(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, d: &Deployment) -> Problem {
     let why = crate::pod_problem::describe(ctx, owner, Track::Stable, status::revision_of(d).as_deref())
@@ -549,14 +444,6 @@ async fn clear_command(ctx: &Context, owner: &Owner) {
     match crate::command_annotation::clear(&api, &owner.name, annotation, &ctx.latest_fleets).await {
         Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
         Err(e) => tracing::warn!(error = %e, "could not clear the command annotation"),
-    }
-}
-
-fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
-    match outcome {
-        Outcome::Unchanged => {}
-        Outcome::Created => changes.push(format!("created {kind}")),
-        Outcome::Updated => changes.push(format!("updated {kind}")),
     }
 }
 
@@ -728,7 +615,7 @@ fn fleets_of_namespace(
     })
 }
 
-fn context(
+pub(crate) fn context(
     client: &Client,
     metrics: &Arc<Metrics>,
     settings: OperatorSettings,

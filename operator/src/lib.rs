@@ -26,6 +26,7 @@ pub mod labels;
 pub mod latest_object;
 pub mod leader;
 pub mod metrics;
+pub mod owned_set;
 pub mod owner_index;
 pub mod pod_problem;
 pub mod policy;

@@ -1,0 +1,321 @@
+//! Everything a fleet owns, applied and collected in one place: the desired set (`desired`)
+//! goes to the API server through the applier, and whatever the fleet owns that the set no
+//! longer names is deleted.
+
+use k8s_openapi::api::apps::v1::Deployment;
+use kube::runtime::reflector::Store;
+
+use crate::apply::{ApplyError, Outcome};
+use crate::context::Context;
+use crate::labels::Track;
+use crate::resources::Owner;
+use crate::status;
+
+/// Applies every object of the fleet's desired set, then deletes what it no longer contains:
+/// old ConfigMaps, a PDB after scaling to one, the headless Service when turned off, a
+/// finished canary. Returns what changed and the stable Deployment as written. The pods'
+/// ServiceAccount and ConfigMaps go before their Deployment (a pod created before its
+/// ServiceAccount exists is refused, and the ReplicaSet controller backs off); a refused
+/// object stops the pass.
+pub async fn apply_owned_set(
+    ctx: &Context,
+    owner: &Owner,
+    desired: &crate::desired::DesiredObjects,
+    keep_config_maps: &[String],
+) -> Result<(Vec<String>, Option<Deployment>), ApplyError> {
+    let s = &ctx.stores;
+    let mut changes = apply_each(
+        ctx,
+        "ServiceAccount",
+        desired.service_account.clone(),
+        &s.service_accounts,
+    )
+    .await?;
+    changes.extend(apply_each(ctx, "ConfigMap", desired.config_maps.iter().cloned(), &s.config_maps).await?);
+    let mut written_stable = None;
+    for d in desired.deployments.iter().cloned() {
+        let is_stable = status::track_of(&d) == Some(Track::Stable);
+        let (outcome, written) = ctx.applier.apply(d, &s.deployments).await?;
+        if is_stable {
+            written_stable = written;
+        }
+        note(&mut changes, "Deployment", outcome);
+    }
+    changes.extend(apply_each(ctx, "Service", desired.services.iter().cloned(), &s.services).await?);
+    changes.extend(apply_each(ctx, "PodDisruptionBudget", desired.pdb.clone(), &s.pdbs).await?);
+    changes.extend(
+        apply_each(
+            ctx,
+            "NetworkPolicy",
+            desired.network_policy.clone(),
+            &s.network_policies,
+        )
+        .await?,
+    );
+    let deleted = delete_orphans(ctx, owner, desired, keep_config_maps).await?;
+    if !deleted.is_empty() {
+        changes.push(format!("deleted {}", deleted.join(", ")));
+    }
+    Ok((changes, written_stable))
+}
+
+/// Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after scaling to
+/// one, the headless Service when turned off, a finished canary. Returns what was deleted.
+async fn delete_orphans(
+    ctx: &Context,
+    owner: &Owner,
+    desired: &crate::desired::DesiredObjects,
+    keep_config_maps: &[String],
+) -> Result<Vec<String>, ApplyError> {
+    let uid = owner.reference.uid.as_str();
+    let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
+    let (s, by) = (&ctx.stores, &ctx.stores.by_owner);
+    let ns = owner.namespace.as_str();
+    Ok([
+        ctx.applier
+            .delete_orphans((&s.config_maps, &by.config_maps), ns, uid, keep_config_maps)
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                (&s.deployments, &by.deployments),
+                ns,
+                uid,
+                &names(desired.deployments.iter().map(|o| o.metadata.name.clone()).collect()),
+            )
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                (&s.services, &by.services),
+                ns,
+                uid,
+                &names(desired.services.iter().map(|o| o.metadata.name.clone()).collect()),
+            )
+            .await?,
+        ctx.applier
+            .delete_orphans(
+                (&s.pdbs, &by.pdbs),
+                ns,
+                uid,
+                &names(vec![desired.pdb.as_ref().and_then(|p| p.metadata.name.clone())]),
+            )
+            .await?,
+    ]
+    .concat())
+}
+
+/// Applies `objects` of one kind in turn (a fleet has one or two of each) and says what changed.
+async fn apply_each<K>(
+    ctx: &Context,
+    kind: &str,
+    objects: impl IntoIterator<Item = K>,
+    cache: &Store<K>,
+) -> Result<Vec<String>, ApplyError>
+where
+    K: kube::Resource<DynamicType = (), Scope = kube::core::NamespaceResourceScope>
+        + Clone
+        + serde::Serialize
+        + serde::de::DeserializeOwned
+        + std::fmt::Debug
+        + Send
+        + Sync
+        + 'static,
+{
+    let mut changes = Vec::new();
+    for obj in objects {
+        note(&mut changes, kind, ctx.applier.apply(obj, cache).await?.0);
+    }
+    Ok(changes)
+}
+
+fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
+    match outcome {
+        Outcome::Unchanged => {}
+        Outcome::Created => changes.push(format!("created {kind}")),
+        Outcome::Updated => changes.push(format!("updated {kind}")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::desired::DesiredObjects;
+    use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
+    use k8s_openapi::api::networking::v1::NetworkPolicy;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
+    use kube::client::Body;
+    use kube::runtime::reflector::store;
+    use std::time::Duration;
+
+    fn meta(name: &str) -> ObjectMeta {
+        ObjectMeta {
+            name: Some(name.into()),
+            namespace: Some("team-a".into()),
+            ..Default::default()
+        }
+    }
+
+    fn stores() -> crate::context::Stores {
+        crate::context::Stores {
+            deployments: store().0,
+            config_maps: store().0,
+            services: store().0,
+            service_accounts: store().0,
+            pdbs: store().0,
+            secrets: store().0,
+            revisions: store().0,
+            network_policies: store().0,
+            policies: store().0,
+            namespaces: store().0,
+            by_owner: Default::default(),
+        }
+    }
+
+    fn new_fleet() -> DesiredObjects {
+        let mut deployment = Deployment {
+            metadata: meta("demo"),
+            ..Default::default()
+        };
+        deployment.metadata.labels = Some([(crate::labels::TRACK.to_string(), "stable".to_string())].into());
+        DesiredObjects {
+            service_account: Some(ServiceAccount {
+                metadata: meta("demo-proxy"),
+                ..Default::default()
+            }),
+            config_maps: vec![ConfigMap {
+                metadata: meta("demo-config"),
+                ..Default::default()
+            }],
+            deployments: vec![deployment],
+            services: vec![Service {
+                metadata: meta("demo"),
+                ..Default::default()
+            }],
+            pdb: Some(PodDisruptionBudget {
+                metadata: meta("demo"),
+                ..Default::default()
+            }),
+            network_policy: Some(NetworkPolicy {
+                metadata: meta("demo"),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// The kind a request is for, from its path (`…/namespaces/team-a/<kind>/<name>`).
+    fn kind_of(request: &http::Request<Body>) -> String {
+        let path: Vec<&str> = request.uri().path().split('/').collect();
+        path[path.len() - 2].to_string()
+    }
+
+    fn test_context(client: kube::Client) -> Context {
+        crate::controller::context(
+            &client,
+            &std::sync::Arc::new(crate::metrics::Metrics::new()),
+            Default::default(),
+            "test".into(),
+            stores(),
+            store().0,
+            Vec::new(),
+        )
+    }
+
+    /// A new fleet against a mocked API server: every object is applied, the Deployment after
+    /// its ServiceAccount and ConfigMap, and the pass says what it created, in that order.
+    #[tokio::test]
+    async fn a_new_fleet_is_applied_its_deployment_after_what_its_pods_need() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let ctx = test_context(kube::Client::new(mock, "default"));
+        let owner = crate::resources::Owner::of(&crate::resources::fixtures::basic()).expect("owner");
+        let server = tokio::spawn(async move {
+            let mut order = Vec::new();
+            for _ in 0..6 {
+                let (kind, request, send) = next(&mut handle).await;
+                order.push(kind);
+                echo(request, send).await;
+            }
+            order
+        });
+        let (changes, stable) = apply_owned_set(&ctx, &owner, &new_fleet(), &[]).await.expect("applied");
+        assert!(stable.is_some(), "the stable Deployment as written");
+        assert_eq!(
+            changes,
+            [
+                "created ServiceAccount",
+                "created ConfigMap",
+                "created Deployment",
+                "created Service",
+                "created PodDisruptionBudget",
+                "created NetworkPolicy"
+            ]
+        );
+        drop(ctx);
+        let order = server.await.expect("mock server");
+        assert_eq!(
+            order,
+            [
+                "serviceaccounts",
+                "configmaps",
+                "deployments",
+                "services",
+                "poddisruptionbudgets",
+                "networkpolicies"
+            ]
+        );
+    }
+
+    /// A refused Deployment stops the pass with the API server's words; nothing after it is
+    /// applied and nothing is deleted.
+    #[tokio::test]
+    async fn a_refused_object_stops_the_pass() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let ctx = test_context(kube::Client::new(mock, "default"));
+        let owner = crate::resources::Owner::of(&crate::resources::fixtures::basic()).expect("owner");
+        let server = tokio::spawn(async move {
+            for _ in 0..2 {
+                let (_, request, send) = next(&mut handle).await;
+                echo(request, send).await;
+            }
+            let (kind, _, send) = next(&mut handle).await;
+            assert_eq!(kind, "deployments");
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "spec.template: invalid", "reason": "Invalid", "code": 422});
+            let body = Body::from(serde_json::to_vec(&status).expect("json"));
+            send.send_response(http::Response::builder().status(422).body(body).expect("response"));
+            assert!(handle.next_request().await.is_none(), "nothing after the refusal");
+        });
+        let refused = apply_owned_set(&ctx, &owner, &new_fleet(), &[]).await.expect_err("422");
+        assert_eq!(
+            refused.refusal().as_deref(),
+            Some("the API server refused applying Deployment team-a/demo: spec.template: invalid")
+        );
+        drop(ctx);
+        server.await.expect("mock server");
+    }
+
+    type Handle = tower_test::mock::Handle<http::Request<Body>, http::Response<Body>>;
+    type Reply = tower_test::mock::SendResponse<http::Response<Body>>;
+
+    /// The next apply.
+    async fn next(handle: &mut Handle) -> (String, http::Request<Body>, Reply) {
+        let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+            .await
+            .expect("the next request in time")
+            .expect("a request");
+        assert_eq!(request.method(), http::Method::PATCH, "an apply");
+        (kind_of(&request), request, send)
+    }
+
+    /// Answers an apply with the object it applied (as the API server would, plus a uid).
+    async fn echo(request: http::Request<Body>, send: Reply) {
+        let bytes = http_body_util::BodyExt::collect(request.into_body())
+            .await
+            .expect("body")
+            .to_bytes();
+        let mut obj: serde_json::Value = serde_json::from_slice(&bytes).expect("json");
+        obj["metadata"]["uid"] = "u".into();
+        obj["metadata"]["resourceVersion"] = "1".into();
+        let body = Body::from(serde_json::to_vec(&obj).expect("json"));
+        send.send_response(http::Response::builder().status(200).body(body).expect("response"));
+    }
+}
