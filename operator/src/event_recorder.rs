@@ -181,13 +181,20 @@ impl Events {
             return Ok(());
         }
         let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
-        let created_event = match api
-            .create(&PostParams::default(), &self.event(ev, reference, stamp))
-            .await
-        {
+        let event = self.event(ev, reference, stamp);
+        let created_event = match api.create(&PostParams::default(), &event).await {
             Ok(e) => e,
             Err(e) => {
-                self.forget_unnamed(key);
+                match (maybe_created(&e), event.metadata.name) {
+                    // The Event may exist under the name we chose: repeats count on it, and if
+                    // it does not, the first repeat's 404 starts the series again.
+                    (true, Some(name)) => {
+                        if let Ok(mut s) = self.series.lock() {
+                            created(&mut s, key, name, now);
+                        }
+                    }
+                    _ => self.forget_unnamed(key),
+                }
                 return Err(e);
             }
         };
@@ -243,6 +250,16 @@ impl Events {
             }),
             ..Default::default()
         }
+    }
+}
+
+/// Whether a failed create may still have created the Event: the request may have reached the
+/// API server (no answer, a timeout, a server error), or the name exists already. A refusal
+/// (any other 4xx) created nothing.
+fn maybe_created(e: &kube::Error) -> bool {
+    match e {
+        kube::Error::Api(status) => status.code == 409 || status.code >= 500,
+        _ => true,
     }
 }
 
@@ -480,6 +497,59 @@ mod tests {
         assert_eq!(seen[0].0, http::Method::POST);
         assert_eq!(seen[1].0, http::Method::PATCH, "the second is a count, not an Event");
         assert_eq!(seen[1].1["series"]["count"], 2);
+    }
+
+    fn status(code: u16) -> Body {
+        let status = serde_json::json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+            "reason": "Timeout", "message": "m", "code": code});
+        Body::from(serde_json::to_vec(&status).expect("json"))
+    }
+
+    /// A create that timed out may have made the Event: the next occurrence counts on the name
+    /// it was created with instead of making a second Event. A refused create made nothing:
+    /// the next occurrence creates it.
+    #[tokio::test]
+    async fn after_an_unanswered_create_a_repeat_counts_on_its_name_after_a_refusal_it_creates() {
+        let (events, mut handle) = mocked_events();
+        let server = tokio::spawn(async move {
+            let mut seen = Vec::new();
+            for code in [504u16, 200, 422, 200] {
+                let (request, send) = next_request(&mut handle).await;
+                let body = request.body.clone();
+                seen.push(request);
+                if code == 200 {
+                    let name = body["metadata"]["name"].as_str().unwrap_or("patched").to_string();
+                    reply_event(send, body, &name);
+                } else {
+                    send.send_response(
+                        http::Response::builder()
+                            .status(code)
+                            .body(status(code))
+                            .expect("response"),
+                    );
+                }
+            }
+            seen
+        });
+        let timed_out = event("ApplyFailed", "slow");
+        assert!(events.publish(&timed_out, &fleet()).await.is_err());
+        events.publish(&timed_out, &fleet()).await.expect("counted");
+        let refused = event("ApplyFailed", "refused");
+        assert!(events.publish(&refused, &fleet()).await.is_err());
+        events.publish(&refused, &fleet()).await.expect("created");
+        let seen = server.await.expect("mock server");
+        let first_name = seen[0].body["metadata"]["name"]
+            .as_str()
+            .expect("a chosen name")
+            .to_string();
+        let calls: Vec<_> = seen.iter().map(|r| r.method.as_str()).collect();
+        assert_eq!(calls, ["POST", "PATCH", "POST", "POST"]);
+        assert!(
+            seen[1].path.ends_with(&format!("/events/{first_name}")),
+            "{}",
+            seen[1].path
+        );
+        assert_eq!(seen[1].body["series"]["count"], 2);
     }
 
     /// Against a mocked API server: a repeat whose Event has expired (the count's PATCH gets
