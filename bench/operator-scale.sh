@@ -32,6 +32,20 @@ start_operator() {
 # KEEP=1 leaves the fleets in place (to measure an operator restarted over them).
 trap '[ -z "$OP" ] || kill $OP 2>/dev/null || true; [ "${KEEP:-0}" = 1 ] || kubectl delete ns pf-scale --wait=false >/dev/null 2>&1 || true' EXIT
 rss() { awk '/VmRSS/ {printf "%.1f", $2/1024}' /proc/$OP/status; }
+# CPU while statuses are written: the machine's busy share (/proc/stat) and each party's
+# seconds (/proc/PID/stat), to tell the operator's latency from the API server's throughput.
+machine_ticks() { awk '/^cpu / {print $2+$3+$4+$7+$8+$9, $5+$6}' /proc/stat; }
+party_ticks() { # party_ticks: "name ticks" per control-plane process and the operator
+  local p
+  for p in $(pgrep -x kube-apiserver) $(pgrep -x etcd) $(pgrep -x kube-controller) ${OP:-}; do
+    awk -v n="$(cat /proc/$p/comm)" -v p="$p" '{print n "/" p, $14 + $15}' /proc/$p/stat 2>/dev/null || true
+  done
+}
+mark() { # the start of the measured time
+  t0=$(date +%s.%N)
+  read -r busy0 idle0 < <(machine_ticks)
+  parties0=$(party_ticks)
+}
 writes() { curl -s 127.0.0.1:18099/metrics | awk '/^proxyfleet_operator_api_writes_total/ {s += $2} END {print s + 0}'; }
 # OPERATOR_LATE=1: the fleets are created first and the operator started over them, so the
 # status time is the operator's own (no API server work for kubectl's creations beside it).
@@ -69,7 +83,7 @@ timeout 900 kubectl get pxd -n pf-scale --watch -o jsonpath='{.metadata.name} {.
       if [ "$count" -ge "$n" ]; then date +%s.%N > /tmp/operator-scale.converged; break; fi
     done; } &
 watching=$!
-t0=$(date +%s.%N)
+mark
 creating=()
 for c in $(seq 0 $((creators - 1))); do
   seq $((c + 1)) "$creators" "$n" | while read -r i; do fleet "$i"; done | kubectl apply -n pf-scale -f - >/dev/null &
@@ -79,8 +93,8 @@ for pid in "${creating[@]}"; do wait "$pid"; done
 applied=$(printf %.1f "$(echo "$(date +%s.%N) - $t0" | bc)")
 status_from="kubectl's first creation"
 if [ "$late" = 1 ]; then
-  t0=$(date +%s.%N)
   start_operator
+  mark
   status_from="the operator's start, all created before"
 fi
 until [ -s /tmp/operator-scale.converged ]; do
@@ -89,6 +103,10 @@ until [ -s /tmp/operator-scale.converged ]; do
 done
 kill "$watching" 2>/dev/null || true
 converged=$(printf %.1f "$(echo "$(cat /tmp/operator-scale.converged) - $t0" | bc)")
+read -r busy1 idle1 < <(machine_ticks)
+busy_share=$(( 100 * (busy1 - busy0) / (busy1 - busy0 + idle1 - idle0) ))
+hz=$(getconf CLK_TCK)
+cpu_split=$(join <(sort <<<"$parties0") <(party_ticks | sort) | awk -v hz="$hz" '{printf "%s%s %.1f s", sep, $1, ($3 - $2) / hz; sep = ", "}')
 loaded=$(rss)
 # Quiet means every fleet is Ready (the controller-manager has processed every Deployment).
 until [ "$(kubectl get pxd -n pf-scale -o json | jq '[.items[] | select(.status.phase == "Ready")] | length')" = "$n" ]; do
@@ -110,6 +128,8 @@ cat <<MD
 | ProxyDeployments | $n ($objects owned objects) |
 | time kubectl took to create all $n | ${applied} s |
 | time until all $n reported status (from $status_from) | ${converged} s |
+| machine CPU busy in that time (both cores) | ${busy_share} % |
+| CPU seconds in that time | ${cpu_split} |
 | operator RSS right after | $loaded MiB |
 | time until all $n Ready | ${ready} s |
 | operator RSS when quiet | $steady MiB |
