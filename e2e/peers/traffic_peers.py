@@ -109,9 +109,15 @@ def check_websocket(ip, ca_file, hostname):
             await ws.send(blob)
             if await asyncio.wait_for(ws.recv(), 20) != blob:
                 raise SystemExit("websocket: the 1 MiB binary message came back changed")
+            # The closing handshake: the server's Close reply (sent just before it closes its
+            # connection) must come back through the fleet.
+            await asyncio.wait_for(ws.close(code=1000, reason="done"), 10)
+            reply = ws.protocol.close_rcvd
+            if reply is None or reply.code != 1000:
+                raise SystemExit(f"websocket: no Close reply from the server, got {reply!r}")
 
     asyncio.run(run())
-    print("websocket: 50 text echoes and a 1 MiB binary echo through the fleet", flush=True)
+    print("websocket: 50 text echoes, a 1 MiB binary echo and the closing handshake through the fleet", flush=True)
 
 
 def check_grpc(ip, ca_file, hostname):
