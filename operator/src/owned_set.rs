@@ -147,12 +147,15 @@ mod tests {
     use kube::runtime::reflector::store;
     use std::time::Duration;
 
-    fn meta(name: &str) -> ObjectMeta {
-        ObjectMeta {
+    /// An object of kind `K` named `name` in team-a, nothing else set.
+    fn named<K: kube::Resource + Default>(name: &str) -> K {
+        let mut obj = K::default();
+        *obj.meta_mut() = ObjectMeta {
             name: Some(name.into()),
             namespace: Some("team-a".into()),
             ..Default::default()
-        }
+        };
+        obj
     }
 
     fn stores() -> crate::context::Stores {
@@ -172,33 +175,15 @@ mod tests {
     }
 
     fn new_fleet() -> DesiredObjects {
-        let mut deployment = Deployment {
-            metadata: meta("demo"),
-            ..Default::default()
-        };
+        let mut deployment: Deployment = named("demo");
         deployment.metadata.labels = Some([(crate::labels::TRACK.to_string(), "stable".to_string())].into());
         DesiredObjects {
-            service_account: Some(ServiceAccount {
-                metadata: meta("demo-proxy"),
-                ..Default::default()
-            }),
-            config_maps: vec![ConfigMap {
-                metadata: meta("demo-config"),
-                ..Default::default()
-            }],
+            service_account: Some(named::<ServiceAccount>("demo-proxy")),
+            config_maps: vec![named::<ConfigMap>("demo-config")],
             deployments: vec![deployment],
-            services: vec![Service {
-                metadata: meta("demo"),
-                ..Default::default()
-            }],
-            pdb: Some(PodDisruptionBudget {
-                metadata: meta("demo"),
-                ..Default::default()
-            }),
-            network_policy: Some(NetworkPolicy {
-                metadata: meta("demo"),
-                ..Default::default()
-            }),
+            services: vec![named::<Service>("demo")],
+            pdb: Some(named::<PodDisruptionBudget>("demo")),
+            network_policy: Some(named::<NetworkPolicy>("demo")),
         }
     }
 
