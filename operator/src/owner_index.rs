@@ -9,7 +9,7 @@
 //! or gone in a relist) or no longer controlled by that owner. What a read returns is always
 //! what the cache holds.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
@@ -21,10 +21,12 @@ use crate::labels;
 /// An object's namespace and name.
 type Key = (String, String);
 
-/// Owner uid → the objects of one kind it controls.
+/// Owner uid → the objects of one kind it controls: a handful each (its ConfigMaps, a
+/// Deployment per track, its revisions), so a list is searched faster than a set is hashed,
+/// and a watch event for a name already noted allocates nothing.
 #[derive(Clone, Default)]
 pub struct OwnerIndex {
-    by_owner: Arc<Mutex<HashMap<String, HashSet<Key>>>>,
+    by_owner: Arc<Mutex<HashMap<String, Vec<Key>>>>,
 }
 
 fn cached<K: Resource<DynamicType = ()> + Clone + 'static>(
@@ -63,13 +65,11 @@ impl OwnerIndex {
             return;
         };
         let Ok(mut m) = self.by_owner.lock() else { return };
-        let key = (namespace.clone(), name.clone());
         match m.get_mut(uid) {
-            Some(keys) => {
-                keys.insert(key);
-            }
+            Some(keys) if keys.iter().any(|(ns, n)| ns == namespace && n == name) => {}
+            Some(keys) => keys.push((namespace.clone(), name.clone())),
             None => {
-                m.insert(uid.to_string(), HashSet::from([key]));
+                m.insert(uid.to_string(), vec![(namespace.clone(), name.clone())]);
             }
         }
     }
@@ -113,7 +113,7 @@ impl OwnerIndex {
             keys.retain(|key| cached(cache, key).is_some_and(|o| controller_uid(o.as_ref()) == Some(uid.as_str())));
             !keys.is_empty()
         });
-        m.values().map(HashSet::len).sum()
+        m.values().map(Vec::len).sum()
     }
 }
 
@@ -185,6 +185,8 @@ mod tests {
         let index = OwnerIndex::default();
         seen(&mut writer, &index, Event::Apply(cm("edge-config-1", "team-a", "u1")));
         seen(&mut writer, &index, Event::Apply(cm("edge-config-2", "team-a", "u1")));
+        // Every update of an object is a watch event: still one entry.
+        seen(&mut writer, &index, Event::Apply(cm("edge-config-2", "team-a", "u1")));
         seen(&mut writer, &index, Event::Apply(cm("other-config", "team-a", "u2")));
         // The same owner uid on an object of another namespace (owner references never cross
         // namespaces): not this fleet's.
@@ -195,6 +197,7 @@ mod tests {
         );
         assert_eq!(names(index.owned(&cache, "team-a", "u2")), ["other-config"]);
         assert!(index.owned(&cache, "team-a", "u9").is_empty());
+        assert_eq!(index.sweep(&cache), 4);
 
         seen(&mut writer, &index, Event::Delete(cm("edge-config-1", "team-a", "u1")));
         assert_eq!(names(index.owned(&cache, "team-a", "u1")), ["edge-config-2"]);
