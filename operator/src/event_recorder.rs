@@ -41,11 +41,14 @@ pub fn within_note_limit(note: &str) -> &str {
 const SERIES_WINDOW: Duration = Duration::from_secs(6 * 60);
 
 /// A series as far as we need it: its Event's name (none while its creation is in flight), how
-/// often it happened, when last.
+/// often it happened, when last, and whether a request for it (the create or a count) is in
+/// flight. One publish at a time sends for a series; repeats meanwhile are booked and sent by
+/// it after its request, so the counts reach the API server in order and none is lost.
 struct Series {
     name: Option<String>,
     count: i32,
     last: Instant,
+    sending: bool,
 }
 
 type Book = Mutex<HashMap<u64, Series>>;
@@ -68,8 +71,8 @@ fn series_key(ev: &Event, reference: &ObjectReference) -> u64 {
     h.finish()
 }
 
-/// What to send: a new Event, the next count of an existing one, or nothing yet (the series'
-/// Event is being created; its creator sends the count when it is done).
+/// What to send: a new Event, the next count of an existing one, or nothing (another publish
+/// is sending for the series and sends this occurrence's count after its own request).
 #[derive(Debug, PartialEq)]
 enum Publish {
     Create,
@@ -79,7 +82,7 @@ enum Publish {
 
 /// Pure: books the event under `key` at `now`, forgetting series past the window. A new series
 /// is booked at once, so a second publish of it before its Event exists counts on it instead
-/// of creating another Event.
+/// of creating another Event; a repeat while a count is in flight is sent after it.
 fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
     series.retain(|_, s| now.duration_since(s.last) < SERIES_WINDOW);
     match series.get_mut(&key) {
@@ -87,11 +90,14 @@ fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
             s.count += 1;
             s.last = now;
             match &s.name {
-                Some(name) => Publish::Repeat {
-                    name: name.clone(),
-                    count: s.count,
-                },
-                None => Publish::Pending,
+                Some(name) if !s.sending => {
+                    s.sending = true;
+                    Publish::Repeat {
+                        name: name.clone(),
+                        count: s.count,
+                    }
+                }
+                _ => Publish::Pending,
             }
         }
         None => {
@@ -101,6 +107,7 @@ fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
                     name: None,
                     count: 1,
                     last: now,
+                    sending: true,
                 },
             );
             Publish::Create
@@ -108,34 +115,60 @@ fn book(series: &mut HashMap<u64, Series>, key: u64, now: Instant) -> Publish {
     }
 }
 
-/// Pure: the series once its Event `name` exists; returns the count to send when repeats were
-/// booked while the Event was being created.
-fn created(series: &mut HashMap<u64, Series>, key: u64, name: String, now: Instant) -> Option<i32> {
-    let s = series.entry(key).or_insert(Series {
-        name: None,
-        count: 1,
-        last: now,
-    });
-    let pending = s.name.is_none() && s.count > 1;
-    s.name = Some(name);
-    pending.then_some(s.count)
+/// Pure: the sender's request reached the API server with `count`; what it sends next, if
+/// repeats were booked meanwhile, or nothing (the series is free for the next repeat).
+fn sent(series: &mut HashMap<u64, Series>, key: u64, count: i32) -> Publish {
+    let Some(s) = series.get_mut(&key) else {
+        return Publish::Pending;
+    };
+    match &s.name {
+        Some(name) if s.count > count => Publish::Repeat {
+            name: name.clone(),
+            count: s.count,
+        },
+        _ => {
+            s.sending = false;
+            Publish::Pending
+        }
+    }
 }
 
-/// Pure: the series' Event `gone` no longer exists (expired, deleted). If the series still
-/// names it, it starts again as a new series whose Event this publish creates; if another
-/// publish got there first, this occurrence is counted on the series it started (sent by its
-/// creator, or with the next repeat).
-fn restart(series: &mut HashMap<u64, Series>, key: u64, gone: &str, now: Instant) -> Publish {
+/// Pure: the series' Event `name` was created (with a count of one).
+fn created(series: &mut HashMap<u64, Series>, key: u64, name: String) -> Publish {
+    match series.get_mut(&key) {
+        Some(s) => {
+            s.name = Some(name);
+            sent(series, key, 1)
+        }
+        None => Publish::Pending,
+    }
+}
+
+/// Pure: the sender's request failed without an answer that settles it: the series is free,
+/// and its booked count goes with the next repeat. `name` is the Event a create that may
+/// have succeeded chose (repeats count on it; if it does not exist, their 404 restarts it).
+fn unsettled(series: &mut HashMap<u64, Series>, key: u64, name: Option<String>) {
+    if let Some(s) = series.get_mut(&key) {
+        s.sending = false;
+        if name.is_some() {
+            s.name = name;
+        }
+    }
+}
+
+/// Pure: the series' Event `gone` no longer exists (expired, deleted) when its count `count`
+/// was sent. The series starts again: the sender creates a new Event for this occurrence,
+/// which counts the repeats booked since as well.
+fn restart(series: &mut HashMap<u64, Series>, key: u64, gone: &str, count: i32, now: Instant) -> Publish {
     match series.get_mut(&key) {
         Some(s) if s.name.as_deref() == Some(gone) => {
             s.name = None;
-            s.count = 1;
+            s.count = (s.count - count + 1).max(1);
             s.last = now;
             Publish::Create
         }
         Some(s) => {
-            s.count += 1;
-            s.last = now;
+            s.sending = false;
             Publish::Pending
         }
         None => book(series, key, now),
@@ -158,59 +191,63 @@ impl Events {
     pub async fn publish(&self, ev: &Event, reference: &ObjectReference) -> Result<(), kube::Error> {
         let key = series_key(ev, reference);
         let now = Instant::now();
-        let step = match self.series.lock() {
-            Ok(mut s) => book(&mut s, key, now),
-            Err(_) => Publish::Create,
-        };
         let namespace = reference.namespace.as_deref().unwrap_or("default");
         let api: Api<K8sEvent> = Api::namespaced(self.client.clone(), namespace);
-        if let Publish::Repeat { name, count } = step {
-            match count_on(&api, &name, count).await {
-                Ok(()) => return Ok(()),
-                Err(kube::Error::Api(e)) if e.code == 404 => {}
-                Err(e) => return Err(e),
-            }
-            let again = match self.series.lock() {
-                Ok(mut s) => restart(&mut s, key, &name, now),
-                Err(_) => Publish::Create,
+        let mut step = self.booked(|s| book(s, key, now)).unwrap_or(Publish::Create);
+        loop {
+            step = match step {
+                Publish::Pending => return Ok(()),
+                Publish::Create => self.create(&api, ev, reference, key).await?,
+                Publish::Repeat { name, count } => match count_on(&api, &name, count).await {
+                    Ok(()) => self.booked(|s| sent(s, key, count)).unwrap_or(Publish::Pending),
+                    Err(kube::Error::Api(e)) if e.code == 404 => self
+                        .booked(|s| restart(s, key, &name, count, now))
+                        .unwrap_or(Publish::Pending),
+                    Err(e) => {
+                        self.booked(|s| unsettled(s, key, None));
+                        return Err(e);
+                    }
+                },
             };
-            if again != Publish::Create {
-                return Ok(());
-            }
-        } else if step == Publish::Pending {
-            return Ok(());
         }
+    }
+
+    /// Creates the series' Event; what to send next for it.
+    async fn create(
+        &self,
+        api: &Api<K8sEvent>,
+        ev: &Event,
+        reference: &ObjectReference,
+        key: u64,
+    ) -> Result<Publish, kube::Error> {
         let stamp = MicroTime(k8s_openapi::jiff::Timestamp::now());
         let event = self.event(ev, reference, stamp);
-        let created_event = match api.create(&PostParams::default(), &event).await {
-            Ok(e) => e,
+        match api.create(&PostParams::default(), &event).await {
+            Ok(K8sEvent {
+                metadata: ObjectMeta { name: Some(name), .. },
+                ..
+            }) => Ok(self.booked(|s| created(s, key, name)).unwrap_or(Publish::Pending)),
+            Ok(_) => {
+                self.forget_unnamed(key);
+                Ok(Publish::Pending)
+            }
             Err(e) => {
                 match (maybe_created(&e), event.metadata.name) {
                     // The Event may exist under the name we chose: repeats count on it, and if
                     // it does not, the first repeat's 404 starts the series again.
                     (true, Some(name)) => {
-                        if let Ok(mut s) = self.series.lock() {
-                            created(&mut s, key, name, now);
-                        }
+                        self.booked(|s| unsettled(s, key, Some(name)));
                     }
                     _ => self.forget_unnamed(key),
                 }
-                return Err(e);
+                Err(e)
             }
-        };
-        let Some(name) = created_event.metadata.name else {
-            self.forget_unnamed(key);
-            return Ok(());
-        };
-        let missed = self
-            .series
-            .lock()
-            .ok()
-            .and_then(|mut s| created(&mut s, key, name.clone(), now));
-        match missed {
-            Some(count) => count_on(&api, &name, count).await,
-            None => Ok(()),
         }
+    }
+
+    /// Runs a pure step on the book of series.
+    fn booked<T>(&self, step: impl FnOnce(&mut HashMap<u64, Series>) -> T) -> Option<T> {
+        self.series.lock().ok().map(|mut s| step(&mut s))
     }
 
     /// A series whose Event could not be created is forgotten, so the next publish tries again
@@ -379,7 +416,7 @@ mod tests {
         assert_ne!(a, b, "a new message is a new series, not a count on the old one");
         let mut book_ = HashMap::new();
         assert_eq!(book(&mut book_, a, start), Publish::Create);
-        assert_eq!(created(&mut book_, a, "demo.1".into(), start), None);
+        assert_eq!(created(&mut book_, a, "demo.1".into()), Publish::Pending);
         let repeat = book(&mut book_, a, start + Duration::from_secs(60));
         assert_eq!(
             repeat,
@@ -399,36 +436,39 @@ mod tests {
     }
 
     /// Two publishes of a new series at once make one Event: the second is counted while the
-    /// first is created, and the creator sends the count; a re-created Event counts from one.
+    /// first is created, and the creator sends the count. A repeat while a count is in flight
+    /// is sent after it by its sender, so counts never go backwards; a re-created Event counts
+    /// the repeats booked since its old one was last counted.
     #[test]
-    fn a_repeat_during_creation_counts_on_the_event_being_created() {
+    fn one_publish_sends_for_a_series_at_a_time_and_sends_what_was_booked_meanwhile() {
         let (r, now) = (fleet(), Instant::now());
         let a = series_key(&event("CanaryAborted", "P99 above 250 ms"), &r);
         let mut book_ = HashMap::new();
-        assert_eq!(book(&mut book_, a, now), Publish::Create);
-        assert_eq!(book(&mut book_, a, now), Publish::Pending, "not a second Event");
-        assert_eq!(created(&mut book_, a, "demo.1".into(), now), Some(2));
-        let repeat = |count| Publish::Repeat {
-            name: "demo.1".into(),
+        let repeat = |name: &str, count| Publish::Repeat {
+            name: name.into(),
             count,
         };
-        assert_eq!(book(&mut book_, a, now), repeat(3));
-        assert_eq!(book(&mut book_, a, now), repeat(4));
-        // Both repeats find demo.1 gone: the first re-creates it, the second counts on that.
-        assert_eq!(restart(&mut book_, a, "demo.1", now), Publish::Create);
-        assert_eq!(restart(&mut book_, a, "demo.1", now), Publish::Pending);
+        assert_eq!(book(&mut book_, a, now), Publish::Create);
+        assert_eq!(book(&mut book_, a, now), Publish::Pending, "not a second Event");
+        assert_eq!(created(&mut book_, a, "demo.1".into()), repeat("demo.1", 2));
+        assert_eq!(sent(&mut book_, a, 2), Publish::Pending, "nothing more booked: free");
+        assert_eq!(book(&mut book_, a, now), repeat("demo.1", 3));
+        assert_eq!(book(&mut book_, a, now), Publish::Pending, "3 is in flight");
         assert_eq!(
-            created(&mut book_, a, "demo.2".into(), now),
-            Some(2),
-            "the second is sent as its count"
+            sent(&mut book_, a, 3),
+            repeat("demo.1", 4),
+            "its sender sends 4 after 3"
         );
-        assert_eq!(
-            book(&mut book_, a, now),
-            Publish::Repeat {
-                name: "demo.2".into(),
-                count: 3
-            }
-        );
+        assert_eq!(book(&mut book_, a, now), Publish::Pending, "4 is in flight");
+        // demo.1 is gone when 4 is sent: a new Event counts the 4th and the 5th.
+        assert_eq!(restart(&mut book_, a, "demo.1", 4, now), Publish::Create);
+        assert_eq!(book(&mut book_, a, now), Publish::Pending, "while it is created");
+        assert_eq!(created(&mut book_, a, "demo.2".into()), repeat("demo.2", 3));
+        assert_eq!(sent(&mut book_, a, 3), Publish::Pending);
+        assert_eq!(book(&mut book_, a, now), repeat("demo.2", 4));
+        // A count that failed leaves the series free; the next repeat carries it.
+        unsettled(&mut book_, a, None);
+        assert_eq!(book(&mut book_, a, now), repeat("demo.2", 5));
     }
 
     /// Against a mocked API server: the first event is created, its repeat counts on it, a new
@@ -497,6 +537,39 @@ mod tests {
         assert_eq!(seen[0].0, http::Method::POST);
         assert_eq!(seen[1].0, http::Method::PATCH, "the second is a count, not an Event");
         assert_eq!(seen[1].1["series"]["count"], 2);
+    }
+
+    /// Against a mocked API server: repeats published while a count is in flight do not race
+    /// it; the counts arrive in order, the last one last.
+    #[tokio::test]
+    async fn repeats_at_once_reach_the_api_server_in_order() {
+        let (events, mut handle) = mocked_events();
+        let server = tokio::spawn(async move {
+            let mut counts = Vec::new();
+            for _ in 0..3 {
+                let (request, send) = next_request(&mut handle).await;
+                counts.push(request.body["series"]["count"].as_i64().unwrap_or(1));
+                reply_event(send, request.body.clone(), "demo.0");
+            }
+            counts
+        });
+        let ev = event("ApplyFailed", "quota exceeded");
+        let r = fleet();
+        events.publish(&ev, &r).await.expect("created");
+        let (a, b, c) = tokio::join!(
+            events.publish(&ev, &r),
+            events.publish(&ev, &r),
+            events.publish(&ev, &r)
+        );
+        for done in [a, b, c] {
+            done.expect("published");
+        }
+        let counts = server.await.expect("mock server");
+        assert_eq!(
+            counts,
+            [1, 2, 4],
+            "2 sent at once, 3 and 4 booked meanwhile and sent after it as 4"
+        );
     }
 
     fn status(code: u16) -> Body {
