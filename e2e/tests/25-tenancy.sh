@@ -110,6 +110,31 @@ kubectl patch proxyfleetpolicy e2e-tenants --type=merge -p '{"spec":{"maxReplica
 retry 60 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Degraded\")].status}' | grep -qx False"
 say "policy relaxed: Degraded cleared"
 
+say "a fleet named after objects it does not own: they are neither taken over nor deleted"
+# The admin's own Secret and Service, named as a tenant's new fleets would name theirs.
+kubectl create secret generic -n "$ns" shop-tls --from-literal=tls.crt=the-admins >/dev/null
+kubectl create service clusterip -n "$ns" blog --tcp=80:8080 >/dev/null
+for fleet in shop blog; do
+  jq --arg n "$fleet" '.metadata.name = $n' /tmp/e2e-tenant-pxd.json | kubectl apply -n "$ns" --as="$tenant" -f - >/dev/null \
+    || fail "fleet $fleet was refused at admission"
+done
+clash() { # clash FLEET KIND/NAME — the fleet's status names the object it may not write
+  kubectl get pxd -n "$ns" "$1" -o json | jq -r '.status.conditions[]?.message' \
+    | grep -q "$2 exists and is not this ProxyDeployment's"
+}
+retry 90 clash shop "Secret $ns/shop-tls"
+retry 90 clash blog "Service $ns/blog"
+[ "$(kubectl get secret -n "$ns" shop-tls -o jsonpath='{.data.tls\.crt}' | base64 -d)" = the-admins ] \
+  || fail "the admin's Secret was overwritten"
+[ -z "$(kubectl get secret -n "$ns" shop-tls -o jsonpath='{.metadata.ownerReferences}')$(kubectl get svc -n "$ns" blog -o jsonpath='{.metadata.ownerReferences}')" ] \
+  || fail "an owner reference was added to the admin's objects"
+[ "$(kubectl get svc -n "$ns" blog -o jsonpath='{.spec.selector.app}')" = blog ] || fail "the admin's Service was rewritten"
+say "reported: $(kubectl get pxd -n "$ns" blog -o json | jq -r '.status.conditions[]?.message' | grep -m1 'exists and is not')"
+kubectl delete pxd -n "$ns" shop blog --wait=true >/dev/null
+retry 30 kubectl get secret -n "$ns" shop-tls
+kubectl get svc -n "$ns" blog >/dev/null 2>&1 || fail "deleting the fleet deleted the admin's Service"
+say "the admin's Secret and Service are untouched and outlive the fleets"
+
 say "namespaced mode: the chart's Roles only, on a control plane of its own (member-3)"
 "$root/e2e/cluster" up --name member-3 --control-plane-only >/dev/null 2>&1 || fail "could not start member-3"
 m3() { kubectl --kubeconfig /var/lib/proxyfleet/clusters/member-3/admin.kubeconfig "$@"; }

@@ -5,8 +5,9 @@ use std::collections::HashMap;
 use std::fmt::Debug;
 use std::sync::Mutex;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, GetParams, Patch, PatchParams};
 use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
@@ -33,6 +34,25 @@ pub enum ApplyError {
         name: String,
         source: kube::Error,
     },
+    #[error("reading {kind} {namespace}/{name} before its first apply: {source}")]
+    Read {
+        kind: String,
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
+    /// An object of that name exists and is not this fleet's: we neither take it over nor
+    /// delete it later.
+    #[error(
+        "{kind} {namespace}/{name} exists and is not this ProxyDeployment's ({why}); it is left as it is: \
+         rename the ProxyDeployment or remove that {kind}"
+    )]
+    NotOurs {
+        kind: String,
+        namespace: String,
+        name: String,
+        why: &'static str,
+    },
 }
 
 impl ApplyError {
@@ -53,6 +73,13 @@ impl ApplyError {
                 name,
                 source,
             } => ("deleting", kind, namespace, name, source),
+            ApplyError::Read {
+                kind,
+                namespace,
+                name,
+                source,
+            } => ("reading", kind, namespace, name, source),
+            ApplyError::NotOurs { .. } => return Some(self.to_string()),
         };
         match source {
             kube::Error::Api(e) if (400..500).contains(&e.code) && e.code != 409 && e.code != 429 => Some(format!(
@@ -125,6 +152,19 @@ impl Applier {
             .insert(labels::DESIRED_HASH.to_string(), hash.clone());
         let key = format!("{kind}/{namespace}/{name}");
         let cached = cache.get(&ObjectRef::new(&name).within(&namespace));
+        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
+        let foreign = match &cached {
+            Some(current) => not_ours(current.meta(), obj.meta()),
+            None => (self.existing(&api, &kind, &namespace, &name).await?).and_then(|m| not_ours(&m, obj.meta())),
+        };
+        if let Some(why) = foreign {
+            return Err(ApplyError::NotOurs {
+                kind,
+                namespace,
+                name,
+                why,
+            });
+        }
         if let Some(current) = &cached {
             let same_hash = current.annotations().get(labels::DESIRED_HASH) == Some(&hash);
             let untouched = match self.applied.lock().ok().and_then(|m| m.get(&key).cloned()) {
@@ -136,7 +176,6 @@ impl Applier {
                 return Ok((Outcome::Unchanged, None));
             }
         }
-        let api: Api<K> = Api::namespaced(self.client.clone(), &namespace);
         let params = PatchParams::apply(labels::FIELD_MANAGER).force();
         let written = api
             .patch(&name, &params, &Patch::Apply(&obj))
@@ -158,6 +197,30 @@ impl Applier {
         };
         tracing::info!(%kind, %namespace, %name, ?outcome, "applied");
         Ok((outcome, Some(written)))
+    }
+
+    /// The metadata of an object our cache does not hold (only ours are cached), read before
+    /// its first apply so a forced apply never takes over someone else's object of that name.
+    /// Read from the API server's watch cache: a new fleet's objects cost it no etcd read.
+    async fn existing<K>(
+        &self,
+        api: &Api<K>,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<ObjectMeta>, ApplyError>
+    where
+        K: Resource<DynamicType = ()> + Clone + DeserializeOwned + Debug,
+    {
+        match api.get_metadata_opt_with(name, &GetParams::any()).await {
+            Ok(found) => Ok(found.map(|m| m.metadata)),
+            Err(source) => Err(ApplyError::Read {
+                kind: kind.to_string(),
+                namespace: namespace.to_string(),
+                name: name.to_string(),
+                source,
+            }),
+        }
     }
 
     /// Deletes objects of kind K that carry our labels, are controlled by `owner_uid`, and are
@@ -207,6 +270,29 @@ impl Applier {
     }
 }
 
+/// Pure: why an existing object (`existing`) is not ours to write as `desired`, if it is not:
+/// it must carry our managed-by label and be controlled by the same owner `desired` names.
+pub(crate) fn not_ours(existing: &ObjectMeta, desired: &ObjectMeta) -> Option<&'static str> {
+    let managed = existing
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(labels::MANAGED_BY))
+        .map(String::as_str);
+    if managed != Some(labels::MANAGER) {
+        return Some("it has no app.kubernetes.io/managed-by=proxyfleet label");
+    }
+    let controller = |m: &ObjectMeta| {
+        m.owner_references
+            .as_ref()
+            .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)).map(|r| r.uid.clone()))
+    };
+    match (controller(existing), controller(desired)) {
+        (Some(have), Some(want)) if have == want => None,
+        (_, None) => None,
+        _ => Some("another object controls it"),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -229,6 +315,98 @@ mod tests {
         }
     }
 
+    type Handle = tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>;
+
+    fn reply(
+        send: tower_test::mock::SendResponse<http::Response<kube::client::Body>>,
+        code: u16,
+        body: serde_json::Value,
+    ) {
+        let body = kube::client::Body::from(serde_json::to_vec(&body).expect("json"));
+        send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+    }
+
+    /// Answers the read before a first apply: `found` as the object's metadata, or 404.
+    async fn answer_read(handle: &mut Handle, found: Option<ObjectMeta>) {
+        let (request, send) = handle.next_request().await.expect("a read");
+        assert_eq!(request.method(), http::Method::GET);
+        assert!(request.uri().query().is_some_and(|q| q.contains("resourceVersion=0")));
+        match found {
+            Some(metadata) => reply(
+                send,
+                200,
+                serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": metadata}),
+            ),
+            None => reply(
+                send,
+                404,
+                serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": "not found", "reason": "NotFound", "code": 404}),
+            ),
+        }
+    }
+
+    /// An object of the name we are about to apply for the first time that is not ours (no
+    /// label: a user's own Secret or Service; or another fleet's) is neither written nor taken
+    /// over, and the user is told which; one that is ours (a cache behind) is applied.
+    #[tokio::test]
+    async fn an_existing_object_not_ours_is_never_taken_over() {
+        let (mock, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let applier = Applier::new(Client::new(mock, "default"), std::sync::Arc::new(Metrics::new()));
+        let (cache, _writer) = kube::runtime::reflector::store::<ConfigMap>();
+        let server = tokio::spawn(async move {
+            answer_read(
+                &mut handle,
+                Some(ObjectMeta {
+                    name: Some("x".into()),
+                    ..Default::default()
+                }),
+            )
+            .await;
+            answer_read(&mut handle, Some(cm(true, "u2").metadata)).await;
+            answer_read(&mut handle, Some(cm(true, "u1").metadata)).await;
+            let (request, send) = handle.next_request().await.expect("the apply");
+            assert_eq!(request.method(), http::Method::PATCH);
+            let mut written = cm(true, "u1");
+            written.metadata.namespace = Some("team-a".into());
+            reply(send, 200, serde_json::to_value(&written).expect("json"));
+            assert!(handle.next_request().await.is_none(), "no write to the others");
+        });
+        let mut obj = cm(true, "u1");
+        obj.metadata.namespace = Some("team-a".into());
+        let users = applier.apply(obj.clone(), &cache).await.expect_err("not ours");
+        let message = users.refusal().expect("reported");
+        assert!(
+            message.contains("ConfigMap team-a/x exists and is not this ProxyDeployment's"),
+            "{message}"
+        );
+        assert!(message.contains("managed-by"), "{message}");
+        let other_fleets = applier.apply(obj.clone(), &cache).await.expect_err("not ours");
+        assert!(
+            other_fleets.to_string().contains("another object controls it"),
+            "{other_fleets}"
+        );
+        let (outcome, _) = applier.apply(obj, &cache).await.expect("ours: applied");
+        assert_eq!(outcome, Outcome::Created);
+        drop(applier);
+        server.await.expect("mock server");
+    }
+
+    #[test]
+    fn only_our_label_and_the_same_controller_make_an_object_ours() {
+        let desired = cm(true, "u1").metadata;
+        assert_eq!(not_ours(&cm(true, "u1").metadata, &desired), None);
+        assert!(not_ours(&cm(false, "u1").metadata, &desired).is_some());
+        assert!(not_ours(&cm(true, "u2").metadata, &desired).is_some());
+        let mut uncontrolled = cm(true, "u1").metadata;
+        uncontrolled.owner_references = None;
+        assert!(
+            not_ours(&uncontrolled, &desired).is_some(),
+            "labelled by hand, controlled by none"
+        );
+    }
+
     /// The shell against a mocked API server: a 422 is the user's to fix and is reported with
     /// the API server's own words; a 409 is transient and is not.
     #[tokio::test]
@@ -239,6 +417,7 @@ mod tests {
         let (cache, _writer) = kube::runtime::reflector::store::<ConfigMap>();
         let server = tokio::spawn(async move {
             for code in [422u16, 409] {
+                answer_read(&mut handle, None).await;
                 let (request, send) = handle.next_request().await.expect("a request");
                 assert_eq!(request.method(), http::Method::PATCH);
                 assert!(request.uri().path().ends_with("/namespaces/team-a/configmaps/x"));

@@ -40,6 +40,14 @@ pub enum Error {
     },
     #[error("ProxyDeployment is missing {0}")]
     Metadata(String),
+    /// A command is acted on only once its annotation is gone: acting while it stays would
+    /// act on it again next pass (a `promote` would skip a step each time).
+    #[error("clearing the command annotation of {namespace}/{name} before acting on it: {source}")]
+    Command {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
     #[error("reading {what} of {namespace}/{name}: {source}")]
     Read {
         what: &'static str,
@@ -54,8 +62,11 @@ impl Error {
         match self {
             Error::Apply(ApplyError::Apply { kind, .. }) => format!("apply_{}", kind.to_lowercase()),
             Error::Apply(ApplyError::Delete { kind, .. }) => format!("delete_{}", kind.to_lowercase()),
+            Error::Apply(ApplyError::Read { kind, .. }) => format!("read_{}", kind.to_lowercase()),
+            Error::Apply(ApplyError::NotOurs { kind, .. }) => format!("foreign_{}", kind.to_lowercase()),
             Error::Status { .. } => "status".into(),
             Error::Metadata(_) => "metadata".into(),
+            Error::Command { .. } => "command".into(),
             Error::Read { .. } => "read".into(),
         }
     }
@@ -251,11 +262,11 @@ async fn roll_out(
         .filter_map(|c| c.metadata.name.clone())
         .collect();
     keep_config_maps.extend(rollout.kept_config_map.clone());
+    if command.is_some() {
+        clear_command(ctx, owner).await?;
+    }
     if let Some(decision) = &rollout.decision {
         report_decision(ctx, owner, decision, pass).await;
-    }
-    if command.is_some() {
-        clear_command(ctx, owner).await;
     }
     match crate::owned_set::apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
         Ok((changes, stable)) => {
@@ -437,14 +448,20 @@ async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: 
     }
 }
 
-/// Removes the handled command annotation, so it acts once.
-async fn clear_command(ctx: &Context, owner: &Owner) {
+/// Removes the handled command annotation, so it acts once; the pass acts on it only if this
+/// succeeded (else it fails and is retried with backoff, deciding again on the same status).
+async fn clear_command(ctx: &Context, owner: &Owner) -> Result<(), Error> {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let annotation = canary::rollout::COMMAND_ANNOTATION;
-    match crate::command_annotation::clear(&api, &owner.name, annotation, &ctx.latest_fleets).await {
-        Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
-        Err(e) => tracing::warn!(error = %e, "could not clear the command annotation"),
-    }
+    crate::command_annotation::clear(&api, &owner.name, annotation, &ctx.latest_fleets)
+        .await
+        .map_err(|source| Error::Command {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })?;
+    ctx.metrics.api_write("ProxyDeployment", "patch");
+    Ok(())
 }
 
 pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> Action {

@@ -281,13 +281,25 @@ mod tests {
     type Handle = tower_test::mock::Handle<http::Request<Body>, http::Response<Body>>;
     type Reply = tower_test::mock::SendResponse<http::Response<Body>>;
 
-    /// The next apply.
-    async fn next(handle: &mut Handle) -> (String, http::Request<Body>, Reply) {
-        let (request, send) = tokio::time::timeout(Duration::from_secs(5), handle.next_request())
+    async fn next_request(handle: &mut Handle) -> (http::Request<Body>, Reply) {
+        tokio::time::timeout(Duration::from_secs(5), handle.next_request())
             .await
             .expect("the next request in time")
-            .expect("a request");
+            .expect("a request")
+    }
+
+    /// The next apply, after the read of its name that precedes a first apply (answered: no
+    /// such object).
+    async fn next(handle: &mut Handle) -> (String, http::Request<Body>, Reply) {
+        let (read, send) = next_request(handle).await;
+        assert_eq!(read.method(), http::Method::GET, "the read before a first apply");
+        let gone = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "not found", "reason": "NotFound", "code": 404});
+        let body = Body::from(serde_json::to_vec(&gone).expect("json"));
+        send.send_response(http::Response::builder().status(404).body(body).expect("response"));
+        let (request, send) = next_request(handle).await;
         assert_eq!(request.method(), http::Method::PATCH, "an apply");
+        assert_eq!(kind_of(&request), kind_of(&read), "the apply of what was read");
         (kind_of(&request), request, send)
     }
 

@@ -40,11 +40,23 @@ impl<I: AsyncRead + Unpin> AsyncRead for FirstByte<I> {
         let r = Pin::new(&mut self.inner).poll_read(cx, buf);
         // One relaxed load per read once enough has arrived; counting stops there.
         let n = buf.filled().len() - before;
-        if n > 0 && self.seen.load(Ordering::Relaxed) < PREFACE_LEN {
-            self.seen.fetch_add(n, Ordering::Relaxed);
+        let seen = self.seen.load(Ordering::Relaxed);
+        if n > 0 && seen < PREFACE_LEN {
+            if seen == 0 && ends_a_head(&buf.filled()[before..]) {
+                self.seen.store(PREFACE_LEN, Ordering::Relaxed);
+            } else {
+                self.seen.fetch_add(n, Ordering::Relaxed);
+            }
         }
         r
     }
+}
+
+/// Whether a connection's first read holds a whole HTTP/1.x request head: a request shorter
+/// than the HTTP/2 preface (`GET / HTTP/1.0` with no headers) is served, not cut off. The
+/// preface's own first line ends the same way, so it never counts.
+fn ends_a_head(bytes: &[u8]) -> bool {
+    !bytes.starts_with(b"PRI ") && (bytes.windows(2).any(|w| w == b"\n\n") || bytes.windows(3).any(|w| w == b"\n\r\n"))
 }
 
 impl<I: AsyncWrite + Unpin> AsyncWrite for FirstByte<I> {
@@ -70,5 +82,18 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for FirstByte<I> {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_short_whole_request_head_counts_as_enough() {
+        assert!(ends_a_head(b"GET / HTTP/1.0\r\n\r\n"));
+        assert!(ends_a_head(b"GET / HTTP/1.0\n\n"));
+        assert!(!ends_a_head(b"PRI * HTTP/2.0\r\n\r\n"), "part of the HTTP/2 preface");
+        assert!(!ends_a_head(b"GET / HTTP/1.1\r\nHost"));
     }
 }

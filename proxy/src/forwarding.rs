@@ -123,6 +123,43 @@ pub fn strip_hop_by_hop(headers: &mut HeaderMap) {
     }
 }
 
+/// RFC 9110 §7.6.1: the headers a client's `Connection` names belong to its hop and go as the
+/// request is received, before the proxy adds its own (request id, trace context, verified
+/// claims), which a removal by name at forwarding time would take away too. `Host` is never
+/// one of them (every request needs it). `Connection` keeps only its standard options, which
+/// the upgrade check reads and `strip_hop_by_hop` removes when forwarding.
+pub fn strip_connection_options(headers: &mut HeaderMap) {
+    if !headers.get_all(header::CONNECTION).iter().any(names_other_headers) {
+        return;
+    }
+    let mut listed = Vec::new();
+    let mut standard = Vec::new();
+    for value in headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+    {
+        for token in value.split(',').map(str::trim).filter(|t| !t.is_empty()) {
+            let hop = token.eq_ignore_ascii_case("close")
+                || HOP_BY_HOP.iter().any(|h| token.eq_ignore_ascii_case(h.as_str()));
+            match HeaderName::from_bytes(token.as_bytes()) {
+                _ if hop => standard.push(token.to_ascii_lowercase()),
+                Ok(name) if name != header::HOST => listed.push(name),
+                _ => {}
+            }
+        }
+    }
+    for name in listed {
+        headers.remove(name);
+    }
+    headers.remove(header::CONNECTION);
+    if let Ok(v) = HeaderValue::from_str(&standard.join(", ")) {
+        if !standard.is_empty() {
+            headers.insert(header::CONNECTION, v);
+        }
+    }
+}
+
 /// Bit of `TE` in `strip_hop_by_hop`'s presence mask (its index in HOP_BY_HOP).
 const TE_BIT: u8 = 1 << 4;
 
@@ -155,9 +192,18 @@ fn names_other_headers(value: &HeaderValue) -> bool {
 /// peer's address (a client cannot make up the address upstreams see); `X-Forwarded-Proto`.
 pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo, trusted: &[proxyfleet_config::Cidr]) {
     let peer_trusted = !trusted.is_empty() && trusted.iter().any(|c| c.contains(client.remote.ip()));
-    let value = match headers.get(&X_FORWARDED_FOR).and_then(|v| v.to_str().ok()) {
-        Some(prev) if peer_trusted => HeaderValue::from_str(&format!("{prev}, {}", client.remote.ip())).ok(),
-        _ => Some(client.remote_ip.clone()),
+    // A trusted proxy's list may come as several field lines (RFC 9110 §5.3): all of them,
+    // in order, then this peer.
+    let value = if peer_trusted && headers.contains_key(&X_FORWARDED_FOR) {
+        let mut list = String::new();
+        for prev in headers.get_all(&X_FORWARDED_FOR).iter().filter_map(|v| v.to_str().ok()) {
+            list.push_str(prev);
+            list.push_str(", ");
+        }
+        list.push_str(&client.remote.ip().to_string());
+        HeaderValue::from_str(&list).ok()
+    } else {
+        Some(client.remote_ip.clone())
     };
     if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR, v);
@@ -193,6 +239,44 @@ mod tests {
         let mut n: Vec<_> = h.keys().map(|k| k.as_str()).collect();
         n.sort_unstable();
         n
+    }
+
+    /// The headers a client's Connection names go before the proxy adds its own of those
+    /// names; the standard options stay for the upgrade check; Host always stays.
+    #[test]
+    fn connection_options_go_as_received_and_host_stays() {
+        let mut h = headers(&[
+            ("host", "a"),
+            ("connection", "Upgrade, x-user-id, host"),
+            ("connection", "traceparent"),
+            ("x-user-id", "spoofed"),
+            ("traceparent", "00-spoofed"),
+            ("upgrade", "websocket"),
+        ]);
+        strip_connection_options(&mut h);
+        assert_eq!(names(&h), ["connection", "host", "upgrade"]);
+        assert_eq!(h.get("connection").unwrap(), "upgrade");
+        // What the proxy adds afterwards survives forwarding.
+        h.insert("x-user-id", HeaderValue::from_static("verified"));
+        strip_hop_by_hop(&mut h);
+        assert_eq!(names(&h), ["host", "x-user-id"]);
+        let mut plain = headers(&[("connection", "keep-alive"), ("x-a", "1")]);
+        strip_connection_options(&mut plain);
+        assert_eq!(names(&plain), ["connection", "x-a"], "nothing named: untouched");
+    }
+
+    /// A trusted peer's X-Forwarded-For in several field lines is kept whole, in order.
+    #[test]
+    fn a_trusted_peers_forwarded_for_lines_are_all_kept() {
+        let client = ClientInfo::new("10.0.0.9:4000".parse().unwrap(), None);
+        let trusted = vec![proxyfleet_config::Cidr::parse("10.0.0.0/8").unwrap()];
+        let mut h = headers(&[("x-forwarded-for", "203.0.113.7"), ("x-forwarded-for", "198.51.100.2")]);
+        append_forwarded(&mut h, &client, &trusted);
+        assert_eq!(h.get_all("x-forwarded-for").iter().count(), 1);
+        assert_eq!(h.get("x-forwarded-for").unwrap(), "203.0.113.7, 198.51.100.2, 10.0.0.9");
+        let mut untrusted = headers(&[("x-forwarded-for", "203.0.113.7")]);
+        append_forwarded(&mut untrusted, &client, &[]);
+        assert_eq!(untrusted.get("x-forwarded-for").unwrap(), "10.0.0.9");
     }
 
     #[test]

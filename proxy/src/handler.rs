@@ -34,6 +34,7 @@ pub async fn handle(
     shared: Arc<Shared>,
     client: Arc<ClientInfo>,
 ) -> Result<Response<ClientBody>, Infallible> {
+    crate::forwarding::strip_connection_options(req.headers_mut());
     let state = shared.state.load_full();
     let request_id = if state.config.forwarding.request_id {
         Some(ensure_request_id(req.headers_mut()))
@@ -324,7 +325,7 @@ async fn routed(
     let mut resp = if is_websocket_upgrade(&req) {
         crate::upgrade::tunnel(target, req, client, trusted, upstream_started).await
     } else if let Some(t) = route.transcoder.as_ref().filter(|_| !crate::grpc::is_grpc(&req)) {
-        match t.prepare(req, body_rules.max_bytes).await {
+        match t.prepare(req, body_rules).await {
             Ok((grpc, call)) => {
                 let resp = forward(target, grpc, &client, trusted, body_rules, upstream_started).await;
                 call.respond(resp).await
@@ -391,15 +392,21 @@ async fn mirrored(
         mirror.skip();
         return Ok(UpstreamBody::streaming(incoming, body_rules));
     }
-    match http_body_util::Limited::new(incoming, crate::mirror::MAX_BODY as usize)
-        .collect()
-        .await
-    {
+    // Timed between reads as a streamed body is: a client that stalls is cut off.
+    let rules = body::BodyRules {
+        max_bytes: crate::mirror::MAX_BODY.min(body_rules.max_bytes),
+        ..body_rules
+    };
+    match UpstreamBody::streaming(incoming, rules).collect().await {
         Ok(collected) => {
             let data = collected.to_bytes();
             mirror.copy(parts, data.clone());
             Ok(UpstreamBody::Buffered { data: Some(data) })
         }
+        Err(e) if e.is::<body::BodyTimedOut>() => Err(status_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "the request body stalled\n",
+        )),
         Err(_) => Err(status_response(StatusCode::BAD_REQUEST, "malformed request body\n")),
     }
 }
@@ -445,15 +452,6 @@ async fn attempts(
     let (mut parts, incoming) = req.into_parts();
     route.retry_budget.on_request();
     let retryable = route.retry_attempts > 0 && is_idempotent(&parts.method) && incoming.is_end_stream();
-    let mut body = Some(match &route.mirror {
-        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_rules).await {
-            Ok(b) => b,
-            Err(resp) => return resp,
-        },
-        _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_rules),
-    });
-
     // The target's authority is the Host (h2 `:authority`; an HTTP/1.1 absolute-form target,
     // which wins over its Host header, RFC 9112 §3.2.2), so routing and upstream agree.
     if let Some(a) = parts.uri.authority() {
@@ -464,6 +462,16 @@ async fn attempts(
     strip_hop_by_hop(&mut parts.headers);
     append_forwarded(&mut parts.headers, client, trusted);
     route.apply_request_rules(&mut parts);
+
+    // A mirror's copy is made of the headers as the upstream gets them (forwarded-for, rules).
+    let mut body = Some(match &route.mirror {
+        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_rules).await {
+            Ok(b) => b,
+            Err(resp) => return resp,
+        },
+        _ if incoming.is_end_stream() => UpstreamBody::Empty,
+        _ => UpstreamBody::streaming(incoming, body_rules),
+    });
 
     // A gRPC client's own deadline wins when it is shorter than the route's.
     let timeout = crate::grpc::timeout(&parts.headers).map_or(route.timeout, |t| t.min(route.timeout));

@@ -187,6 +187,45 @@ async fn a_trickling_request_body_is_answered_408() {
     proxy.running.drain();
 }
 
+/// A mirrored request's body is read whole before either copy is sent: a client that stalls in
+/// it is cut off at the body timeout too, not held until the connection's end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_trickling_body_of_a_mirrored_request_is_answered_408() {
+    init();
+    let up = upstream("up", None, false).await;
+    let shadow = upstream("shadow", None, false).await;
+    let dir = tempdir("mirror-body-timeout");
+    let config = format!(
+        r#"
+listeners:
+  - {{name: http, address: "127.0.0.1:0"}}
+admin: {{address: "127.0.0.1:0"}}
+drain: {{gracePeriod: 100ms, deadline: 5s}}
+limits: {{clientBodyTimeout: 1s}}
+routes:
+  - {{name: all, upstream: u, mirror: {{upstream: s, percent: 100}}, timeout: 60s}}
+upstreams:
+  - {{name: u, endpoints: ["{}"]}}
+  - {{name: s, endpoints: ["{}"]}}
+"#,
+        up.addr, shadow.addr
+    );
+    let proxy = start_proxy(&dir, &config).await;
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    stream
+        .write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100\r\n\r\n0123456789")
+        .await
+        .unwrap();
+    let answer = read_response(&mut stream).await;
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    let mut ok = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    ok.write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\n\r\nabc")
+        .await
+        .unwrap();
+    assert!(read_response(&mut ok).await.starts_with("HTTP/1.1 200"));
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stops_reading_is_disconnected_at_the_send_timeout() {
     init();

@@ -43,6 +43,14 @@ pub enum AppError {
         name: String,
         source: kube::Error,
     },
+    /// A command is acted on only once its annotation is gone (else the next pass acts on it
+    /// again: a `promote` would skip a step each time).
+    #[error("clearing the command annotation of AppRollout {namespace}/{name} before acting on it: {source}")]
+    Command {
+        namespace: String,
+        name: String,
+        source: kube::Error,
+    },
 }
 
 /// Field manager of one rollout: its key of the shared weights ConfigMap stays its own.
@@ -80,13 +88,13 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     let revision = objects::template_revision(&template);
     let command = ar.annotations().get(COMMAND_ANNOTATION).and_then(|c| Command::parse(c));
     let decision = decide(&ar, &owner, &ctx, &inputs, &revision, command).await;
+    if command.is_some() {
+        clear_command(&ctx, &owner).await?;
+    }
     let previous = ar.status.clone().unwrap_or_default();
     let (generation, applied) = move_weights(&ar, &owner, &ctx, &previous, &decision).await;
     apply_tracks(&ar, &owner, &ctx, &inputs, (&template, &revision), &decision).await?;
     publish_events(&ar, &ctx, &decision).await;
-    if command.is_some() {
-        clear_command(&ctx, &owner).await;
-    }
     let weight = weights::canary_weight(Some(&decision.status));
     let all_applied = applied.0 == applied.1 && applied.1 > 0;
     let status = AppRolloutStatus {
@@ -443,11 +451,16 @@ async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
     }
 }
 
-async fn clear_command(ctx: &Context, owner: &AppOwner) {
+/// Removes the command annotation before the pass acts on the decision it made.
+async fn clear_command(ctx: &Context, owner: &AppOwner) -> Result<(), AppError> {
     let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    if let Err(e) = crate::command_annotation::clear(&api, &owner.name, COMMAND_ANNOTATION, &ctx.latest_apps).await {
-        tracing::warn!(error = %e, "could not clear the command annotation");
-    }
+    crate::command_annotation::clear(&api, &owner.name, COMMAND_ANNOTATION, &ctx.latest_apps)
+        .await
+        .map_err(|source| AppError::Command {
+            namespace: owner.namespace.clone(),
+            name: owner.name.clone(),
+            source,
+        })
 }
 
 /// The Ready condition, merged so its transition time moves only on a real change.

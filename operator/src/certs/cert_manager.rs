@@ -25,6 +25,15 @@ pub enum CertManagerError {
         name: String,
         source: kube::Error,
     },
+    #[error(
+        "cert-manager Certificate {namespace}/{name} exists and is not this ProxyDeployment's ({why}); it is left \
+         as it is: rename the ProxyDeployment or remove that Certificate"
+    )]
+    NotOurs {
+        namespace: String,
+        name: String,
+        why: &'static str,
+    },
     #[error("deleting cert-manager Certificate {namespace}/{name} (the fleet no longer uses cert-manager): {source}")]
     Delete {
         namespace: String,
@@ -57,12 +66,25 @@ pub fn certificate(owner: &Owner, cm: &CertManagerTls, secret_name: &str, dns_na
 }
 
 /// Applies the Certificate and returns it as the API server has it (with cert-manager's status).
+/// A Certificate of that name that is not the fleet's (a user's own) is neither written nor
+/// taken over.
 pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<DynamicObject, CertManagerError> {
     let (namespace, name) = (
         obj.metadata.namespace.clone().unwrap_or_default(),
         obj.metadata.name.clone().unwrap_or_default(),
     );
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource("Certificate"));
+    let existing = api
+        .get_metadata_opt_with(&name, &kube::api::GetParams::any())
+        .await
+        .map_err(|source| CertManagerError::Apply {
+            namespace: namespace.clone(),
+            name: name.clone(),
+            source,
+        })?;
+    if let Some(why) = existing.and_then(|m| crate::apply::not_ours(&m.metadata, &obj.metadata)) {
+        return Err(CertManagerError::NotOurs { namespace, name, why });
+    }
     api.patch(
         &name,
         &PatchParams::apply(labels::FIELD_MANAGER).force(),

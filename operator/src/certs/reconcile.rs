@@ -440,8 +440,8 @@ async fn ensure_leaf(
     let current_info = current_cert.as_ref().and_then(|(c, _)| issue::parse_pem(c));
     let renew_before = settings.renew_before.map(|d| d.get());
     let reason = issue::reissue_reason(current_info.as_ref(), names, ca_info, renew_before, now());
-    let (cert_pem, key_pem, info) = match (&reason, current_cert, current_info) {
-        (None, Some((c, k)), Some(info)) => (c, k, info),
+    let (cert_pem, key_pem, info, issued) = match (&reason, current_cert, current_info) {
+        (None, Some((c, k)), Some(info)) => (c, k, info, false),
         _ => {
             let leaf = issue::issue_leaf(
                 ca,
@@ -454,17 +454,7 @@ async fn ensure_leaf(
             .map_err(|e| e.to_string())?;
             let info = issue::parse_pem(&leaf.cert_pem).ok_or("issued certificate unparsable")?;
             tracing::info!(secret = %secret_name, serial = %info.serial, reason = reason.as_deref().unwrap_or(""), "issuing certificate");
-            ctx.record(
-                owner,
-                "CertificateIssued",
-                &format!(
-                    "{secret_name}: serial {} ({})",
-                    info.serial,
-                    reason.as_deref().unwrap_or("renewal")
-                ),
-            )
-            .await;
-            (leaf.cert_pem, leaf.key_pem, info)
+            (leaf.cert_pem, leaf.key_pem, info, true)
         }
     };
     let secret = secret_with(
@@ -475,5 +465,11 @@ async fn ensure_leaf(
         .apply(secret, &ctx.stores.secrets)
         .await
         .map_err(|e| e.to_string())?;
+    // Told once the Secret holds it: a Secret we may not write issued nothing.
+    if issued {
+        let why = reason.as_deref().unwrap_or("renewal");
+        let note = format!("{secret_name}: serial {} ({why})", info.serial);
+        ctx.record(owner, "CertificateIssued", &note).await;
+    }
     Ok(info)
 }

@@ -96,6 +96,16 @@ fn check(
         for r in crate::secret_refs::references(spec) {
             deny(r.field, "naming Secrets for the pods to mount is not allowed".into());
         }
+        // Read by the operator with its own rights: the tenant's account may not read them.
+        if let Some(acme) = spec.tls.as_ref().and_then(|t| t.acme.as_ref()) {
+            let read = "naming Secrets for the operator to read is not allowed";
+            if acme.directory_ca_secret.is_some() {
+                deny("spec.tls.acme.directoryCaSecret".into(), read.into());
+            }
+            if acme.external_account_binding.is_some() {
+                deny("spec.tls.acme.externalAccountBinding.hmacKeySecret".into(), read.into());
+            }
+        }
     }
 }
 
@@ -337,6 +347,26 @@ mod tests {
             vec!["spec.tls.acme.directory"]
         );
         assert!(fields(&acme("https://acme.example.com/directory"), &p).is_empty());
+    }
+
+    /// Secrets an ACME order reads with the operator's rights are Secret references too: a
+    /// tenant who may not name Secrets may not have the operator read them either.
+    #[test]
+    fn acme_secret_references_are_secret_references() {
+        let p = policy("no-secrets", serde_json::json!({"allowSecretReferences": false}));
+        let acme = fleet(serde_json::json!({"tls": {"acme": {
+            "directory": "https://acme.example.com/directory",
+            "directoryCaSecret": "their-ca",
+            "externalAccountBinding": {"keyId": "k", "hmacKeySecret": {"name": "db-password", "key": "password"}}}}}));
+        assert_eq!(
+            fields(&acme, &p),
+            vec![
+                "spec.tls.acme.directoryCaSecret",
+                "spec.tls.acme.externalAccountBinding.hmacKeySecret"
+            ]
+        );
+        let allowed = policy("secrets", serde_json::json!({"allowSecretReferences": true}));
+        assert!(fields(&acme, &allowed).is_empty());
     }
 
     #[test]

@@ -62,7 +62,8 @@ pub struct ProxyFleetPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_insecure_skip_verify: Option<bool>,
     /// Whether the fleet may name Secrets of its namespace for the pods to mount (`tls.secretName`,
-    /// a listener's `clientCaSecret`, an upstream's `caSecret`/`clientCertificateSecret`).
+    /// a listener's `clientCaSecret`, an upstream's `caSecret`/`clientCertificateSecret`) or for
+    /// the operator to read (`tls.acme.directoryCaSecret`, `tls.acme.externalAccountBinding`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_secret_references: Option<bool>,
     /// At most this many replicas.

@@ -205,6 +205,8 @@ pub struct MemberObject {
     pub object: Value,
     /// Hash of `object`: equal hashes mean nothing to apply.
     pub hash: String,
+    /// The spec the cluster gets, overrides applied: what the platform's policy must allow.
+    pub spec: ProxyDeploymentSpec,
 }
 
 /// The hub's object for `cluster`: placement stripped, matching overrides applied in order (all of
@@ -264,7 +266,11 @@ pub fn member_object(
         "metadata": {"name": name, "namespace": namespace, "labels": labels, "annotations": annotations},
         "spec": spec_value,
     });
-    Ok(MemberObject { object, hash })
+    Ok(MemberObject {
+        object,
+        hash,
+        spec: patched,
+    })
 }
 
 fn remove_pointer(doc: &mut Value, pointer: &str) {

@@ -239,11 +239,15 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
 
-    // Every cluster's object first; one bad override and nothing is written anywhere.
+    // Every cluster's object first; one bad override, or one whose result the platform's
+    // policy refuses, and nothing is written anywhere.
     let objects: Result<Vec<MemberObject>, placement::OverrideError> = selection
         .targets
         .iter()
-        .map(|c| placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c))
+        .map(|c| {
+            let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c)?;
+            allowed_for(object, c, owner, ctx)
+        })
         .collect();
     let apps = match super::hub_apps::desired(pxd, owner, ctx).await {
         Ok(a) => a,
@@ -408,6 +412,31 @@ async fn release_everywhere(
 
 /// Nothing written anywhere: an override is invalid (`invalid_override`) or the shared CA is
 /// unavailable.
+/// The member's spec (overrides applied) checked against the hub's policies as the fleet's own
+/// spec is: an override may not give a cluster what the fleet could not ask for itself.
+fn allowed_for(
+    object: MemberObject,
+    cluster: &MemberCluster,
+    owner: &Owner,
+    ctx: &Context,
+) -> Result<MemberObject, placement::OverrideError> {
+    let refused = crate::policy::refusal(
+        &ctx.stores.policies,
+        &ctx.stores.namespaces,
+        &owner.namespace,
+        &object.spec,
+        &ctx.settings.default_proxy_image,
+    );
+    match refused {
+        None => Ok(object),
+        Some((_, message)) => Err(placement::OverrideError {
+            index: None,
+            cluster: cluster.name.clone(),
+            problem: format!("the spec they make is not allowed: {message}"),
+        }),
+    }
+}
+
 async fn not_applied(
     ctx: &Context,
     owner: &Owner,

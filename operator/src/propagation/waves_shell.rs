@@ -130,12 +130,16 @@ pub async fn roll<'a>(
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
-    let o = observed(pxd, placement, (targets, &seen), desired_apps);
-    let plan = waves::decide(pxd.status.as_ref().and_then(|s| s.waves.as_ref()), &o);
-    announce(ctx, owner, &plan).await;
-    if o.command.is_some() {
-        clear_command(pxd, owner, ctx).await;
+    let mut o = observed(pxd, placement, (targets, &seen), desired_apps);
+    let previous = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
+    let mut plan = waves::decide(previous, &o);
+    if o.command.is_some() && !clear_command(pxd, owner, ctx).await {
+        // Not acted on while its annotation stays (the next pass would act on it again):
+        // this pass decides as if it had not come, the next one sees it again.
+        o.command = None;
+        plan = waves::decide(previous, &o);
     }
+    announce(ctx, owner, &plan).await;
     let why = plan
         .status
         .message
@@ -206,11 +210,18 @@ async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
     }
 }
 
-/// A command is acted on once: the annotation goes once decided.
-async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) {
+/// A command is acted on once: the annotation goes before the pass acts on it. Whether it
+/// went.
+async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> bool {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     match crate::command_annotation::clear(&api, &pxd.name_any(), WAVE_COMMAND, &ctx.latest_fleets).await {
-        Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
-        Err(e) => tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command"),
+        Ok(()) => {
+            ctx.metrics.api_write("ProxyDeployment", "patch");
+            true
+        }
+        Err(e) => {
+            tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command; not acting on it yet");
+            false
+        }
     }
 }

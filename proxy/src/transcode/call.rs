@@ -10,7 +10,7 @@ use http_body_util::BodyExt;
 
 use super::message::{self, JsonOptions};
 use super::{status, Binding, Transcoder};
-use crate::body::{ClientBody, RequestBody};
+use crate::body::{BodyRules, BodyTimedOut, BodyTooLarge, ClientBody, RequestBody, UpstreamBody};
 use crate::metrics::TranscodeLabels;
 
 /// A call under way: what the response needs to become JSON.
@@ -41,7 +41,7 @@ impl Transcoder {
     pub async fn prepare(
         &self,
         req: Request<RequestBody>,
-        max_body: u64,
+        body_rules: BodyRules,
     ) -> Result<(Request<RequestBody>, Call), Response<ClientBody>> {
         let Some((binding, vars)) = self.find(req.method(), req.uri().path()) else {
             return Err(refused(
@@ -51,12 +51,20 @@ impl Transcoder {
         };
         let binding = binding.clone();
         let (mut parts, body) = req.into_parts();
-        let body = match http_body_util::Limited::new(body, max_body as usize).collect().await {
+        // Read as any streamed body is: within the size limit, and cut off when the client
+        // sends nothing for `clientBodyTimeout`.
+        let body = match UpstreamBody::streaming(body, body_rules).collect().await {
             Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(e) if e.is::<BodyTooLarge>() => {
                 return Err(json_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
                     &status::error_json(8, "request body too large"),
+                ))
+            }
+            Err(e) if e.is::<BodyTimedOut>() => {
+                return Err(json_response(
+                    StatusCode::REQUEST_TIMEOUT,
+                    &status::error_json(4, &e.to_string()),
                 ))
             }
             Err(_) => return Err(refused(3, "the request body could not be read")),
