@@ -173,6 +173,12 @@ sleep 3
 [ "$(mk member-2 get pxd -n "$ns" demo -o jsonpath='{.spec.replicas}')" = 3 ] || fail "member-2 changed under an invalid override"
 kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"replace","path":"/spec/placement/overrides/1/patches/0/path","value":"/spec/placement/clusters"},{"op":"replace","path":"/spec/placement/overrides/1/patches/0/value","value":[]}]' >/dev/null
 retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].message}' | grep -q 'may not change the placement'"
+# An override may not give a cluster what the platform's policy refuses the fleet itself (the
+# chart's default policy allows only its own proxy image): nothing written anywhere.
+kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"replace","path":"/spec/placement/overrides/1/patches/0/op","value":"add"},{"op":"replace","path":"/spec/placement/overrides/1/patches/0/path","value":"/spec/image"},{"op":"replace","path":"/spec/placement/overrides/1/patches/0/value","value":"docker.io/evil/miner:1"}]' >/dev/null
+retry 30 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Propagated\")].message}' | grep -q 'spec.image: .*docker.io/evil/miner:1.* is not in an allowed repository'"
+[ "$(mk member-1 get pxd -n "$ns" demo -o jsonpath='{.metadata.generation}')" = "$gen1" ] || fail "member-1 changed under an override the policy refuses"
+say "an override the policy refuses applies nothing: $(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="Propagated")].message}')"
 out=$(kubectl patch pxd -n "$ns" demo --type=json -p '[{"op":"replace","path":"/spec/placement/overrides/1/patches/0/path","value":"/metadata/labels"}]' 2>&1) \
   && fail "a patch outside /spec was admitted"
 <<<"$out" grep -q "placement.overrides\[1\].patches\[0\].path" || fail "admission message does not name the field: $out"

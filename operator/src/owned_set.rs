@@ -33,12 +33,14 @@ pub async fn apply_owned_set(
     .await?;
     changes.extend(apply_each(ctx, "ConfigMap", desired.config_maps.iter().cloned(), &s.config_maps).await?);
     let mut written_stable = None;
+    let mut rolled = false;
     for d in desired.deployments.iter().cloned() {
         let is_stable = status::track_of(&d) == Some(Track::Stable);
         let (outcome, written) = ctx.applier.apply(d, &s.deployments).await?;
         if is_stable {
             written_stable = written;
         }
+        rolled |= outcome != Outcome::Unchanged;
         note(&mut changes, "Deployment", outcome);
     }
     changes.extend(apply_each(ctx, "Service", desired.services.iter().cloned(), &s.services).await?);
@@ -52,7 +54,16 @@ pub async fn apply_owned_set(
         )
         .await?,
     );
-    let deleted = delete_orphans(ctx, owner, desired, keep_config_maps).await?;
+    // Old pods mount their ConfigMap until the rollout that replaces them is done.
+    let rolling = rolled
+        || ctx
+            .stores
+            .by_owner
+            .deployments
+            .owned(&s.deployments, &owner.namespace, &owner.reference.uid)
+            .iter()
+            .any(|d| !rollout_done(d));
+    let deleted = delete_orphans(ctx, owner, desired, keep_config_maps, rolling).await?;
     if !deleted.is_empty() {
         changes.push(format!("deleted {}", deleted.join(", ")));
     }
@@ -61,20 +72,28 @@ pub async fn apply_owned_set(
 
 /// Whatever we own that the desired set no longer has: old ConfigMaps, a PDB after scaling to
 /// one, the headless Service when turned off, a finished canary. Returns what was deleted.
+/// Old ConfigMaps wait while a Deployment of the fleet is `rolling`.
 async fn delete_orphans(
     ctx: &Context,
     owner: &Owner,
     desired: &crate::desired::DesiredObjects,
     keep_config_maps: &[String],
+    rolling: bool,
 ) -> Result<Vec<String>, ApplyError> {
     let uid = owner.reference.uid.as_str();
     let names = |v: Vec<Option<String>>| v.into_iter().flatten().collect::<Vec<_>>();
     let (s, by) = (&ctx.stores, &ctx.stores.by_owner);
     let ns = owner.namespace.as_str();
+    let old_config_maps = match rolling {
+        true => Vec::new(),
+        false => {
+            ctx.applier
+                .delete_orphans((&s.config_maps, &by.config_maps), ns, uid, keep_config_maps)
+                .await?
+        }
+    };
     Ok([
-        ctx.applier
-            .delete_orphans((&s.config_maps, &by.config_maps), ns, uid, keep_config_maps)
-            .await?,
+        old_config_maps,
         ctx.applier
             .delete_orphans(
                 (&s.deployments, &by.deployments),
@@ -101,6 +120,15 @@ async fn delete_orphans(
             .await?,
     ]
     .concat())
+}
+
+/// Pure: whether a Deployment has finished rolling out its current spec: the controller has
+/// seen it, and every pod is of it (no old pod left that may still mount an old ConfigMap).
+fn rollout_done(d: &Deployment) -> bool {
+    let Some(status) = &d.status else { return false };
+    let want = d.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1);
+    let updated = status.updated_replicas.unwrap_or(0);
+    status.observed_generation >= d.metadata.generation && updated >= want && status.replicas.unwrap_or(0) <= updated
 }
 
 /// Applies `objects` of one kind in turn (a fleet has one or two of each) and says what changed.
@@ -146,6 +174,35 @@ mod tests {
     use kube::client::Body;
     use kube::runtime::reflector::store;
     use std::time::Duration;
+
+    /// Rolled out: seen by the controller and every pod of the current spec; not while old
+    /// pods remain, a new generation is unseen, or it has no status yet.
+    #[test]
+    fn a_rollout_is_done_when_no_old_pod_remains() {
+        use k8s_openapi::api::apps::v1::{DeploymentSpec, DeploymentStatus};
+        let d = |generation, observed, replicas, updated, total| Deployment {
+            metadata: ObjectMeta {
+                generation: Some(generation),
+                ..Default::default()
+            },
+            spec: Some(DeploymentSpec {
+                replicas: Some(replicas),
+                ..Default::default()
+            }),
+            status: Some(DeploymentStatus {
+                observed_generation: Some(observed),
+                updated_replicas: Some(updated),
+                replicas: Some(total),
+                ..Default::default()
+            }),
+        };
+        assert!(rollout_done(&d(2, 2, 2, 2, 2)));
+        assert!(rollout_done(&d(2, 2, 0, 0, 0)), "scaled to zero");
+        assert!(!rollout_done(&d(3, 2, 2, 2, 2)), "a new spec not yet seen");
+        assert!(!rollout_done(&d(2, 2, 2, 2, 3)), "an old pod still runs");
+        assert!(!rollout_done(&d(2, 2, 2, 1, 2)), "half rolled");
+        assert!(!rollout_done(&Deployment::default()), "no status yet");
+    }
 
     /// An object of kind `K` named `name` in team-a, nothing else set.
     fn named<K: kube::Resource + Default>(name: &str) -> K {

@@ -123,12 +123,16 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
         measure::forget(&ctx, &owner);
     }
     ctx.backoff.succeeded(&format!("app:{}", owner.reference.uid));
+    let pending = format!("app-weights:{}", owner.reference.uid);
     let requeue = if all_applied {
-        decision.requeue_after.clamp(1, 60)
+        ctx.backoff.succeeded(&pending);
+        Duration::from_secs(decision.requeue_after.clamp(1, 60))
     } else {
-        2
+        // Not every proxy pod confirms the weights (none runs yet, or one does not answer):
+        // look again soon, then less often (2.5 s doubling to a minute), not every 2 s forever.
+        (ctx.backoff.failed(&pending) / 2).min(Duration::from_secs(60))
     };
-    Ok(Action::requeue(Duration::from_secs(requeue)))
+    Ok(Action::requeue(requeue))
 }
 
 /// Why the rollout cannot run yet: (reason, message) for the Ready condition.
