@@ -28,6 +28,7 @@ impl PerIpConnections {
         Some(IpSlot {
             owner: self.clone(),
             ip,
+            cap,
         })
     }
 
@@ -41,6 +42,7 @@ impl PerIpConnections {
 pub struct IpSlot {
     owner: Arc<PerIpConnections>,
     ip: IpAddr,
+    cap: u32,
 }
 
 impl Drop for IpSlot {
@@ -62,9 +64,50 @@ pub struct ConnectionSlot {
     pub _ip: Option<IpSlot>,
 }
 
+impl ConnectionSlot {
+    /// A slot of its own, under the same limits, for a tunnel a multiplexed connection opens
+    /// (a CONNECT or WebSocket stream of HTTP/2): each holds an upstream socket as a
+    /// connection would, so one client connection cannot open more of them than
+    /// `maxConnections` and its IP's cap allow. None at either limit.
+    pub fn for_tunnel(&self) -> Option<ConnectionSlot> {
+        let permit = self._permit.semaphore().clone().try_acquire_owned().ok()?;
+        let ip = match &self._ip {
+            None => None,
+            Some(s) => Some(s.owner.try_take(s.ip, s.cap)?),
+        };
+        Some(ConnectionSlot {
+            _permit: permit,
+            _ip: ip,
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_tunnel_takes_a_slot_of_its_own_under_both_limits() {
+        let limit = Arc::new(tokio::sync::Semaphore::new(3));
+        let per_ip = Arc::new(PerIpConnections::default());
+        let ip: IpAddr = "192.0.2.1".parse().unwrap();
+        let connection = ConnectionSlot {
+            _permit: limit.clone().try_acquire_owned().unwrap(),
+            _ip: per_ip.try_take(ip, 2),
+        };
+        let tunnel = connection.for_tunnel().expect("one more under both limits");
+        assert!(connection.for_tunnel().is_none(), "the IP's cap of 2");
+        assert_eq!(limit.available_permits(), 1);
+        drop(tunnel);
+        assert_eq!(limit.available_permits(), 2);
+        assert_eq!(per_ip.open_from(ip), 1);
+        let anyone = ConnectionSlot {
+            _permit: limit.clone().try_acquire_owned().unwrap(),
+            _ip: None,
+        };
+        let _t1 = anyone.for_tunnel().expect("the last permit");
+        assert!(anyone.for_tunnel().is_none(), "maxConnections");
+    }
 
     #[test]
     fn a_client_ip_gets_at_most_its_cap_and_slots_come_back() {

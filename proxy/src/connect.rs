@@ -45,6 +45,10 @@ pub async fn handle_connect(
         tracing::debug!(%target, "CONNECT refused by allow-list");
         return status(StatusCode::FORBIDDEN, "CONNECT target not allowed\n");
     }
+    let Ok(tunnel_slot) = client.tunnel_slot(req.version()) else {
+        shared.metrics.refused_connections.get_or_create(&TUNNEL_LIMIT).inc();
+        return status(StatusCode::SERVICE_UNAVAILABLE, "too many connections\n");
+    };
     let upstream = match dial(connect, &target).await {
         Ok(s) => s,
         Err(e) => {
@@ -56,7 +60,7 @@ pub async fn handle_connect(
     };
     let idle = connect.idle_timeout.get();
     tokio::spawn(async move {
-        let _slot_holder = client;
+        let _slot_holder = (client, tunnel_slot);
         match hyper::upgrade::on(req).await {
             Ok(upgraded) => {
                 crate::relay::relay_streams(TokioIo::new(upgraded), upstream, idle).await;
@@ -66,6 +70,8 @@ pub async fn handle_connect(
     });
     Response::new(body::full(""))
 }
+
+const TUNNEL_LIMIT: crate::metrics::RefusalLabels = crate::metrics::RefusalLabels { reason: "tunnel_limit" };
 
 const CONNECT_TARGET: crate::metrics::RefusalLabels = crate::metrics::RefusalLabels {
     reason: "connect_target",

@@ -32,7 +32,27 @@ pub struct TlsFacts {
     pub certs: Arc<crate::tls::SniCertificates>,
 }
 
+/// A tunnel could not get a slot: the connection limits are reached.
+#[derive(Debug)]
+pub struct AtConnectionLimit;
+
 impl ClientInfo {
+    /// What a tunnel opened by a request of `version` holds besides this connection's slot:
+    /// nothing over HTTP/1.1, where the connection itself becomes the tunnel; a slot of its
+    /// own over HTTP/2 and HTTP/3, whose one connection carries many.
+    pub fn tunnel_slot(
+        &self,
+        version: http::Version,
+    ) -> Result<Option<crate::client_slots::ConnectionSlot>, AtConnectionLimit> {
+        if version < http::Version::HTTP_2 {
+            return Ok(None);
+        }
+        match &self.slot {
+            None => Ok(None),
+            Some(slot) => slot.for_tunnel().map(Some).ok_or(AtConnectionLimit),
+        }
+    }
+
     pub fn new(remote: SocketAddr, tls: Option<TlsFacts>) -> Self {
         let remote_ip = HeaderValue::from_str(&remote.ip().to_string()).unwrap_or(HeaderValue::from_static("unknown"));
         Self {

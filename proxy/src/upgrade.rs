@@ -28,6 +28,9 @@ pub async fn tunnel(
 ) -> Response<ClientBody> {
     let client_side = hyper::upgrade::on(&mut req);
     let client_is_h2 = req.version() == Version::HTTP_2;
+    let Ok(tunnel_slot) = client.tunnel_slot(req.version()) else {
+        return status_response(StatusCode::SERVICE_UNAVAILABLE, "too many connections\n");
+    };
     let (route, cluster) = (target.route, &target.backend.upstream);
     let Some(endpoint) = upstream::pick_avoiding(&cluster.endpoints.load(), None).cloned() else {
         return status_response(StatusCode::SERVICE_UNAVAILABLE, "no upstream endpoints\n");
@@ -54,8 +57,9 @@ pub async fn tunnel(
     target.backend.metrics.upgrades.inc();
     let idle = route.upgrade_idle_timeout;
     tokio::spawn(async move {
-        // The tunnel keeps the client's connection slot (`client.slot`) until it ends.
-        let _client = client;
+        // The tunnel keeps the client's connection slot (`client.slot`), and over HTTP/2 a
+        // slot of its own, until it ends.
+        let _slots = (client, tunnel_slot);
         match tokio::join!(client_side, upstream_side) {
             (Ok(c), Ok(u)) => {
                 crate::relay::relay_streams(TokioIo::new(c), TokioIo::new(u), idle).await;

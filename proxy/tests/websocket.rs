@@ -145,3 +145,37 @@ async fn a_websocket_over_http2_reaches_an_http1_websocket_upstream() {
     );
     proxy.running.drain();
 }
+
+/// Each WebSocket over HTTP/2 holds an upstream socket as a connection would, so it takes a
+/// slot under `limits.maxConnections` of its own: one client connection cannot open more
+/// tunnels than the limit allows (the connection holds one slot, its first tunnel the other).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn websockets_over_one_http2_connection_count_against_the_connection_limit() {
+    init();
+    let upstream = ws_echo().await;
+    let dir = tempdir("websocket-h2-limit");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nlimits: {{maxConnections: 2}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let (mut sender, _conn) = h2_client(proxy.addr("http")).await;
+    let warm = http::Request::get("http://chat.example/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let _ = sender.send_request(warm).await;
+    let connect = || {
+        let mut c = http::Request::connect("http://chat.example/socket")
+            .header("sec-websocket-version", "13")
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        c.extensions_mut()
+            .insert(hyper::ext::Protocol::from_static("websocket"));
+        c
+    };
+    let mut first = sender.send_request(connect()).await.expect("answered");
+    assert_eq!(first.status(), 200);
+    let _tunnel = hyper::upgrade::on(&mut first).await.expect("the first tunnel");
+    let second = sender.send_request(connect()).await.expect("answered");
+    assert_eq!(second.status(), 503, "no slot left for a second tunnel");
+    proxy.running.drain();
+}
