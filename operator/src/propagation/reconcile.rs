@@ -279,10 +279,17 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
             .collect(),
     };
+    // A cluster that left the placement and still holds a copy stays listed until released.
+    for (name, e) in release_leaving(ctx, owner, &registered, &selection.targets, &previous).await {
+        entries.push(status::cluster_status(
+            &name,
+            &Observation::Failed(e),
+            prev(&name),
+            &now,
+        ));
+    }
     entries.sort_by(|a, b| a.name.cmp(&b.name));
     announce(ctx, owner, &entries, &previous).await;
-
-    release_leaving(ctx, owner, &registered, &selection.targets).await;
 
     Outcome {
         condition: Some(status::condition(&entries, None)),
@@ -496,16 +503,36 @@ async fn announce(ctx: &Context, owner: &Owner, entries: &[ClusterStatus], previ
     }
 }
 
-/// Clusters that left the placement (label change, name removed): release there. One not
-/// reachable keeps what it has; tried again next resync.
-async fn release_leaving(ctx: &Context, owner: &Owner, registered: &[MemberCluster], targets: &[&MemberCluster]) {
+/// Clusters that left the placement (label change, name removed) and that the last status
+/// lists (they hold a copy, or did): release there. Returns those where that failed, to stay
+/// in the status with why; they are tried again next pass. Clusters never placed on are not
+/// asked at all.
+async fn release_leaving(
+    ctx: &Context,
+    owner: &Owner,
+    registered: &[MemberCluster],
+    targets: &[&MemberCluster],
+    previous: &[ClusterStatus],
+) -> Vec<(String, MemberError)> {
     let leaving: Vec<&MemberCluster> = registered
         .iter()
         .filter(|c| !targets.iter().any(|t| t.name == c.name))
+        .filter(|c| previous.iter().any(|p| p.name == c.name))
         .collect();
-    for (name, e) in release_from(&ctx.propagation, &leaving, owner, ctx).await {
-        tracing::debug!(cluster = %name, error = %e, "could not check a cluster outside the placement");
-    }
+    let failed = release_from(&ctx.propagation, &leaving, owner, ctx).await;
+    failed
+        .into_iter()
+        .map(|(name, e)| {
+            tracing::warn!(cluster = %name, error = %e, "could not release a cluster that left the placement");
+            let left = |m: String| format!("left the placement; its copy is not released yet: {m}");
+            let e = match e {
+                MemberError::Unreachable(m) => MemberError::Unreachable(left(m)),
+                MemberError::Refused(m) => MemberError::Refused(left(m)),
+                MemberError::BadCredentials(m) => MemberError::BadCredentials(left(m)),
+            };
+            (name, e)
+        })
+        .collect()
 }
 
 /// Clean-up of a deleted hub object. Returns when to look again, or `None` once the finalizer
