@@ -179,12 +179,19 @@ async fn a_trickling_request_body_is_answered_408() {
         "within the body timeout, not the route's"
     );
     // A body that arrives whole is served as before.
-    let mut ok = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    ok.write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\n\r\nabc")
+    assert!(post(&proxy, b"Content-Length: 3\r\n\r\nabc")
         .await
-        .unwrap();
-    assert!(read_response(&mut ok).await.starts_with("HTTP/1.1 200"));
+        .starts_with("HTTP/1.1 200"));
     proxy.running.drain();
+}
+
+/// POSTs `rest` (headers after Host, and the body) on a new connection; the answer.
+async fn post(proxy: &Proxy, rest: &[u8]) -> String {
+    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let mut request = b"POST / HTTP/1.1\r\nHost: a.example\r\n".to_vec();
+    request.extend_from_slice(rest);
+    stream.write_all(&request).await.unwrap();
+    read_response(&mut stream).await
 }
 
 /// A mirrored request's body is read whole before either copy is sent: a client that stalls in
@@ -211,18 +218,11 @@ upstreams:
         up.addr, shadow.addr
     );
     let proxy = start_proxy(&dir, &config).await;
-    let mut stream = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    stream
-        .write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 100\r\n\r\n0123456789")
-        .await
-        .unwrap();
-    let answer = read_response(&mut stream).await;
+    let answer = post(&proxy, b"Content-Length: 100\r\n\r\n0123456789").await;
     assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
-    let mut ok = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
-    ok.write_all(b"POST / HTTP/1.1\r\nHost: a.example\r\nContent-Length: 3\r\n\r\nabc")
+    assert!(post(&proxy, b"Content-Length: 3\r\n\r\nabc")
         .await
-        .unwrap();
-    assert!(read_response(&mut ok).await.starts_with("HTTP/1.1 200"));
+        .starts_with("HTTP/1.1 200"));
     proxy.running.drain();
 }
 

@@ -93,6 +93,26 @@ async fn an_h2c_upgrade_is_not_passed_on() {
     proxy.running.drain();
 }
 
+/// One ordinary request first, so the server's SETTINGS (ENABLE_CONNECT_PROTOCOL) are in.
+async fn warm_up(sender: &mut hyper::client::conn::http2::SendRequest<http_body_util::Empty<bytes::Bytes>>) {
+    let warm = http::Request::get("http://chat.example/")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let _ = sender.send_request(warm).await;
+}
+
+/// A WebSocket over HTTP/2: RFC 8441's extended CONNECT.
+fn extended_connect() -> http::Request<http_body_util::Empty<bytes::Bytes>> {
+    let mut connect = http::Request::connect("http://chat.example/socket")
+        .header("sec-websocket-version", "13")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    connect
+        .extensions_mut()
+        .insert(hyper::ext::Protocol::from_static("websocket"));
+    connect
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_websocket_over_http2_reaches_an_http1_websocket_upstream() {
     init();
@@ -103,19 +123,11 @@ async fn a_websocket_over_http2_reaches_an_http1_websocket_upstream() {
     );
     let proxy = start_proxy(&dir, &yaml).await;
     let (mut sender, _conn) = h2_client(proxy.addr("http")).await;
-    // One ordinary request first, so the server's SETTINGS (ENABLE_CONNECT_PROTOCOL) are in.
-    let warm = http::Request::get("http://chat.example/")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let _ = sender.send_request(warm).await;
-    let mut connect = http::Request::connect("http://chat.example/socket")
-        .header("sec-websocket-version", "13")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
-    connect
-        .extensions_mut()
-        .insert(hyper::ext::Protocol::from_static("websocket"));
-    let mut resp = sender.send_request(connect).await.expect("extended CONNECT answered");
+    warm_up(&mut sender).await;
+    let mut resp = sender
+        .send_request(extended_connect())
+        .await
+        .expect("extended CONNECT answered");
     assert_eq!(resp.status(), 200, "RFC 8441: a 2xx, not a 101");
     assert!(resp.headers().get("sec-websocket-accept").is_none());
     let io = hyper::upgrade::on(&mut resp).await.expect("the stream is the tunnel");
@@ -159,19 +171,8 @@ async fn websockets_over_one_http2_connection_count_against_the_connection_limit
     );
     let proxy = start_proxy(&dir, &yaml).await;
     let (mut sender, _conn) = h2_client(proxy.addr("http")).await;
-    let warm = http::Request::get("http://chat.example/")
-        .body(http_body_util::Empty::<bytes::Bytes>::new())
-        .unwrap();
-    let _ = sender.send_request(warm).await;
-    let connect = || {
-        let mut c = http::Request::connect("http://chat.example/socket")
-            .header("sec-websocket-version", "13")
-            .body(http_body_util::Empty::<bytes::Bytes>::new())
-            .unwrap();
-        c.extensions_mut()
-            .insert(hyper::ext::Protocol::from_static("websocket"));
-        c
-    };
+    warm_up(&mut sender).await;
+    let connect = extended_connect;
     let mut first = sender.send_request(connect()).await.expect("answered");
     assert_eq!(first.status(), 200);
     let _tunnel = hyper::upgrade::on(&mut first).await.expect("the first tunnel");

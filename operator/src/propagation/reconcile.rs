@@ -239,16 +239,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
 
-    // Every cluster's object first; one bad override, or one whose result the platform's
-    // policy refuses, and nothing is written anywhere.
-    let objects: Result<Vec<MemberObject>, placement::OverrideError> = selection
-        .targets
-        .iter()
-        .map(|c| {
-            let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c)?;
-            allowed_for(object, c, owner, ctx)
-        })
-        .collect();
+    let objects = member_objects(pxd, owner, ctx, &selection.targets);
     let apps = match super::hub_apps::desired(pxd, owner, ctx).await {
         Ok(a) => a,
         Err(e) => return keep_previous(not_propagated("AppsUnreadable", e.to_string())),
@@ -419,6 +410,23 @@ async fn release_everywhere(
 
 /// Nothing written anywhere: an override is invalid (`invalid_override`) or the shared CA is
 /// unavailable.
+/// Every cluster's object first; one bad override, or one whose result the platform's policy
+/// refuses, and nothing is written anywhere.
+fn member_objects(
+    pxd: &ProxyDeployment,
+    owner: &Owner,
+    ctx: &Context,
+    targets: &[&MemberCluster],
+) -> Result<Vec<MemberObject>, placement::OverrideError> {
+    targets
+        .iter()
+        .map(|c| {
+            let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &pxd.spec, c)?;
+            allowed_for(object, c, owner, ctx)
+        })
+        .collect()
+}
+
 /// The member's spec (overrides applied) checked against the hub's policies as the fleet's own
 /// spec is: an override may not give a cluster what the fleet could not ask for itself.
 fn allowed_for(

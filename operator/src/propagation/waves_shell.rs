@@ -131,14 +131,7 @@ pub async fn roll<'a>(
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
     let mut o = observed(pxd, placement, (targets, &seen), desired_apps);
-    let previous = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
-    let mut plan = waves::decide(previous, &o);
-    if o.command.is_some() && !clear_command(pxd, owner, ctx).await {
-        // Not acted on while its annotation stays (the next pass would act on it again):
-        // this pass decides as if it had not come, the next one sees it again.
-        o.command = None;
-        plan = waves::decide(previous, &o);
-    }
+    let plan = decide(pxd, owner, ctx, &mut o).await;
     announce(ctx, owner, &plan).await;
     let why = plan
         .status
@@ -208,6 +201,19 @@ async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
     } else {
         ctx.record(owner, t.reason, &t.message).await;
     }
+}
+
+/// The machine's plan for what was observed. A command is acted on only once its annotation
+/// is gone (else the next pass would act on it again): while it stays, this pass decides as
+/// if it had not come, and the next one sees it again.
+async fn decide(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, o: &mut Observed) -> waves::Plan {
+    let previous = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
+    let plan = waves::decide(previous, o);
+    if o.command.is_none() || clear_command(pxd, owner, ctx).await {
+        return plan;
+    }
+    o.command = None;
+    waves::decide(previous, o)
 }
 
 /// A command is acted on once: the annotation goes before the pass acts on it. Whether it
