@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Canary rollouts on the real cluster with real load and a real Prometheus:
 # healthy promotion, rollback on 5xx (Prometheus and direct sources), rollback on latency,
-# operator restart mid-step, Prometheus unreachable, undo.
+# operator restart mid-step, Prometheus unreachable, undo, `kubectl proxyfleet promote` past an open pause.
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
 . "$root/e2e/lib/prometheus.sh"
@@ -164,4 +164,25 @@ say "7. undo: back to the previous stable revision (the one scenario 5 promoted)
 [ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.spec.routes[0].timeout}')" = 4s ] || fail "undo did not restore the route of scenario 5"
 # Stable still runs that revision: the aborted rollout ends at once, nothing to roll out.
 "$PLUGIN" -n "$ns" status demo --timeout 60 >/dev/null || fail "not healthy after undo"
+
+say "8. kubectl proxyfleet promote: a rollout held at an open pause goes on when told"
+{ cat /tmp/canary-base.yaml; cat <<YAML
+  strategy:
+    canary:
+      steps:
+        - setWeight: 20
+        - pause: {}
+        - setWeight: 100
+YAML
+} | kubectl apply -n "$ns" -f - >/dev/null
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"8s"}'
+wait_phase Paused 150
+sleep 5
+[ "$(phase)" = Paused ] || fail "an open pause ended on its own: $(phase)"
+"$PLUGIN" -n "$ns" promote demo >&2 || fail "kubectl proxyfleet promote failed"
+wait_phase Completed 150
+[ -z "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.metadata.annotations.proxyfleet\.io/command}')" ] \
+  || fail "the command annotation was left on the fleet"
+"$PLUGIN" -n "$ns" status demo --timeout 120 >/dev/null || fail "not healthy after the promotion"
+say "promoted past the pause; the command is gone"
 say "ok"
