@@ -16,7 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::labels;
 use crate::metrics::Metrics;
-use crate::owner_index::OwnerIndex;
+use crate::owner_index::{meta_controller_uid, OwnerIndex};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApplyError {
@@ -281,12 +281,7 @@ pub(crate) fn not_ours(existing: &ObjectMeta, desired: &ObjectMeta) -> Option<&'
     if managed != Some(labels::MANAGER) {
         return Some("it has no app.kubernetes.io/managed-by=proxyfleet label");
     }
-    let controller = |m: &ObjectMeta| {
-        m.owner_references
-            .as_ref()
-            .and_then(|refs| refs.iter().find(|r| r.controller == Some(true)).map(|r| r.uid.clone()))
-    };
-    match (controller(existing), controller(desired)) {
+    match (meta_controller_uid(existing), meta_controller_uid(desired)) {
         (Some(have), Some(want)) if have == want => None,
         (_, None) => None,
         _ => Some("another object controls it"),

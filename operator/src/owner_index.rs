@@ -38,9 +38,12 @@ fn cached<K: Resource<DynamicType = ()> + Clone + 'static>(
 
 /// The uid of the object's controller, if it has one.
 fn controller_uid<K: Resource>(object: &K) -> Option<&str> {
-    object
-        .meta()
-        .owner_references
+    meta_controller_uid(object.meta())
+}
+
+/// The uid of the controller named in `meta`, if any.
+pub fn meta_controller_uid(meta: &ObjectMeta) -> Option<&str> {
+    meta.owner_references
         .as_ref()?
         .iter()
         .find(|r| r.controller == Some(true))
