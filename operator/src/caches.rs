@@ -135,6 +135,7 @@ impl Caches {
             policies,
             namespaces,
             by_owner,
+            fleets: fleets_store.clone(),
         };
         watches.push(sweep_owner_indexes(stores.clone()).boxed());
         let task = crate::task::AbortOnDrop(tokio::spawn(futures::future::join_all(watches).map(drop)));

@@ -35,6 +35,8 @@ pub struct Stores {
     pub namespaces: Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
     /// What each fleet controls, for the kinds a pass looks its own objects up in.
     pub by_owner: ByOwner,
+    /// Every ProxyDeployment (a namespace's CA rotation waits for the fleets on that CA).
+    pub fleets: Store<ProxyDeployment>,
 }
 
 /// Per kind, the cached objects each fleet controls (see `owner_index`).

@@ -228,6 +228,7 @@ mod tests {
             policies: store().0,
             namespaces: store().0,
             by_owner: Default::default(),
+            fleets: store().0,
         }
     }
 

@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 
 use super::ca_rotation::{self, Observations, RotationState, Write};
 use super::issue::{self, CertInfo, KeyedCert};
+use super::managed_fleets::ManagedFleets;
 use super::spec::CaRotationStatus;
 use crate::context::Context;
 use crate::labels;
@@ -292,14 +293,11 @@ fn state_of(secret: &Secret) -> RotationState {
 
 /// Leaf Secrets of the namespace issued by the managed CA: (total, with `bundle`, issued by
 /// `issuer`), and the serials of those issued by `issuer`.
-fn leaves(namespace: &str, bundle: &str, issuer: &str, ctx: &Context) -> ((usize, usize, usize), Vec<String>) {
+fn leaves(on_ca: &ManagedFleets, bundle: &str, issuer: &str, ctx: &Context) -> ((usize, usize, usize), Vec<String>) {
     let mut counts = (0, 0, 0);
     let mut current_serials = Vec::new();
     for s in ctx.stores.secrets.state() {
-        let ours = s.metadata.namespace.as_deref() == Some(namespace)
-            && s.metadata.name.as_deref() != Some(CA_SECRET)
-            && s.type_.as_deref() == Some("kubernetes.io/tls");
-        let Some(cert) = text(&s, "tls.crt").filter(|_| ours) else {
+        let Some(cert) = text(&s, "tls.crt").filter(|_| on_ca.has_leaf(&s)) else {
             continue;
         };
         counts.0 += 1;
@@ -341,7 +339,7 @@ fn parse_config_report(body: &str) -> PodReport {
 /// Proxy pods of the namespace that loaded a trust bundle: (total, reporting `sha`, serving only
 /// leaves in `current_serials`).
 async fn pods_with_bundle(
-    namespace: &str,
+    (namespace, on_ca): (&str, &ManagedFleets),
     sha: &str,
     current_serials: &[String],
     ctx: &Context,
@@ -361,7 +359,7 @@ async fn pods_with_bundle(
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
         };
-        if !running || pod.metadata.deletion_timestamp.is_some() {
+        if !running || pod.metadata.deletion_timestamp.is_some() || !on_ca.has_pod(&pod) {
             continue;
         }
         // A pod that cannot be asked counts as not converged.
@@ -415,11 +413,12 @@ async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Optio
     ]
     .contains(&phase)
     {
-        let (counts, current_serials) = leaves(namespace, &bundle, &info.subject, ctx);
+        let on_ca = ManagedFleets::of(namespace, &ctx.stores.fleets);
+        let (counts, current_serials) = leaves(&on_ca, &bundle, &info.subject, ctx);
         (o.leaves_total, o.leaves_with_bundle, o.leaves_on_current_ca) = counts;
         if phase != ca_rotation::PUBLISHING_BUNDLE {
             (o.pods_total, o.pods_with_bundle, o.pods_on_current_ca) =
-                pods_with_bundle(namespace, &sha256_hex(&bundle), &current_serials, ctx).await?;
+                pods_with_bundle((namespace, &on_ca), &sha256_hex(&bundle), &current_serials, ctx).await?;
         }
     }
     let step = ca_rotation::decide(&state, &o);

@@ -11,5 +11,6 @@ pub mod ca_rotation;
 pub mod cert_manager;
 pub mod controller;
 pub mod issue;
+pub mod managed_fleets;
 pub mod reconcile;
 pub mod spec;

@@ -20,19 +20,12 @@ use crate::resources::deployment::MountedSecrets;
 use crate::resources::Owner;
 
 pub use super::ca::CA_SECRET;
-
-pub fn serving_secret_name(pxd: &str) -> String {
-    format!("{pxd}-tls")
-}
+pub use super::managed_fleets::{client_secret_name, serving_secret_name, uses_managed_ca};
 
 /// cert-manager fills its own Secret: a switch of source never has two writers on one Secret,
 /// and a leaf another source left behind is never adopted as if cert-manager had issued it.
 pub fn cert_manager_secret_name(pxd: &str) -> String {
     format!("{pxd}-cert-manager-tls")
-}
-
-pub fn client_secret_name(pxd: &str) -> String {
-    format!("{pxd}-client-tls")
 }
 
 /// What certificate management decided for one reconcile.
@@ -332,16 +325,6 @@ pub(super) fn secret_with(
         ),
         ..Default::default()
     }
-}
-
-/// Whether the fleet's certificates come from the namespace's managed CA.
-pub fn uses_managed_ca(spec: &crate::crd::ProxyDeploymentSpec) -> bool {
-    let tls = spec.tls.clone().unwrap_or_default();
-    let serves_tls = spec.listeners.iter().any(|l| l.protocol == ListenerProtocol::HTTPS);
-    (serves_tls || tls.upstream_client_certificate)
-        && tls.secret_name.is_none()
-        && tls.cert_manager.is_none()
-        && tls.acme.is_none()
 }
 
 async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls: bool, ctx: &Context) -> CertOutcome {
