@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Certificates on the real cluster: managed leaf rotation under continuous HTTPS load with zero
 # failed requests, new connections see the new serial; existing-Secret source; a missing Secret
-# reported with a reason; cert-manager's own controllers: an issuer that does not exist quoted
+# reported with a reason; cert-manager's own controllers: a user's Secret under cert-manager's
+# name refused and left as it was, an issuer that does not exist quoted
 # in status, a real CA Issuer's certificate served and renewed under load, the switch back to
 # the managed CA (the Certificate removed first), the Certificate deleted with the fleet.
 . "$(dirname "$0")/../lib/testlib.sh"
@@ -62,8 +63,16 @@ kubectl wait -n "$ns" --for=condition=Ready pxd/demo --timeout=120s >/dev/null |
 say "cert-manager source, with cert-manager's own controllers"
 start_cert_manager
 cm_reason() { kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.type=="CertificatesReady")].reason}: {.status.conditions[?(@.type=="CertificatesReady")].message}'; }
+# A user's own Secret under the name cert-manager would fill is refused, not overwritten.
+kubectl get secret -n "$ns" user-cert -o json | jq '.metadata={name:"demo-cert-manager-tls"}' | kubectl apply -n "$ns" -f - >/dev/null
+user_data=$(kubectl get secret -n "$ns" demo-cert-manager-tls -o jsonpath='{.data.tls\.crt}' | sha256sum)
 kubectl patch -n "$ns" pxd/demo --type=merge -p '{"spec":{"tls":{"secretName":null,"certManager":{"issuerRef":{"name":"nope","kind":"Issuer"}}}}}' >/dev/null
-retry 60 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"CertificatesReady\")].message}' | grep -q 'issuer.cert-manager.io \"nope\" not found'"
+retry 60 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"CertificatesReady\")].reason}' | grep -qx SecretNotOurs"
+say "a user's Secret of that name: $(cm_reason)"
+! kubectl get certificates.cert-manager.io -n "$ns" demo >/dev/null 2>&1 || fail "a Certificate was made to fill the user's Secret"
+[ "$(kubectl get secret -n "$ns" demo-cert-manager-tls -o jsonpath='{.data.tls\.crt}' | sha256sum)" = "$user_data" ] || fail "the user's Secret was changed"
+kubectl delete secret -n "$ns" demo-cert-manager-tls >/dev/null
+retry 90 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"CertificatesReady\")].message}' | grep -q 'issuer.cert-manager.io \"nope\" not found'"
 say "an issuer that does not exist, in status: $(cm_reason)"
 https_get "$ns" demo /still | grep -q still || fail "fleet stopped serving while cert-manager cannot issue"
 kubectl get certificates.cert-manager.io -n "$ns" demo -o jsonpath='{.metadata.ownerReferences[0].kind}/{.metadata.ownerReferences[0].name}' | grep -qx ProxyDeployment/demo \
@@ -97,6 +106,8 @@ kubectl rollout status -n "$ns" deploy/demo --timeout=120s >/dev/null || fail "r
 all_verify() { for _ in $(seq 20); do curl -fs -o /dev/null --max-time 5 --cacert "$1" --resolve "demo.example.com:443:$ip" https://demo.example.com/ || return 1; done; }
 retry 90 all_verify /tmp/certs-ca.crt
 say "serving cert-manager's certificate (issuer: e2e cert-manager root); $(cm_reason)"
+kubectl get secret -n "$ns" demo-cert-manager-tls -o jsonpath='{.metadata.labels.proxyfleet\.io/proxydeployment}' | grep -qx demo \
+  || fail "cert-manager's Secret does not carry the fleet's labels (the Certificate's secretTemplate)"
 "$CARGO_TARGET_DIR_RELEASE/proxyfleet-loadgen" --url https://demo.example.com/ --connect "$ip:443" --ca /tmp/certs-ca.crt \
   --rate 30 --workers 3 --new-conn-every 10 --duration 130s --summary /tmp/certs-cm-load.json >/dev/null 2>/tmp/certs-cm-load.err &
 LOAD=$!

@@ -78,6 +78,13 @@ impl Owners {
             let _ = self.apps.unbounded_send(app);
         }
     }
+
+    /// Wakes the fleet cert-manager filled this Secret for (it has no owner reference).
+    fn wake_cert_manager(&self, secret: &Secret) {
+        if let Some(fleet) = crate::certs::cert_manager::fleet_of(secret) {
+            let _ = self.fleets.unbounded_send(fleet);
+        }
+    }
 }
 
 impl Caches {
@@ -200,6 +207,7 @@ fn namespace_wide(
     let ns_tx = ca_tx.clone();
     let secrets = owned_store_with(client, settings, move |secret: &Secret| {
         owners.wake(secret);
+        owners.wake_cert_manager(secret);
         if crate::certs::ca::is_ca_secret(secret) {
             let _ = ca_tx.unbounded_send(secret.metadata.namespace.clone().unwrap_or_default());
         }

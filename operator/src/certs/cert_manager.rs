@@ -5,13 +5,19 @@
 
 use std::time::Duration;
 
+use k8s_openapi::api::core::v1::Secret;
 use kube::api::{Api, DeleteParams, DynamicObject, ListParams, Patch, PatchParams};
 use kube::core::{ApiResource, GroupVersionKind};
+use kube::runtime::reflector::ObjectRef;
 use serde_json::{json, Value};
 
 use super::spec::CertManagerTls;
+use crate::crd::ProxyDeployment;
 use crate::labels;
 use crate::resources::Owner;
+
+/// The annotation cert-manager puts on a Secret it filled: the Certificate's name.
+const CERTIFICATE_NAME: &str = "cert-manager.io/certificate-name";
 
 fn resource(kind: &str) -> ApiResource {
     ApiResource::from_gvk(&GroupVersionKind::gvk("cert-manager.io", "v1", kind))
@@ -50,6 +56,9 @@ pub fn certificate(owner: &Owner, cm: &CertManagerTls, secret_name: &str, dns_na
         "issuerRef": {"name": cm.issuer_ref.name, "kind": format!("{:?}", cm.issuer_ref.kind), "group": cm.issuer_ref.group},
         "privateKey": {"algorithm": "ECDSA", "size": 256, "rotationPolicy": "Always"},
         "usages": ["server auth", "digital signature", "key encipherment"],
+        // Our labels put the Secret in the operator's cache: no read per reconcile, and a new
+        // certificate wakes the fleet at once.
+        "secretTemplate": {"labels": labels::owned(&owner.name)},
     });
     if let Some(d) = cm.duration {
         spec["duration"] = json!(format!("{}s", d.get().as_secs()));
@@ -65,25 +74,28 @@ pub fn certificate(owner: &Owner, cm: &CertManagerTls, secret_name: &str, dns_na
     obj
 }
 
-/// Applies the Certificate and returns it as the API server has it (with cert-manager's status).
-/// A Certificate of that name that is not the fleet's (a user's own) is neither written nor
-/// taken over.
-pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<DynamicObject, CertManagerError> {
+/// Applies the Certificate, unless the API server already has it as wanted, and returns it as
+/// the API server has it (with cert-manager's status) and whether it was written. A Certificate
+/// of that name that is not the fleet's (a user's own) is neither written nor taken over.
+pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<(DynamicObject, bool), CertManagerError> {
     let (namespace, name) = (
         obj.metadata.namespace.clone().unwrap_or_default(),
         obj.metadata.name.clone().unwrap_or_default(),
     );
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), &namespace, &resource("Certificate"));
-    let existing = api
-        .get_metadata_opt_with(&name, &kube::api::GetParams::any())
-        .await
-        .map_err(|source| CertManagerError::Apply {
-            namespace: namespace.clone(),
-            name: name.clone(),
-            source,
-        })?;
-    if let Some(why) = existing.and_then(|m| crate::apply::not_ours(&m.metadata, &obj.metadata)) {
-        return Err(CertManagerError::NotOurs { namespace, name, why });
+    let failed = |source| CertManagerError::Apply {
+        namespace: namespace.clone(),
+        name: name.clone(),
+        source,
+    };
+    let existing = api.get_opt(&name).await.map_err(failed)?;
+    if let Some(existing) = existing {
+        if let Some(why) = crate::apply::not_ours(&existing.metadata, &obj.metadata) {
+            return Err(CertManagerError::NotOurs { namespace, name, why });
+        }
+        if up_to_date(&existing, obj) {
+            return Ok((existing, false));
+        }
     }
     api.patch(
         &name,
@@ -91,11 +103,46 @@ pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<Dynamic
         &Patch::Apply(obj),
     )
     .await
-    .map_err(|source| CertManagerError::Apply {
-        namespace,
-        name,
-        source,
-    })
+    .map(|written| (written, true))
+    .map_err(failed)
+}
+
+/// Whether the Certificate as the API server has it already says everything we would apply:
+/// fields cert-manager or the API server added do not count, a field someone changed does.
+pub fn up_to_date(existing: &DynamicObject, wanted: &DynamicObject) -> bool {
+    let meta = |o: &DynamicObject| json!({"labels": o.metadata.labels, "ownerReferences": o.metadata.owner_references});
+    holds(&existing.data["spec"], &wanted.data["spec"]) && holds(&meta(existing), &meta(wanted))
+}
+
+/// Whether `have` holds all of `want`: objects key by key (a null wanted is an absent key),
+/// arrays item by item, anything else equal.
+fn holds(have: &Value, want: &Value) -> bool {
+    match (have, want) {
+        (Value::Object(h), Value::Object(w)) => w.iter().all(|(k, v)| match h.get(k) {
+            Some(hv) => holds(hv, v),
+            None => v.is_null(),
+        }),
+        (Value::Array(h), Value::Array(w)) => h.len() == w.len() && h.iter().zip(w).all(|(a, b)| holds(a, b)),
+        _ => have == want,
+    }
+}
+
+/// Why the Secret cert-manager would fill for the fleet must not be handed to it: it exists and
+/// neither cert-manager filled it for this Certificate nor does the fleet control it (a user's
+/// own Secret of that name, which cert-manager would overwrite).
+pub fn foreign_secret(secret: &Secret, certificate: &str, owner_uid: &str) -> Option<&'static str> {
+    let ours =
+        filled_for(secret, certificate) || crate::owner_index::meta_controller_uid(&secret.metadata) == Some(owner_uid);
+    (!ours).then_some("cert-manager did not fill it for this fleet's Certificate")
+}
+
+/// The fleet whose Certificate cert-manager filled this Secret for (the Certificate is named
+/// after the fleet, and its secret template labels the Secret with the fleet's name).
+pub fn fleet_of(secret: &Secret) -> Option<ObjectRef<ProxyDeployment>> {
+    let certificate = secret.metadata.annotations.as_ref()?.get(CERTIFICATE_NAME)?;
+    let fleet = secret.metadata.labels.as_ref()?.get(labels::INSTANCE)?;
+    let namespace = secret.metadata.namespace.as_deref()?;
+    (certificate == fleet).then(|| ObjectRef::new(fleet).within(namespace))
 }
 
 /// The CertificateRequests cert-manager made for the fleet's Certificate (they carry its labels).
@@ -139,12 +186,12 @@ pub async fn remove(client: &kube::Client, owner: &Owner) -> Result<bool, CertMa
 
 /// Whether cert-manager filled this Secret for the named Certificate. A Secret another source
 /// left behind (the managed CA's leaf, say) is not served as if cert-manager had issued it.
-pub fn filled_for(secret: &k8s_openapi::api::core::v1::Secret, certificate: &str) -> bool {
+pub fn filled_for(secret: &Secret, certificate: &str) -> bool {
     secret
         .metadata
         .annotations
         .as_ref()
-        .and_then(|a| a.get("cert-manager.io/certificate-name"))
+        .and_then(|a| a.get(CERTIFICATE_NAME))
         .is_some_and(|n| n == certificate)
 }
 
@@ -281,6 +328,81 @@ mod tests {
         let j = judge(&cert, &[], now);
         assert!(j.ready);
         assert_eq!(j.recheck, Duration::from_secs(65));
+    }
+
+    fn fleet_certificate() -> DynamicObject {
+        let pxd = crate::resources::fixtures::basic();
+        let owner = Owner::of(&pxd).expect("owner");
+        let cm: CertManagerTls = serde_yaml::from_str("{issuerRef: {name: ca}}").expect("spec");
+        certificate(&owner, &cm, "demo-cert-manager-tls", &["demo.example.com".into()])
+    }
+
+    /// What cert-manager and the API server add is no reason to write again; a field someone
+    /// changed, or our label removed, is.
+    #[test]
+    fn a_certificate_is_written_only_when_it_differs_from_what_we_want() {
+        let wanted = fleet_certificate();
+        let mut stored = wanted.clone();
+        stored.data["spec"]["secretTemplate"]["annotations"] = json!({"x": "y"});
+        stored.data["spec"]["renewBefore"] = json!("360h");
+        stored.data["status"] = json!({"conditions": []});
+        stored.metadata.resource_version = Some("7".into());
+        stored
+            .metadata
+            .labels
+            .get_or_insert_with(Default::default)
+            .insert("team".into(), "a".into());
+        assert!(up_to_date(&stored, &wanted));
+        let mut edited = stored.clone();
+        edited.data["spec"]["dnsNames"] = json!(["evil.example.com"]);
+        assert!(!up_to_date(&edited, &wanted));
+        let mut relabelled = stored.clone();
+        relabelled.metadata.labels = None;
+        assert!(!up_to_date(&relabelled, &wanted));
+        let mut missing = stored;
+        missing.data["spec"].as_object_mut().expect("spec").remove("privateKey");
+        assert!(!up_to_date(&missing, &wanted));
+        assert!(
+            holds(&json!({"a": 1}), &json!({"a": 1, "b": null})),
+            "a null wanted is an absent key"
+        );
+        assert!(!holds(&json!({"a": [1, 2]}), &json!({"a": [1]})));
+    }
+
+    fn secret(annotations: &[(&str, &str)], labels: &[(&str, &str)], controller: Option<&str>) -> Secret {
+        let map = |kv: &[(&str, &str)]| Some(kv.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect());
+        let mut s = Secret::default();
+        s.metadata.namespace = Some("team-a".into());
+        s.metadata.annotations = map(annotations);
+        s.metadata.labels = map(labels);
+        s.metadata.owner_references = controller.map(|uid| {
+            vec![k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                uid: uid.into(),
+                controller: Some(true),
+                ..Default::default()
+            }]
+        });
+        s
+    }
+
+    /// A user's own Secret of the name cert-manager would fill is refused; one cert-manager
+    /// filled for this Certificate, or one the fleet controls, is not.
+    #[test]
+    fn a_users_secret_is_never_handed_to_cert_manager() {
+        assert!(foreign_secret(&secret(&[], &[], None), "demo", "uid-1").is_some());
+        assert!(foreign_secret(&secret(&[(CERTIFICATE_NAME, "other")], &[], None), "demo", "uid-1").is_some());
+        assert!(foreign_secret(&secret(&[], &[], Some("uid-2")), "demo", "uid-1").is_some());
+        assert!(foreign_secret(&secret(&[(CERTIFICATE_NAME, "demo")], &[], None), "demo", "uid-1").is_none());
+        assert!(foreign_secret(&secret(&[], &[], Some("uid-1")), "demo", "uid-1").is_none());
+    }
+
+    #[test]
+    fn a_filled_secret_wakes_the_fleet_it_was_filled_for() {
+        let filled = secret(&[(CERTIFICATE_NAME, "demo")], &[(labels::INSTANCE, "demo")], None);
+        assert_eq!(fleet_of(&filled), Some(ObjectRef::new("demo").within("team-a")));
+        let other = secret(&[(CERTIFICATE_NAME, "x")], &[(labels::INSTANCE, "demo")], None);
+        assert_eq!(fleet_of(&other), None);
+        assert_eq!(fleet_of(&secret(&[], &[(labels::INSTANCE, "demo")], None)), None);
     }
 
     #[test]

@@ -215,12 +215,41 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
     let secret_name = cert_manager_secret_name(&owner.name);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
     let dns_names = issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names);
+    // Only what cert-manager filled for us is read from the cache (its secret template labels
+    // it); anything else of that name is read once, to refuse it.
+    let secret = match cached_secret(ctx, &owner.namespace, &secret_name) {
+        Some(s) => Some(s),
+        None => match Api::<Secret>::namespaced(ctx.client.clone(), &owner.namespace)
+            .get_opt(&secret_name)
+            .await
+        {
+            Ok(s) => s.map(std::sync::Arc::new),
+            Err(e) => return failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
+        },
+    };
+    if let Some(why) = secret
+        .as_deref()
+        .and_then(|s| cert_manager::foreign_secret(s, &owner.name, &owner.reference.uid))
+    {
+        return failure(
+            "SecretNotOurs",
+            format!(
+                "Secret {}/{secret_name} exists and {why}; it is left as it is (cert-manager would overwrite it): \
+                 remove or rename that Secret",
+                owner.namespace
+            ),
+        );
+    }
     let wanted = cert_manager::certificate(owner, cm, &secret_name, &dns_names);
     let applied = match cert_manager::apply(&ctx.client, &wanted).await {
-        Ok(x) => x,
+        Ok((applied, written)) => {
+            if written {
+                ctx.metrics.api_write("Certificate", "apply");
+            }
+            applied
+        }
         Err(e) => return failure("CertManagerUnavailable", e.to_string()),
     };
-    ctx.metrics.api_write("Certificate", "apply");
     // The requests are read only when they can explain a wait.
     let requests = if cert_manager::is_ready(&applied) {
         Vec::new()
@@ -228,15 +257,11 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
         cert_manager::requests(&ctx.client, owner).await
     };
     let judged = cert_manager::judge(&applied, &requests, now());
-    let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let info = match secrets.get_opt(&secret_name).await {
-        Ok(s) => s
-            .filter(|s| cert_manager::filled_for(s, &owner.name))
-            .and_then(|s| text(&s, "tls.crt"))
-            .as_deref()
-            .and_then(issue::parse_pem),
-        Err(e) => return failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
-    };
+    let info = secret
+        .filter(|s| cert_manager::filled_for(s, &owner.name))
+        .and_then(|s| text(&s, "tls.crt"))
+        .as_deref()
+        .and_then(issue::parse_pem);
     let Some(info) = info else {
         let message = if judged.ready {
             format!("cert-manager has not filled Secret {secret_name} yet")
