@@ -16,7 +16,7 @@ use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
 use crate::router::Target;
 use crate::upstream;
-use crate::upstream::UpstreamCluster;
+use crate::upstream::{EndpointSlot, UpstreamCluster};
 
 /// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
 pub async fn tunnel(
@@ -38,10 +38,13 @@ pub async fn tunnel(
     let Some(upstream_req) = upstream_request(target, req, &client, trusted, &endpoint.authority) else {
         return status_response(StatusCode::BAD_REQUEST, "bad request target\n");
     };
-    let sent = tokio::time::timeout_at(
-        (started + route.timeout).into(),
-        cluster.send_upgrade(&endpoint, upstream_req),
-    );
+    let deadline = (started + route.timeout).into();
+    // The tunnel holds one of the endpoint's connections for its whole life: it counts against
+    // `maxConnectionsPerEndpoint` like any request in flight, and waits as they do.
+    let Ok(Some(endpoint_slot)) = tokio::time::timeout_at(deadline, EndpointSlot::take(endpoint.clone())).await else {
+        return status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n");
+    };
+    let sent = tokio::time::timeout_at(deadline, cluster.send_upgrade(&endpoint, upstream_req));
     let mut resp = match sent.await {
         Err(_) => return status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"),
         Ok(Err(e)) => {
@@ -57,9 +60,9 @@ pub async fn tunnel(
     target.backend.metrics.upgrades.inc();
     let idle = route.upgrade_idle_timeout;
     tokio::spawn(async move {
-        // The tunnel keeps the client's connection slot (`client.slot`), and over HTTP/2 a
-        // slot of its own, until it ends.
-        let _slots = (client, tunnel_slot);
+        // The tunnel keeps the client's connection slot (`client.slot`), over HTTP/2 a slot
+        // of its own, and the upstream endpoint's, until it ends.
+        let _slots = (client, tunnel_slot, endpoint_slot);
         match tokio::join!(client_side, upstream_side) {
             (Ok(c), Ok(u)) => {
                 crate::relay::relay_streams(TokioIo::new(c), TokioIo::new(u), idle).await;

@@ -184,3 +184,73 @@ upstreams:\n  - {{name: g, endpoints: [\"{up}\"], protocol: h2}}\n",
     );
     proxy.running.drain();
 }
+
+/// An h2c gRPC upstream whose every answer is one message saying it is `declared` bytes long,
+/// followed by `sent` bytes of it, then grpc-status 0.
+async fn oversized_upstream(declared: u32, sent: usize) -> std::net::SocketAddr {
+    use http_body_util::StreamBody;
+    use hyper::body::Frame;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        loop {
+            let (tcp, _) = listener.accept().await.unwrap();
+            let service = hyper::service::service_fn(move |_req: http::Request<hyper::body::Incoming>| async move {
+                let mut message = vec![0u8; 5 + sent];
+                message[1..5].copy_from_slice(&declared.to_be_bytes());
+                let mut trailers = http::HeaderMap::new();
+                trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
+                let frames: Vec<Result<Frame<bytes::Bytes>, std::convert::Infallible>> =
+                    vec![Ok(Frame::data(message.into())), Ok(Frame::trailers(trailers))];
+                let body = StreamBody::new(futures_util::stream::iter(frames));
+                Ok::<_, std::convert::Infallible>(
+                    http::Response::builder()
+                        .header("content-type", "application/grpc")
+                        .body(body)
+                        .unwrap(),
+                )
+            });
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(hyper_util::rt::TokioIo::new(tcp), service),
+            );
+        }
+    });
+    addr
+}
+
+/// The proxy holds an upstream message whole before turning it into JSON, so it holds at most
+/// gRPC's default 4 MiB: a larger unary answer is a 502 saying so, and a stream whose next
+/// message says it is larger ends with an error line, before any of it is held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_message_over_4_mib_is_refused_not_held() {
+    init();
+    let dir = tempdir("transcode-large");
+    let unary = oversized_upstream((4 << 20) + 100, (4 << 20) + 100).await;
+    let proxy = start_proxy(&dir, &config(unary, "")).await;
+    let (status, _, body) = call(&proxy, "GET", "/v1/health/app", "").await;
+    assert_eq!(status, 502, "{body}");
+    let err: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(err["code"], 8, "{body}");
+    assert!(body.contains("larger than 4 MiB"), "{body}");
+    proxy.running.drain();
+
+    let dir = tempdir("transcode-large-stream");
+    let stream = oversized_upstream(u32::MAX, 10).await;
+    let proxy = start_proxy(&dir, &config(stream, "")).await;
+    let (status, _, body) = call(&proxy, "GET", "/v1/health/app:watch", "").await;
+    assert_eq!(status, 200, "{body}");
+    let line: serde_json::Value = serde_json::from_str(body.trim()).unwrap();
+    assert_eq!(line["error"]["code"], 8, "{body}");
+    let m = metrics(&proxy).await;
+    assert_eq!(
+        metric_sum(
+            &m,
+            "proxyfleet_grpc_transcoded_requests_total",
+            &["code=\"RESOURCE_EXHAUSTED\""]
+        ),
+        1.0,
+        "{m}"
+    );
+    proxy.running.drain();
+}

@@ -180,3 +180,42 @@ async fn websockets_over_one_http2_connection_count_against_the_connection_limit
     assert_eq!(second.status(), 503, "no slot left for a second tunnel");
     proxy.running.drain();
 }
+
+/// A WebSocket tunnel holds one of its upstream endpoint's connections for its whole life: with
+/// `maxConnectionsPerEndpoint: 1`, a second handshake waits for it and gets 504 at the route's
+/// timeout; once the first tunnel ends, a new one is let through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_counts_against_the_endpoints_connection_limit() {
+    init();
+    let upstream = ws_echo().await;
+    let dir = tempdir("websocket-limit");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 1s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"], pool: {{maxConnectionsPerEndpoint: 1}}}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let open = || async {
+        let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+        tokio_tungstenite::client_async("ws://chat.example/socket", tcp).await
+    };
+    let (mut first, _) = open().await.expect("the first tunnel");
+    match open().await {
+        Err(tokio_tungstenite::tungstenite::Error::Http(resp)) => assert_eq!(resp.status(), 504),
+        other => panic!("a second tunnel past the limit: {:?}", other.map(|(_, r)| r.status())),
+    }
+    first.send(Message::Close(None)).await.unwrap();
+    while first.next().await.is_some() {}
+    drop(first);
+    within("a tunnel once the first has ended", async {
+        loop {
+            if let Ok((mut ws, _)) = open().await {
+                ws.send(Message::text("again")).await.unwrap();
+                let back = ws.next().await.expect("a reply").expect("a message");
+                assert_eq!(back, Message::text("echo: again"));
+                break;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await;
+    proxy.running.drain();
+}

@@ -6,7 +6,6 @@ mod proxy_protocol;
 pub mod sniff;
 
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -19,7 +18,7 @@ use proxyfleet_config::{TcpMode, TcpProxy};
 
 use crate::metrics::{Metrics, TcpLabels};
 use crate::router::HostMatch;
-use crate::upstream::{pick_avoiding, Endpoint, UpstreamCluster};
+use crate::upstream::{pick_avoiding, EndpointSlot, UpstreamCluster};
 use sniff::{Sniffed, Sniffer};
 
 /// Where one route's connections go, with its counters.
@@ -120,25 +119,6 @@ async fn read_client_hello(client: &mut TcpStream) -> Result<(Vec<u8>, Option<St
             Sniffed::Hello { server_name } => return Ok((seen, server_name)),
             Sniffed::NotTls => return Err(()),
         }
-    }
-}
-
-/// A connection held to an endpoint: one of its connection permits, counted in flight (so
-/// P2C prefers the endpoint with fewer open connections); both given back on drop.
-struct EndpointSlot(Arc<Endpoint>);
-
-impl EndpointSlot {
-    async fn take(endpoint: Arc<Endpoint>) -> Option<Self> {
-        endpoint.permits.acquire().await.ok()?.forget();
-        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-        Some(Self(endpoint))
-    }
-}
-
-impl Drop for EndpointSlot {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-        self.0.permits.add_permits(1);
     }
 }
 

@@ -13,6 +13,8 @@ use super::{status, Binding, Transcoder};
 use crate::body::{BodyRules, BodyTimedOut, BodyTooLarge, ClientBody, RequestBody, UpstreamBody};
 use crate::metrics::TranscodeLabels;
 
+const TOO_LARGE: &str = "the upstream's message is larger than 4 MiB, the most the proxy turns into JSON";
+
 /// A call under way: what the response needs to become JSON.
 pub struct Call {
     binding: Arc<Binding>,
@@ -147,9 +149,14 @@ impl Call {
     }
 
     async fn unary(self, resp: Response<ClientBody>) -> Response<ClientBody> {
-        let Ok(collected) = resp.into_body().collect().await else {
-            self.count(14);
-            return refused(14, "the upstream's answer was cut short");
+        let limited = http_body_util::Limited::new(resp.into_body(), message::MAX_MESSAGE + 5);
+        let collected = match limited.collect().await {
+            Ok(collected) => collected,
+            Err(e) if e.is::<http_body_util::LengthLimitError>() => return self.too_large(),
+            Err(_) => {
+                self.count(14);
+                return refused(14, "the upstream's answer was cut short");
+            }
         };
         let (code, message) = collected
             .trailers()
@@ -168,6 +175,13 @@ impl Call {
             Some(Err(e)) => refused(13, e),
             None => refused(13, "the upstream answered OK without a message"),
         }
+    }
+
+    /// An upstream message larger than the proxy decodes: the upstream's fault, said as gRPC's
+    /// RESOURCE_EXHAUSTED would be.
+    fn too_large(&self) -> Response<ClientBody> {
+        self.count(8);
+        json_response(StatusCode::BAD_GATEWAY, &status::error_json(8, TOO_LARGE))
     }
 
     /// A server stream: each message as `{"result": …}` on its own line as it arrives, and a
@@ -202,6 +216,10 @@ impl Call {
                     if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
                         return; // the client went away
                     }
+                }
+                if message::declared_too_large(&buf) {
+                    end = (8, TOO_LARGE.into());
+                    break;
                 }
             }
             self.count(end.0);

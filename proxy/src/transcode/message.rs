@@ -205,6 +205,16 @@ pub fn frame(msg: &DynamicMessage) -> Bytes {
 }
 
 /// Takes one whole message off the front of `buf`, when it holds one.
+/// The largest message from the upstream the proxy turns into JSON, as gRPC's own default
+/// receive limit: a message is held whole before it is decoded.
+pub const MAX_MESSAGE: usize = 4 << 20;
+
+/// Whether the message at the front of `buf` says it is larger than [`MAX_MESSAGE`] (known
+/// from its 5-byte prefix, before any of it is held).
+pub fn declared_too_large(buf: &[u8]) -> bool {
+    buf.len() >= 5 && u32::from_be_bytes([buf[1], buf[2], buf[3], buf[4]]) as usize > MAX_MESSAGE
+}
+
 pub fn unframe(buf: &mut BytesMut) -> Option<Result<Bytes, &'static str>> {
     if buf.len() < 5 {
         return None;

@@ -37,6 +37,27 @@ pub struct Endpoint {
     pub(super) alpn: std::sync::atomic::AtomicU8,
 }
 
+/// A connection held to an endpoint for as long as it lives (a TCP pass-through, a WebSocket
+/// tunnel): one of its connection permits, counted in flight (so P2C prefers the endpoint with
+/// fewer open connections); both given back on drop.
+pub struct EndpointSlot(std::sync::Arc<Endpoint>);
+
+impl EndpointSlot {
+    /// Waits for a permit of `endpoint`.
+    pub async fn take(endpoint: std::sync::Arc<Endpoint>) -> Option<Self> {
+        endpoint.permits.acquire().await.ok()?.forget();
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Self(endpoint))
+    }
+}
+
+impl Drop for EndpointSlot {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+        self.0.permits.add_permits(1);
+    }
+}
+
 /// What an `auto` TLS endpoint speaks, learnt from its first connection's ALPN.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]

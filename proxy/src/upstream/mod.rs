@@ -17,7 +17,7 @@ use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
-pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint};
+pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
 pub use pool::UpstreamConnector;
 pub use response::UpstreamResponse;
 
