@@ -62,4 +62,29 @@ mod tests {
         let caught_up = latest.newest(Arc::new(object("8", None)));
         assert_eq!(caught_up.metadata.resource_version.as_deref(), Some("8"));
     }
+
+    /// A removal the API server refuses is an error for the caller (which then does not act),
+    /// and nothing is recorded: the next pass still sees the command and decides again.
+    #[tokio::test]
+    async fn a_failed_removal_is_an_error_and_the_command_stays() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let server = tokio::spawn(async move {
+            let (_, send) = handle.next_request().await.expect("the patch");
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+            send.send_response(
+                http::Response::builder()
+                    .status(500)
+                    .body(Body::from(serde_json::to_vec(&status).expect("json")))
+                    .expect("response"),
+            );
+        });
+        let api: Api<ConfigMap> = Api::namespaced(Client::new(mock, "default"), "team-a");
+        let latest = LatestObject::default();
+        let err = clear(&api, "demo", "proxyfleet.io/command", &latest).await;
+        server.await.expect("mock server");
+        assert!(matches!(err, Err(kube::Error::Api(ref e)) if e.code == 500), "{err:?}");
+        let seen = latest.newest(Arc::new(object("7", Some("promote"))));
+        assert!(seen.metadata.annotations.is_some(), "the command is still there: {seen:?}");
+    }
 }
