@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Canary rollouts on the real cluster with real load and a real Prometheus:
 # healthy promotion, rollback on 5xx (Prometheus and direct sources), rollback on latency,
-# operator restart mid-step, Prometheus unreachable, undo, `kubectl proxyfleet promote` past an open pause.
+# operator restart mid-step, Prometheus unreachable, undo, `kubectl proxyfleet promote` past an open pause,
+# pause/resume/abort/retry by command.
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
 . "$root/e2e/lib/prometheus.sh"
@@ -185,4 +186,47 @@ wait_phase Completed 150
   || fail "the command annotation was left on the fleet"
 "$PLUGIN" -n "$ns" status demo --timeout 120 >/dev/null || fail "not healthy after the promotion"
 say "promoted past the pause; the command is gone"
+
+say "9. kubectl proxyfleet pause, resume, abort and retry, each acted on once"
+step() { kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.currentStepIndex}'; }
+command_gone() { [ -z "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.metadata.annotations.proxyfleet\.io/command}')" ]; }
+at() { [ "$(phase)/$(step)" = "$1" ]; }
+left_pause() { [ "$(phase)" != Paused ]; }
+no_canary_pods() { [ "$(canary_pods)" = 0 ]; }
+{ cat /tmp/canary-base.yaml; cat <<YAML
+  strategy:
+    canary:
+      steps:
+        - setWeight: 20
+        - analysis: {interval: 10s, window: 20s, count: 3, failureLimit: 0, minRequests: 20, source: {}, metrics: [{name: errors, errorRate5xx: {max: 5}}]}
+        - setWeight: 100
+YAML
+} | kubectl apply -n "$ns" -f - >/dev/null
+load 240 /tmp/canary-commands.json
+route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"9s"}'
+retry 120 at Analyzing/1
+"$PLUGIN" -n "$ns" pause demo >&2 || fail "kubectl proxyfleet pause failed"
+wait_phase Paused 60
+kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.message}' | grep -q 'paused by request' || fail "the pause does not say it was asked for"
+retry 30 command_gone
+sleep 25 # longer than the analysis would take
+at Paused/1 || fail "a paused rollout moved on: $(phase)/$(step)"
+"$PLUGIN" -n "$ns" resume demo >&2 || fail "kubectl proxyfleet resume failed"
+retry 60 left_pause
+retry 30 command_gone
+say "paused at the analysis for 25 s and resumed: $(phase) at step $(step)"
+"$PLUGIN" -n "$ns" abort demo >&2 || fail "kubectl proxyfleet abort failed"
+wait_phase Aborted 60
+retry 60 no_canary_pods
+[ "$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.abortReason}')" = ManualAbort ] \
+  || fail "abort reason $(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.canary.abortReason}'), want ManualAbort"
+retry 30 command_gone
+say "aborted by request: no canary pod serving"
+"$PLUGIN" -n "$ns" retry demo >&2 || fail "kubectl proxyfleet retry failed"
+wait_phase Completed 180
+kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
+retry 30 command_gone
+[ "$(event_total RolloutRetried)" = 1 ] || fail "RolloutRetried $(event_total RolloutRetried) times, want 1"
+say "retried from the first step and promoted; load: $(cat /tmp/canary-commands.json)"
+grep -q '"status_5xx": 0, "errors": 0' /tmp/canary-commands.json || fail "requests failed across pause, abort and retry"
 say "ok"
