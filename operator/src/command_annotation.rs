@@ -85,6 +85,9 @@ mod tests {
         server.await.expect("mock server");
         assert!(matches!(err, Err(kube::Error::Api(ref e)) if e.code == 500), "{err:?}");
         let seen = latest.newest(Arc::new(object("7", Some("promote"))));
-        assert!(seen.metadata.annotations.is_some(), "the command is still there: {seen:?}");
+        assert!(
+            seen.metadata.annotations.is_some(),
+            "the command is still there: {seen:?}"
+        );
     }
 }

@@ -215,31 +215,10 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
     let secret_name = cert_manager_secret_name(&owner.name);
     let hostnames: Vec<String> = pxd.spec.listeners.iter().flat_map(|l| l.hostnames.clone()).collect();
     let dns_names = issue::serving_dns_names(&owner.name, &owner.namespace, &hostnames, &tls.dns_names);
-    // Only what cert-manager filled for us is read from the cache (its secret template labels
-    // it); anything else of that name is read once, to refuse it.
-    let secret = match cached_secret(ctx, &owner.namespace, &secret_name) {
-        Some(s) => Some(s),
-        None => match Api::<Secret>::namespaced(ctx.client.clone(), &owner.namespace)
-            .get_opt(&secret_name)
-            .await
-        {
-            Ok(s) => s.map(std::sync::Arc::new),
-            Err(e) => return failure("SecretUnreadable", format!("reading Secret {secret_name}: {e}")),
-        },
+    let secret = match cert_manager_secret(owner, &secret_name, ctx).await {
+        Ok(secret) => secret,
+        Err(refused) => return *refused,
     };
-    if let Some(why) = secret
-        .as_deref()
-        .and_then(|s| cert_manager::foreign_secret(s, &owner.name, &owner.reference.uid))
-    {
-        return failure(
-            "SecretNotOurs",
-            format!(
-                "Secret {}/{secret_name} exists and {why}; it is left as it is (cert-manager would overwrite it): \
-                 remove or rename that Secret",
-                owner.namespace
-            ),
-        );
-    }
     let wanted = cert_manager::certificate(owner, cm, &secret_name, &dns_names);
     let applied = match cert_manager::apply(&ctx.client, &wanted).await {
         Ok((applied, written)) => {
@@ -297,6 +276,43 @@ async fn cert_manager(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, ctx: 
         ca_rotation: None,
         acme: None,
     }
+}
+
+/// The Secret cert-manager fills for the fleet, if there is one and it may be handed to
+/// cert-manager. Only what cert-manager filled for us is in the cache (its secret template labels
+/// it); anything else of that name is read, to refuse it.
+async fn cert_manager_secret(
+    owner: &Owner,
+    secret_name: &str,
+    ctx: &Context,
+) -> Result<Option<std::sync::Arc<Secret>>, Box<CertOutcome>> {
+    let secret = match cached_secret(ctx, &owner.namespace, secret_name) {
+        Some(s) => Some(s),
+        None => Api::<Secret>::namespaced(ctx.client.clone(), &owner.namespace)
+            .get_opt(secret_name)
+            .await
+            .map_err(|e| {
+                Box::new(failure(
+                    "SecretUnreadable",
+                    format!("reading Secret {secret_name}: {e}"),
+                ))
+            })?
+            .map(std::sync::Arc::new),
+    };
+    if let Some(why) = secret
+        .as_deref()
+        .and_then(|s| cert_manager::foreign_secret(s, &owner.name, &owner.reference.uid))
+    {
+        return Err(Box::new(failure(
+            "SecretNotOurs",
+            format!(
+                "Secret {}/{secret_name} exists and {why}; it is left as it is (cert-manager would overwrite it): \
+                 remove or rename that Secret",
+                owner.namespace
+            ),
+        )));
+    }
+    Ok(secret)
 }
 
 /// A fleet that used cert-manager and now uses another source: its Certificate goes first, so
