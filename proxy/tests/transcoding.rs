@@ -2,7 +2,8 @@
 //! the proxy: a GET with a path variable, a query parameter and a POST body become Check calls
 //! answered in canonical JSON; a gRPC error becomes its HTTP status and a google.rpc.Status
 //! body; a server stream arrives as JSON lines; bad requests get 400 naming the field; plain
-//! gRPC still passes on the same route; calls are counted per method.
+//! gRPC still passes on the same route; calls are counted per method; an upstream message over
+//! 4 MiB is refused, and a stalled JSON body is answered 408.
 
 mod support;
 
@@ -251,6 +252,43 @@ async fn an_upstream_message_over_4_mib_is_refused_not_held() {
         ),
         1.0,
         "{m}"
+    );
+    proxy.running.drain();
+}
+
+/// A transcoded request's JSON body is read under `limits.clientBodyTimeout` as any body is: a
+/// client that stops sending in it is answered 408 with a google.rpc.Status body
+/// (DEADLINE_EXCEEDED), not held until the route's timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_json_body_is_answered_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-stall");
+    let yaml = format!(
+        "{}limits: {{clientBodyTimeout: 1s}}\n",
+        config(up, "").replace("timeout: 5s", "timeout: 30s")
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    tcp.write_all(b"POST /v1/health:check HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"service\"")
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    let mut chunk = [0u8; 4096];
+    while !String::from_utf8_lossy(&answer).contains('}') {
+        match tokio::time::timeout(std::time::Duration::from_secs(10), tcp.read(&mut chunk)).await {
+            Ok(Ok(n)) if n > 0 => answer.extend_from_slice(&chunk[..n]),
+            other => panic!("no answer: {other:?}"),
+        }
+    }
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 408"), "{answer}");
+    assert!(answer.contains("\"code\":4"), "{answer}");
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(10),
+        "within the body timeout, not the route's"
     );
     proxy.running.drain();
 }
