@@ -2,7 +2,8 @@
 # A full managed-CA rotation on the real cluster, under continuous HTTPS load through the Service
 # from clients given the published trust bundle: one client opening a new connection every 10
 # requests, one keeping its connections for the whole run. Every phase is observed; zero failed
-# requests; at the end new connections verify with the new CA alone and the old CA is dropped.
+# requests; at the end new connections verify with the new CA alone and the old CA is dropped. A
+# fleet on a user's Secret in the same namespace does not hold the rotation.
 . "$(dirname "$0")/../lib/testlib.sh"
 . "$root/e2e/lib/operator.sh"
 
@@ -15,6 +16,22 @@ ip=$(kubectl get svc -n "$ns" demo -o jsonpath='{.spec.clusterIP}')
 # Pods Ready precedes kube-proxy programming the Service by a moment: wait until it answers.
 retry 30 curl -fsS --max-time 3 -k --resolve "demo.example.com:443:$ip" https://demo.example.com/
 secret_key() { kubectl get secret -n "$ns" "$1" -o json | jq -r --arg k "$2" '.data[$k] // empty' | base64 -d; }
+# A fleet of the same namespace serving a user's Secret (its ca.crt: the old CA alone, never the
+# new bundle): its pod loads a trust bundle too, but is not on the managed CA, so the rotation
+# must not wait for it.
+kubectl get secret -n "$ns" demo-tls -o json | jq '.metadata={name:"own-cert"}' | kubectl apply -n "$ns" -f - >/dev/null
+kubectl apply -n "$ns" -f - >/dev/null <<YAML
+apiVersion: proxyfleet.io/v1alpha1
+kind: ProxyDeployment
+metadata: {name: own}
+spec:
+  replicas: 1
+  listeners: [{name: https, port: 8443, servicePort: 443, hostnames: [own.example.com]}]
+  routes: [{name: all, match: {pathPrefix: /}, upstream: echo}]
+  upstreams: [{name: echo, dns: {name: echo.$ns.svc.cluster.local, port: 8080}}]
+  tls: {secretName: own-cert}
+YAML
+kubectl wait -n "$ns" --for=condition=Ready pxd/own --timeout=180s >/dev/null || fail "own not Ready"
 old_serial=$(secret_key proxyfleet-ca ca.crt | openssl x509 -noout -serial | cut -d= -f2)
 # Every step of the rotation is one write of the CA Secret's phase annotation: a watch sees
 # each, however briefly it lasts (sampling the fleet's status once a second missed a
