@@ -202,7 +202,7 @@ no_canary_pods() { [ "$(canary_pods)" = 0 ]; }
         - setWeight: 100
 YAML
 } | kubectl apply -n "$ns" -f - >/dev/null
-load 240 /tmp/canary-commands.json
+load 300 /tmp/canary-commands.json
 route_patch '{"name":"all","match":{"pathPrefix":"/"},"upstream":"echo","timeout":"9s"}'
 retry 120 at Analyzing/1
 "$PLUGIN" -n "$ns" pause demo >&2 || fail "kubectl proxyfleet pause failed"
@@ -224,7 +224,7 @@ retry 30 command_gone
 say "aborted by request: no canary pod serving"
 "$PLUGIN" -n "$ns" retry demo >&2 || fail "kubectl proxyfleet retry failed"
 wait_phase Completed 180
-kill -TERM $LOAD_PID 2>/dev/null; wait $LOAD_PID
+kill -TERM $LOAD_PID 2>/dev/null || true; wait $LOAD_PID
 retry 30 command_gone
 [ "$(event_total RolloutRetried)" = 1 ] || fail "RolloutRetried $(event_total RolloutRetried) times, want 1"
 say "retried from the first step and promoted; load: $(cat /tmp/canary-commands.json)"

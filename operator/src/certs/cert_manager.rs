@@ -107,11 +107,29 @@ pub async fn apply(client: &kube::Client, obj: &DynamicObject) -> Result<(Dynami
     .map_err(failed)
 }
 
+/// The spec fields `certificate` sets only when the fleet gives them: when it does not, the
+/// Certificate must not have them either (a removed `renewBefore` is removed there too).
+const OPTIONAL_SPEC_FIELDS: [&str; 2] = ["duration", "renewBefore"];
+
 /// Whether the Certificate as the API server has it already says everything we would apply:
-/// fields cert-manager or the API server added do not count, a field someone changed does.
+/// fields cert-manager or the API server added do not count, a field someone changed does, and
+/// so does one we no longer set.
 pub fn up_to_date(existing: &DynamicObject, wanted: &DynamicObject) -> bool {
-    let meta = |o: &DynamicObject| json!({"labels": o.metadata.labels, "ownerReferences": o.metadata.owner_references});
-    holds(&existing.data["spec"], &wanted.data["spec"]) && holds(&meta(existing), &meta(wanted))
+    let mut spec = wanted.data["spec"].clone();
+    if let Some(fields) = spec.as_object_mut() {
+        for key in OPTIONAL_SPEC_FIELDS {
+            fields.entry(key).or_insert(Value::Null);
+        }
+    }
+    let labels = |o: &DynamicObject| json!(o.metadata.labels);
+    // Another owner reference (someone else's) is no difference: apply cannot remove it anyway.
+    let ours_referenced = wanted
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .all(|w| existing.metadata.owner_references.iter().flatten().any(|h| h == w));
+    holds(&existing.data["spec"], &spec) && holds(&labels(existing), &labels(wanted)) && ours_referenced
 }
 
 /// Whether `have` holds all of `want`: objects key by key (a null wanted is an absent key),
@@ -344,7 +362,7 @@ mod tests {
         let wanted = fleet_certificate();
         let mut stored = wanted.clone();
         stored.data["spec"]["secretTemplate"]["annotations"] = json!({"x": "y"});
-        stored.data["spec"]["renewBefore"] = json!("360h");
+        stored.data["spec"]["isCA"] = json!(false);
         stored.data["status"] = json!({"conditions": []});
         stored.metadata.resource_version = Some("7".into());
         stored
@@ -359,9 +377,31 @@ mod tests {
         let mut relabelled = stored.clone();
         relabelled.metadata.labels = None;
         assert!(!up_to_date(&relabelled, &wanted));
-        let mut missing = stored;
+        let mut missing = stored.clone();
         missing.data["spec"].as_object_mut().expect("spec").remove("privateKey");
         assert!(!up_to_date(&missing, &wanted));
+        let mut no_longer_wanted = stored.clone();
+        no_longer_wanted.data["spec"]["renewBefore"] = json!("360h");
+        assert!(
+            !up_to_date(&no_longer_wanted, &wanted),
+            "a renewBefore the fleet dropped is removed"
+        );
+        let mut also_owned = stored;
+        also_owned
+            .metadata
+            .owner_references
+            .get_or_insert_with(Vec::new)
+            .insert(
+                0,
+                k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference {
+                    uid: "someone-else".into(),
+                    ..Default::default()
+                },
+            );
+        assert!(
+            up_to_date(&also_owned, &wanted),
+            "another owner reference is no difference"
+        );
         assert!(
             holds(&json!({"a": 1}), &json!({"a": 1, "b": null})),
             "a null wanted is an absent key"
