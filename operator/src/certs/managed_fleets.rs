@@ -10,14 +10,26 @@ use crate::crd::{ListenerProtocol, ProxyDeployment, ProxyDeploymentSpec};
 use crate::labels;
 use crate::owner_index::meta_controller_uid;
 
+/// What a fleet's name is followed by in the names of its serving and client certificate
+/// Secrets from the managed CA.
+const SERVING_SUFFIX: &str = "-tls";
+const CLIENT_SUFFIX: &str = "-client-tls";
+
 /// The Secret of a fleet's serving certificate from the managed CA.
 pub fn serving_secret_name(pxd: &str) -> String {
-    format!("{pxd}-tls")
+    format!("{pxd}{SERVING_SUFFIX}")
 }
 
 /// The Secret of a fleet's upstream client certificate from the managed CA.
 pub fn client_secret_name(pxd: &str) -> String {
-    format!("{pxd}-client-tls")
+    format!("{pxd}{CLIENT_SUFFIX}")
+}
+
+/// Whether `secret` is the name of one of `pxd`'s leaf Secrets from the managed CA.
+fn is_leaf_name(pxd: &str, secret: &str) -> bool {
+    secret
+        .strip_prefix(pxd)
+        .is_some_and(|rest| rest == SERVING_SUFFIX || rest == CLIENT_SUFFIX)
 }
 
 /// Whether the fleet's certificates come from the namespace's managed CA.
@@ -51,9 +63,9 @@ impl ManagedFleets {
         let (Some(name), Some(uid)) = (secret.metadata.name.as_deref(), meta_controller_uid(&secret.metadata)) else {
             return false;
         };
-        self.0.iter().any(|(fleet, fleet_uid)| {
-            fleet_uid == uid && (name == serving_secret_name(fleet) || name == client_secret_name(fleet))
-        })
+        self.0
+            .iter()
+            .any(|(fleet, fleet_uid)| fleet_uid == uid && is_leaf_name(fleet, name))
     }
 
     /// A proxy pod of one of these fleets.
