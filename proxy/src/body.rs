@@ -174,6 +174,17 @@ impl ClientBody {
     pub fn upstream(inner: impl Into<crate::upstream::response::FromUpstream>) -> Self {
         Self::Upstream { inner: inner.into() }
     }
+
+    /// An upstream's body read ahead of an HTTP/2 client when it needs to be
+    /// (`FromUpstream::read_ahead`); any other body as it is.
+    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration) -> Self {
+        match self {
+            Self::Upstream { inner } => Self::Upstream {
+                inner: inner.read_ahead(version, limit),
+            },
+            other => other,
+        }
+    }
 }
 
 impl Body for ClientBody {

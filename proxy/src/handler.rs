@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use http::header::{self, HeaderMap, HeaderValue};
 use http::{Method, Request, Response, StatusCode, Version};
@@ -185,6 +185,7 @@ async fn handle_request(
             max_bytes: limits.max_request_body_bytes,
             read_timeout: limits.client_body_timeout(),
         },
+        read_ahead: (req.version() == Version::HTTP_2).then(|| limits.send_timeout()),
         started,
     };
     routed(shared, route, req, ctx).instrument(span).await
@@ -195,6 +196,9 @@ struct RequestContext<'a> {
     client: Arc<ClientInfo>,
     trusted: &'a [proxyfleet_config::Cidr],
     body_rules: body::BodyRules,
+    /// For an HTTP/2 client, `limits.sendTimeout`: how long an HTTP/2 upstream's response is
+    /// read ahead of a client that takes nothing (`upstream::read_ahead`).
+    read_ahead: Option<Duration>,
     started: Instant,
 }
 
@@ -287,6 +291,7 @@ async fn routed(
         client,
         trusted,
         body_rules,
+        read_ahead,
         started,
     } = ctx;
     let log_wanted = req.extensions().get::<LogWanted>().is_some();
@@ -328,12 +333,13 @@ async fn routed(
         match t.prepare(req, body_rules).await {
             Ok((grpc, call)) => {
                 let resp = forward(target, grpc, &client, trusted, body_rules, upstream_started).await;
-                call.respond(resp).await
+                call.respond(ahead_of_client(resp, read_ahead)).await
             }
             Err(resp) => resp,
         }
     } else {
-        forward(target, req, &client, trusted, body_rules, upstream_started).await
+        let resp = forward(target, req, &client, trusted, body_rules, upstream_started).await;
+        ahead_of_client(resp, read_ahead)
     };
     if let Some(ops) = &route.response_headers {
         ops.apply(resp.headers_mut());
@@ -408,6 +414,19 @@ async fn mirrored(
             "the request body stalled\n",
         )),
         Err(_) => Err(status_response(StatusCode::BAD_REQUEST, "malformed request body\n")),
+    }
+}
+
+/// The response read ahead of an HTTP/2 client (`read_ahead` is set) when it comes from an
+/// HTTP/2 upstream, so a client that stops taking it cannot hold the shared upstream
+/// connection's window.
+fn ahead_of_client(resp: Response<ClientBody>, read_ahead: Option<Duration>) -> Response<ClientBody> {
+    match read_ahead {
+        Some(limit) => {
+            let version = resp.version();
+            resp.map(|b| b.read_ahead(version, limit))
+        }
+        None => resp,
     }
 }
 

@@ -3,13 +3,15 @@
 //! (closed after the response in flight) and HTTP/2 (GOAWAY, the open stream finishes); an
 //! HTTP/2 connection that answers PINGs but sends nothing at `limits.idleTimeout`; a request
 //! body that trickles (`limits.clientBodyTimeout`, 408) and a client that stops reading its
-//! response (`limits.sendTimeout`). Real
+//! response (`limits.sendTimeout`), over HTTP/1.1 and over HTTP/2 toward a shared HTTP/2
+//! upstream connection. Real
 //! sockets on loopback; bounds are generous (no timing assertions beyond "it ended").
 
 mod support;
 
 use std::time::Duration;
 
+use http_body_util::BodyExt;
 use support::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -253,5 +255,53 @@ async fn a_client_that_stops_reading_is_disconnected_at_the_send_timeout() {
     // The proxy keeps serving.
     let (status, _) = get(proxy.addr("http"), "a.example", "/").await;
     assert_eq!(status, 200);
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_that_never_open_their_windows_cannot_freeze_a_shared_http2_upstream() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("send-timeout-h2");
+    let yaml = format!("{}    protocol: h2\n", config(up.addr, "sendTimeout: 1s"));
+    let proxy = start_proxy(&dir, &yaml).await;
+    // Four large responses to a client that reads none of them: unread, they would fill the
+    // windows of the proxy's one HTTP/2 connection to the upstream (2 MiB a stream, 5 MiB in all).
+    let (mut sender, _driver) = h2_client(proxy.addr("http")).await;
+    let size = 8 << 20;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        let req = http::Request::get(format!("http://a.example/bytes/{size}"))
+            .body(http_body_util::Empty::<bytes::Bytes>::new())
+            .unwrap();
+        let resp = within("a large response's head", sender.send_request(req))
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        held.push(resp);
+    }
+    // Let the windows fill, then another client's request on the same upstream connection is
+    // still answered.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (status, body) = within(
+        "another client's answer",
+        get(proxy.addr("http"), "a.example", "/bytes/100"),
+    )
+    .await;
+    assert_eq!((status, body.len()), (200, 100));
+    // The stalled streams were cut, not ended cleanly: reading one now fails short of its size.
+    let mut body = held.remove(0).into_body();
+    let mut got = 0usize;
+    let failed = loop {
+        match within("the cut stream's end", body.frame()).await {
+            Some(Ok(frame)) => got += frame.data_ref().map_or(0, |d| d.len()),
+            Some(Err(_)) => break true,
+            None => break false,
+        }
+    };
+    assert!(
+        failed && got < size,
+        "the stalled stream ended with an error after {got} bytes"
+    );
     proxy.running.drain();
 }

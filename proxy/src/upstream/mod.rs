@@ -7,6 +7,7 @@ mod h1relay;
 mod h1wire;
 mod h2pool;
 mod pool;
+mod read_ahead;
 pub mod response;
 pub mod sessions;
 
@@ -19,6 +20,7 @@ use proxyfleet_config::{Upstream, UpstreamProtocol};
 
 pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
 pub use pool::UpstreamConnector;
+pub use read_ahead::ClientStalled;
 pub use response::UpstreamResponse;
 
 use crate::body::UpstreamBody;

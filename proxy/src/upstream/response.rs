@@ -1,5 +1,6 @@
 //! A response body as it comes from an upstream: hyper's (HTTP/2, and HTTP/1.1 requests that
-//! stream a body or upgrade) or our own HTTP/1.1 exchange's (`h1relay`).
+//! stream a body or upgrade), our own HTTP/1.1 exchange's (`h1relay`), or an HTTP/2 one read
+//! ahead of an HTTP/2 client (`read_ahead`).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
@@ -9,12 +10,28 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1relay::RelayBody;
+use super::read_ahead::ReadAhead;
 
 pin_project_lite::pin_project! {
     #[project = FromUpstreamProj]
     pub enum FromUpstream {
         Hyper { #[pin] inner: Incoming },
         Relay { #[pin] inner: RelayBody },
+        Ahead { #[pin] inner: ReadAhead },
+    }
+}
+
+impl FromUpstream {
+    /// For an HTTP/2 client: an HTTP/2 upstream's body still open is read ahead by a task that
+    /// resets it when the client takes nothing for `limit` (`read_ahead`); others are as they
+    /// are.
+    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration) -> Self {
+        match self {
+            Self::Hyper { inner } if version == http::Version::HTTP_2 && !inner.is_end_stream() => Self::Ahead {
+                inner: ReadAhead::start(inner, limit),
+            },
+            other => other,
+        }
     }
 }
 
@@ -38,6 +55,7 @@ impl Body for FromUpstream {
         match self.project() {
             FromUpstreamProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
             FromUpstreamProj::Relay { inner } => inner.poll_frame(cx).map_err(Into::into),
+            FromUpstreamProj::Ahead { inner } => inner.poll_frame(cx),
         }
     }
 
@@ -45,6 +63,7 @@ impl Body for FromUpstream {
         match self {
             Self::Hyper { inner } => inner.is_end_stream(),
             Self::Relay { inner } => inner.is_end_stream(),
+            Self::Ahead { inner } => inner.is_end_stream(),
         }
     }
 
@@ -52,6 +71,7 @@ impl Body for FromUpstream {
         match self {
             Self::Hyper { inner } => inner.size_hint(),
             Self::Relay { inner } => inner.size_hint(),
+            Self::Ahead { inner } => inner.size_hint(),
         }
     }
 }
