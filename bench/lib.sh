@@ -4,6 +4,7 @@
 # start_front/port_of/pids_of/cputicks/rss_kb. Expects $root; honours $PROXY_BIN (a prebuilt
 # proxy binary, to compare builds), $PROXY_EXTRA_YAML (lines appended to its config) and
 # $FRONT_WORKERS (every front's workers: nginx processes, HAProxy threads, ours; default 1).
+# $UPSTREAM_PROTOCOL=h2 makes proxyfleet's upstream HTTP/2 (see below).
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-$HOME/.cache/proxyfleet/target}
 work=/tmp/proxyfleet-bench
 front_workers=${FRONT_WORKERS:-1}
@@ -62,6 +63,13 @@ http {
   server { listen 127.0.0.1:19446 ssl; access_log off; location / { return 200 "hello from upstream\n"; } }
 }
 CONF
+# UPSTREAM_PROTOCOL=h2: proxyfleet's upstream speaks HTTP/2 (`protocol: h2`, as a gRPC service's
+# would), on one connection per worker; its requests per connection are not capped.
+upstream_protocol=${UPSTREAM_PROTOCOL:-http1}
+if [ "$upstream_protocol" = h2 ]; then
+  sed -i -e 's/listen 127.0.0.1:19441 ssl;/listen 127.0.0.1:19441 ssl http2;/' \
+         -e 's/keepalive_requests 100;/keepalive_requests 1000000;/' "$work/upstream.conf"
+fi
 taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
 trap 'kill $UP 2>/dev/null || true; remove_quota_cgroup' EXIT
 
@@ -124,7 +132,7 @@ routes: [{name: all, upstream: up}]
 upstreams:
   - name: up
     endpoints: ["127.0.0.1:19441"]
-    protocol: http1
+    protocol: $upstream_protocol
     tls: {serverName: localhost, caFile: $work/certs/ca.crt}
     pool: {maxIdlePerEndpoint: 1024}
 ${PROXY_EXTRA_YAML:-}

@@ -301,6 +301,9 @@ pub struct Upstream {
     /// Connection pool settings.
     #[serde(default)]
     pub pool: Pool,
+    /// HTTP/2 flow-control windows toward the upstream (`protocol: h2`, or `auto` that agreed on h2).
+    #[serde(default, skip_serializing_if = "UpstreamHttp2::is_default")]
+    pub http2: UpstreamHttp2,
     /// Passive outlier ejection.
     #[serde(default)]
     pub outlier_detection: OutlierDetection,
@@ -384,6 +387,42 @@ pub struct UpstreamTls {
     /// Skip verification of the upstream certificate. Only for tests; logged loudly.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub insecure_skip_verify: bool,
+}
+
+/// Receive windows of an HTTP/2 connection to an upstream. Every stream's unread data counts
+/// against the connection's window, which all requests on it share; the proxy reads ahead of
+/// its clients, so only a client that stops taking its response leaves data unread, at most a
+/// stream window of it, until `limits.sendTimeout` resets that stream. The defaults leave
+/// room for 128 such streams (nginx's default concurrent-stream limit) before the connection
+/// waits.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct UpstreamHttp2 {
+    /// Receive window per stream (bytes of a response the upstream may send ahead). Default
+    /// 262144 (256 KiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 65535, max = 16777216))]
+    pub stream_window_bytes: Option<u32>,
+    /// Receive window per connection, shared by its streams. Default 33554432 (32 MiB).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 65535, max = 268435456))]
+    pub connection_window_bytes: Option<u32>,
+}
+
+impl UpstreamHttp2 {
+    fn is_default(&self) -> bool {
+        *self == Self::default()
+    }
+
+    /// The stream window, defaulted.
+    pub fn stream_window(&self) -> u32 {
+        self.stream_window_bytes.unwrap_or(256 * 1024)
+    }
+
+    /// The connection window, defaulted.
+    pub fn connection_window(&self) -> u32 {
+        self.connection_window_bytes.unwrap_or(32 * 1024 * 1024)
+    }
 }
 
 /// Per-endpoint keep-alive connection pool.

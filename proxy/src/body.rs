@@ -1,6 +1,7 @@
 //! Body types of the request path. Enums rather than boxed trait objects: no allocation
 //! per request.
 
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -8,6 +9,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use tokio_util::sync::WaitForCancellationFutureOwned;
 
 /// The client's request body exceeded `limits.maxRequestBodyBytes`.
 #[derive(Debug, thiserror::Error)]
@@ -88,7 +90,14 @@ pin_project_lite::pin_project! {
     /// counted against the body-size limit and timed between reads as it streams.
     pub enum UpstreamBody {
         Empty,
-        Streaming { #[pin] inner: RequestBody, remaining: u64, rules: BodyRules, wait: crate::stall::Wait },
+        Streaming {
+            #[pin] inner: RequestBody,
+            remaining: u64,
+            rules: BodyRules,
+            wait: crate::stall::Wait,
+            // Cancelled when the response beside it is given up (`crate::upstream::read_ahead::StreamCut`).
+            cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+        },
         /// A small body read whole first (a mirrored request's: both copies send it).
         Buffered { data: Option<Bytes> },
     }
@@ -101,7 +110,17 @@ impl UpstreamBody {
             remaining: rules.max_bytes,
             rules,
             wait: crate::stall::Wait::default(),
+            cut: None,
         }
+    }
+
+    /// A streaming body that fails once `cut` is cancelled: the response read ahead beside it
+    /// was given up, and an HTTP/2 upstream ends the stream only when both halves are done.
+    pub fn cut_by(mut self, cut: Option<&crate::upstream::read_ahead::StreamCut>) -> Self {
+        if let (Self::Streaming { cut: slot, .. }, Some(c)) = (&mut self, cut) {
+            *slot = Some(Box::pin(c.0.clone().cancelled_owned()));
+        }
+        self
     }
 }
 
@@ -118,25 +137,31 @@ impl Body for UpstreamBody {
                 remaining,
                 rules,
                 wait,
-            } => match inner.poll_frame(cx) {
-                Poll::Ready(Some(Ok(frame))) => {
-                    wait.progressed();
-                    if let Some(data) = frame.data_ref() {
-                        let len = data.len() as u64;
-                        if len > *remaining {
-                            return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: rules.max_bytes }))));
+                cut,
+            } => {
+                if cut.as_mut().is_some_and(|c| c.as_mut().poll(cx).is_ready()) {
+                    return Poll::Ready(Some(Err(Box::new(crate::upstream::read_ahead::ClientStalled))));
+                }
+                match inner.poll_frame(cx) {
+                    Poll::Ready(Some(Ok(frame))) => {
+                        wait.progressed();
+                        if let Some(data) = frame.data_ref() {
+                            let len = data.len() as u64;
+                            if len > *remaining {
+                                return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: rules.max_bytes }))));
+                            }
+                            *remaining -= len;
                         }
-                        *remaining -= len;
+                        Poll::Ready(Some(Ok(frame)))
                     }
-                    Poll::Ready(Some(Ok(frame)))
+                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(ClientBodyError(e))))),
+                    Poll::Ready(None) => Poll::Ready(None),
+                    Poll::Pending if wait.expired(cx, rules.read_timeout) => {
+                        Poll::Ready(Some(Err(Box::new(BodyTimedOut(rules.read_timeout)))))
+                    }
+                    Poll::Pending => Poll::Pending,
                 }
-                Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(ClientBodyError(e))))),
-                Poll::Ready(None) => Poll::Ready(None),
-                Poll::Pending if wait.expired(cx, rules.read_timeout) => {
-                    Poll::Ready(Some(Err(Box::new(BodyTimedOut(rules.read_timeout)))))
-                }
-                Poll::Pending => Poll::Pending,
-            },
+            }
         }
     }
 
@@ -177,10 +202,15 @@ impl ClientBody {
 
     /// An upstream's body read ahead of an HTTP/2 client when it needs to be
     /// (`FromUpstream::read_ahead`); any other body as it is.
-    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration) -> Self {
+    pub fn read_ahead(
+        self,
+        version: http::Version,
+        limit: Duration,
+        cut: Option<crate::upstream::read_ahead::StreamCut>,
+    ) -> Self {
         match self {
             Self::Upstream { inner } => Self::Upstream {
-                inner: inner.read_ahead(version, limit),
+                inner: inner.read_ahead(version, limit, cut),
             },
             other => other,
         }
@@ -249,4 +279,27 @@ pub fn chain_contains<E: std::error::Error + 'static>(err: &(dyn std::error::Err
         cur = e.source();
     }
     false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    #[tokio::test]
+    async fn a_streaming_body_fails_once_its_response_is_given_up() {
+        let rules = BodyRules {
+            max_bytes: 1024,
+            read_timeout: Duration::from_secs(60),
+        };
+        let cut = crate::upstream::read_ahead::StreamCut::default();
+        let inner = RequestBody::Full {
+            data: Some(Bytes::from_static(b"first")),
+        };
+        let mut body = UpstreamBody::streaming(inner, rules).cut_by(Some(&cut));
+        assert!(body.frame().await.unwrap().is_ok(), "passes while the response is read");
+        cut.0.cancel();
+        let err = body.frame().await.unwrap().unwrap_err();
+        assert!(err.is::<crate::upstream::read_ahead::ClientStalled>(), "{err}");
+    }
 }

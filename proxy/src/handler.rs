@@ -333,13 +333,14 @@ async fn routed(
         match t.prepare(req, body_rules).await {
             Ok((grpc, call)) => {
                 let resp = forward(target, grpc, &client, trusted, body_rules, upstream_started).await;
-                call.respond(ahead_of_client(resp, read_ahead)).await
+                call.respond(resp, read_ahead).await
             }
             Err(resp) => resp,
         }
     } else {
+        let cut = read_ahead.and_then(|_| stream_cut(&mut req));
         let resp = forward(target, req, &client, trusted, body_rules, upstream_started).await;
-        ahead_of_client(resp, read_ahead)
+        ahead_of_client(resp, read_ahead, cut)
     };
     if let Some(ops) = &route.response_headers {
         ops.apply(resp.headers_mut());
@@ -419,15 +420,30 @@ async fn mirrored(
 
 /// The response read ahead of an HTTP/2 client (`read_ahead` is set) when it comes from an
 /// HTTP/2 upstream, so a client that stops taking it cannot hold the shared upstream
-/// connection's window.
-fn ahead_of_client(resp: Response<ClientBody>, read_ahead: Option<Duration>) -> Response<ClientBody> {
+/// connection's window (`upstream::read_ahead`).
+fn ahead_of_client(
+    resp: Response<ClientBody>,
+    read_ahead: Option<Duration>,
+    cut: Option<upstream::StreamCut>,
+) -> Response<ClientBody> {
     match read_ahead {
         Some(limit) => {
             let version = resp.version();
-            resp.map(|b| b.read_ahead(version, limit))
+            resp.map(|b| b.read_ahead(version, limit, cut))
         }
         None => resp,
     }
+}
+
+/// For a request whose body streams: the cut its upstream body watches, in its extensions for
+/// `attempts`, so the upstream stream ends when its response is given up.
+fn stream_cut(req: &mut Request<RequestBody>) -> Option<upstream::StreamCut> {
+    if req.body().is_end_stream() {
+        return None;
+    }
+    let cut = upstream::StreamCut::default();
+    req.extensions_mut().insert(cut.clone());
+    Some(cut)
 }
 
 enum Attempt {
@@ -489,7 +505,7 @@ async fn attempts(
             Err(resp) => return resp,
         },
         _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_rules),
+        _ => UpstreamBody::streaming(incoming, body_rules).cut_by(parts.extensions.get()),
     });
 
     // A gRPC client's own deadline wins when it is shorter than the route's.

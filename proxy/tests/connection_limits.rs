@@ -258,19 +258,11 @@ async fn a_client_that_stops_reading_is_disconnected_at_the_send_timeout() {
     proxy.running.drain();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn http2_clients_that_never_open_their_windows_cannot_freeze_a_shared_http2_upstream() {
-    init();
-    let up = upstream("up", None, false).await;
-    let dir = tempdir("send-timeout-h2");
-    let yaml = format!("{}    protocol: h2\n", config(up.addr, "sendTimeout: 1s"));
-    let proxy = start_proxy(&dir, &yaml).await;
-    // Four large responses to a client that reads none of them: unread, they would fill the
-    // windows of the proxy's one HTTP/2 connection to the upstream (2 MiB a stream, 5 MiB in all).
+/// Sends `n` requests for a large response on one HTTP/2 connection and reads none of them.
+async fn stalled_responses(proxy: &Proxy, n: usize, size: usize) -> Vec<http::Response<hyper::body::Incoming>> {
     let (mut sender, _driver) = h2_client(proxy.addr("http")).await;
-    let size = 8 << 20;
     let mut held = Vec::new();
-    for _ in 0..4 {
+    for _ in 0..n {
         let req = http::Request::get(format!("http://a.example/bytes/{size}"))
             .body(http_body_util::Empty::<bytes::Bytes>::new())
             .unwrap();
@@ -280,16 +272,44 @@ async fn http2_clients_that_never_open_their_windows_cannot_freeze_a_shared_http
         assert_eq!(resp.status(), 200);
         held.push(resp);
     }
-    // Let the windows fill, then another client's request on the same upstream connection is
-    // still answered.
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_clients_that_never_open_their_windows_cannot_freeze_a_shared_http2_upstream() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("stalled-h2-windows");
+    // sendTimeout at its default (60 s): no stream is reset within this test.
+    let yaml = format!("{}    protocol: h2\n", config(up.addr, ""));
+    let proxy = start_proxy(&dir, &yaml).await;
+    // Sixteen large responses to a client that reads none of them. With hyper's default windows
+    // (2 MiB a stream, 5 MiB in all) three would fill the proxy's one HTTP/2 connection to the
+    // upstream; with ours each leaves at most 256 KiB unread of 32 MiB.
+    let _held = stalled_responses(&proxy, 16, 8 << 20).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
+    // Another client's request on the same upstream connection is answered, long before any
+    // stalled stream could be reset.
     let (status, body) = within(
         "another client's answer",
-        get(proxy.addr("http"), "a.example", "/bytes/100"),
+        get(proxy.addr("http"), "a.example", "/bytes/100000"),
     )
     .await;
-    assert_eq!((status, body.len()), (200, 100));
-    // The stalled streams were cut, not ended cleanly: reading one now fails short of its size.
+    assert_eq!((status, body.len()), (200, 100000));
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_http2_stream_is_cut_at_the_send_timeout_not_ended_cleanly() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("stalled-h2-cut");
+    let yaml = format!("{}    protocol: h2\n", config(up.addr, "sendTimeout: 1s"));
+    let proxy = start_proxy(&dir, &yaml).await;
+    let size = 8 << 20;
+    let mut held = stalled_responses(&proxy, 4, size).await;
+    // Well past the send timeout: the streams were given up.
+    tokio::time::sleep(Duration::from_millis(2500)).await;
     let mut body = held.remove(0).into_body();
     let mut got = 0usize;
     let failed = loop {
@@ -303,5 +323,58 @@ async fn http2_clients_that_never_open_their_windows_cannot_freeze_a_shared_http
         failed && got < size,
         "the stalled stream ended with an error after {got} bytes"
     );
+    proxy.running.drain();
+}
+
+/// An h2c upstream that answers every request at once with `size` bytes, without waiting for
+/// its body, and records how each request body ended (true: reset).
+async fn answering_h2_upstream(size: usize) -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<bool>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (ended, ends) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let ended = ended.clone();
+            let svc = hyper::service::service_fn(move |req: http::Request<hyper::body::Incoming>| {
+                let ended = ended.clone();
+                tokio::spawn(async move {
+                    let reset = req.into_body().collect().await.is_err();
+                    let _ = ended.send(reset);
+                });
+                let body = http_body_util::Full::new(bytes::Bytes::from(vec![b'x'; size]));
+                async move { Ok::<_, std::convert::Infallible>(http::Response::new(body)) }
+            });
+            let io = hyper_util::rt::TokioIo::new(tcp);
+            tokio::spawn(
+                hyper::server::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+                    .serve_connection(io, svc),
+            );
+        }
+    });
+    (addr, ends)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_stream_whose_request_body_still_streams_is_reset_upstream() {
+    init();
+    let (up, mut ends) = answering_h2_upstream(8 << 20).await;
+    let dir = tempdir("stalled-h2-bidi");
+    let yaml = format!("{}    protocol: h2\n", config(up, "sendTimeout: 1s"));
+    let proxy = start_proxy(&dir, &yaml).await;
+    // A bidirectional call's shape: the request body stays open, the response is not read.
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(hyper_util::rt::TokioExecutor::new(), hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let open = http_body_util::StreamBody::new(futures_util::stream::pending::<
+        Result<http_body::Frame<bytes::Bytes>, std::convert::Infallible>,
+    >());
+    let req = http::Request::post("http://a.example/call").body(open).unwrap();
+    let _held = within("the response's head", sender.send_request(req)).await.unwrap();
+    // Given up at the send timeout: the upstream sees its request body reset, not left open.
+    let reset = within("the upstream's request body to end", ends.recv()).await;
+    assert_eq!(reset, Some(true));
     proxy.running.drain();
 }

@@ -2,6 +2,7 @@
 //! for the upstream, and the upstream's gRPC answer turned into JSON.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use bytes::{Bytes, BytesMut};
 use http::header::{self, HeaderMap, HeaderValue};
@@ -126,8 +127,9 @@ impl Call {
     }
 
     /// The upstream's answer as JSON. An answer that is not gRPC (the proxy's own 502 or 504,
-    /// say) passes as it is.
-    pub async fn respond(self, resp: Response<ClientBody>) -> Response<ClientBody> {
+    /// say) passes as it is. With `read_ahead` (an HTTP/2 client's `limits.sendTimeout`), a
+    /// server stream is read ahead of the client (`crate::upstream::read_ahead`).
+    pub async fn respond(self, resp: Response<ClientBody>, read_ahead: Option<Duration>) -> Response<ClientBody> {
         let is_grpc = resp
             .headers()
             .get(header::CONTENT_TYPE)
@@ -143,6 +145,13 @@ impl Call {
             }
         }
         if self.binding.method.is_server_streaming() {
+            let resp = match read_ahead {
+                Some(limit) => {
+                    let version = resp.version();
+                    resp.map(|b| b.read_ahead(version, limit, None))
+                }
+                None => resp,
+            };
             return self.stream(resp);
         }
         self.unary(resp).await
@@ -193,9 +202,14 @@ impl Call {
             let mut buf = BytesMut::new();
             let mut end = (2, "the stream ended without a status".to_string());
             while let Some(frame) = body.frame().await {
-                let Ok(frame) = frame else {
-                    end = (14, "the upstream's stream was cut short".into());
-                    break;
+                let frame = match frame {
+                    Ok(frame) => frame,
+                    // The client fell behind and stayed too slow: it cannot take a last line.
+                    Err(e) if e.is::<crate::upstream::ClientStalled>() => return,
+                    Err(_) => {
+                        end = (14, "the upstream's stream was cut short".into());
+                        break;
+                    }
                 };
                 let frame = match frame.into_data() {
                     Ok(data) => data,

@@ -52,16 +52,24 @@ pub enum H2Error {
 pub struct H2Pool {
     connector: UpstreamConnector,
     scheme: http::uri::Scheme,
+    /// `upstreams[].http2`: the receive windows.
+    windows: proxyfleet_config::UpstreamHttp2,
     /// `auto` over TLS: a new connection must still agree on h2 (else the endpoint is learnt
     /// again).
     learns_alpn: bool,
 }
 
 impl H2Pool {
-    pub fn new(connector: UpstreamConnector, scheme: http::uri::Scheme, learns_alpn: bool) -> Self {
+    pub fn new(
+        connector: UpstreamConnector,
+        scheme: http::uri::Scheme,
+        windows: proxyfleet_config::UpstreamHttp2,
+        learns_alpn: bool,
+    ) -> Self {
         Self {
             connector,
             scheme,
+            windows,
             learns_alpn,
         }
     }
@@ -136,6 +144,8 @@ impl H2Pool {
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
             .keep_alive_timeout(Duration::from_secs(10))
+            .initial_stream_window_size(self.windows.stream_window())
+            .initial_connection_window_size(self.windows.connection_window())
             .handshake(io)
             .await
             .map_err(|source| H2Error::Handshake {

@@ -7,7 +7,7 @@ mod h1relay;
 mod h1wire;
 mod h2pool;
 mod pool;
-mod read_ahead;
+pub mod read_ahead;
 pub mod response;
 pub mod sessions;
 
@@ -20,7 +20,7 @@ use proxyfleet_config::{Upstream, UpstreamProtocol};
 
 pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
 pub use pool::UpstreamConnector;
-pub use read_ahead::ClientStalled;
+pub use read_ahead::{ClientStalled, StreamCut};
 pub use response::UpstreamResponse;
 
 use crate::body::UpstreamBody;
@@ -100,7 +100,7 @@ impl UpstreamCluster {
             ))
         });
         let h2 = (config.protocol == UpstreamProtocol::H2 || learns_alpn)
-            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone(), learns_alpn));
+            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone(), config.http2.clone(), learns_alpn));
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
             name: name.into(),

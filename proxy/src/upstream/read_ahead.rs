@@ -7,12 +7,18 @@
 //! connection, and a few such clients would freeze it for every request it carries.
 //!
 //! The task reads the upstream's frames into a small channel (hyper gives the window back as
-//! soon as a frame is read). When the channel stays full for `limits.sendTimeout`, the task
-//! drops the upstream stream (RST_STREAM, which returns what it held to the connection window)
-//! and the client's body ends with an error, not a clean end — as Envoy's stream idle timeout
-//! does for a stream blocked on flow control. An HTTP/1.1 client needs none of this: its
-//! blocked socket trips `limits.sendTimeout` (`crate::send_timeout`); an HTTP/3 response is
-//! written with each write bounded by it (`crate::http3::request`).
+//! soon as a frame is read), so a client that keeps up leaves nothing unread. A client that
+//! falls behind leaves at most a stream window unread (`upstreams[].http2`). It must then take
+//! at least `MIN_TAKEN` bytes in every `limits.sendTimeout`, or the task drops the upstream
+//! stream (RST_STREAM, which returns what it held to the connection window) and fails the
+//! request body still streaming beside it, so the upstream stream ends even in a gRPC
+//! bidirectional call. The client's body then ends with an error, not a clean end, which
+//! hyper sends as RST_STREAM once it polls the body again (when the client opens its window or
+//! the connection ends). This is Envoy's stream idle timeout for a stream blocked on flow
+//! control, with a floor on the rate so that a client taking a frame now and then cannot hold
+//! the window for ever. An HTTP/1.1 client needs none of this: its blocked socket trips
+//! `limits.sendTimeout` (send_timeout.rs); an HTTP/3 response is written with each write
+//! bounded by it (http3/request.rs).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -22,23 +28,46 @@ use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 /// Frames held ahead of the client: with hyper's 16 KiB frames, at most 64 KiB per stream.
 const AHEAD: usize = 4;
 
+/// What a client that has fallen behind must take in every `limits.sendTimeout` (about
+/// 1 KiB/s at the default 60 s; a frame a minute is far below it).
+const MIN_TAKEN: u64 = 64 * 1024;
+
 /// The client took nothing for `limits.sendTimeout`; the upstream stream was reset.
 #[derive(Debug, thiserror::Error)]
 #[error("the client took no data for limits.sendTimeout; the upstream stream was reset")]
 pub struct ClientStalled;
 
-/// What the task passes on: a frame, the upstream's clean end, or its error.
+/// What the task passes on: a frame, the last frame (the body ends with it, so hyper sends
+/// END_STREAM on it), the upstream's clean end, or its error.
 enum Ahead {
     Frame(Frame<Bytes>),
+    Last(Frame<Bytes>),
     End,
     Failed(BoxError),
 }
+
+impl Ahead {
+    fn len(&self) -> u64 {
+        match self {
+            Self::Frame(f) | Self::Last(f) => f.data_ref().map_or(0, |d| d.len() as u64),
+            _ => 0,
+        }
+    }
+}
+
+/// Cancelled when the task gives up on a client: the request body streaming to the same
+/// upstream stream watches it (`UpstreamBody::cut_by` in body.rs). Travels in the request's
+/// extensions from the handler to the body.
+#[derive(Clone, Default)]
+pub struct StreamCut(pub CancellationToken);
 
 /// The client's side: the frames the task read.
 pub struct ReadAhead {
@@ -49,46 +78,123 @@ pub struct ReadAhead {
 }
 
 impl ReadAhead {
-    /// Starts the task reading `body`, a response body still open (hyper's `Incoming`).
-    pub fn start<B>(body: B, limit: Duration) -> Self
+    /// Starts the task reading `body`, a response body still open (hyper's `Incoming`);
+    /// `cut` is cancelled if it gives up on the client.
+    pub fn start<B>(body: B, limit: Duration, cut: Option<StreamCut>) -> Self
     where
         B: Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
         let hint = body.size_hint();
         let (tx, rx) = mpsc::channel(AHEAD);
-        tokio::spawn(pump(body, tx, limit));
+        tokio::spawn(async move {
+            if pump(body, tx, limit).await == Pumped::GaveUp {
+                if let Some(cut) = cut {
+                    cut.0.cancel();
+                }
+            }
+        });
         Self { rx, hint, done: false }
     }
 }
 
+/// How the task ended.
+#[derive(Debug, PartialEq)]
+enum Pumped {
+    /// The body was passed on whole, or the client went away.
+    Done,
+    /// The client fell behind and took less than `MIN_TAKEN` in a `limit`.
+    GaveUp,
+}
+
 /// Reads `body` into `tx` until it ends, the client's side is dropped (a reset client stream),
-/// or `tx` stays full for `limit`; dropping `body` then resets the upstream stream.
-async fn pump<B>(mut body: B, tx: mpsc::Sender<Ahead>, limit: Duration)
+/// or the client falls behind and stays too slow; dropping `body` then resets the upstream
+/// stream.
+async fn pump<B>(mut body: B, tx: mpsc::Sender<Ahead>, limit: Duration) -> Pumped
 where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<BoxError>,
 {
+    let mut behind: Option<Behind> = None;
     loop {
         let next = tokio::select! {
             biased;
-            () = tx.closed() => return,
+            () = tx.closed() => return Pumped::Done,
             next = body.frame() => next.map(|f| f.map_err(Into::into)),
         };
         let item = match next {
+            Some(Ok(frame)) if body.is_end_stream() => Ahead::Last(frame),
             Some(Ok(frame)) => Ahead::Frame(frame),
             Some(Err(e)) => Ahead::Failed(e),
             None => Ahead::End,
         };
-        let last = !matches!(item, Ahead::Frame(_));
-        // A free slot is the rule; only a full channel needs a timer.
-        let sent = match tx.try_send(item) {
-            Ok(()) => true,
-            Err(mpsc::error::TrySendError::Full(item)) => tx.send_timeout(item, limit).await.is_ok(),
-            Err(mpsc::error::TrySendError::Closed(_)) => false,
+        let (last, len) = (!matches!(item, Ahead::Frame(_)), item.len());
+        if tx.capacity() == AHEAD {
+            behind = None; // it took all it was given: it keeps up
+        }
+        // A free slot is the rule; only a client that fell behind needs a clock.
+        let passed = match tx.try_send(item) {
+            Ok(()) => behind.as_mut().map_or(Passed::Yes, |b| b.took(len, limit)),
+            Err(mpsc::error::TrySendError::Full(item)) => {
+                let b = behind.get_or_insert_with(|| Behind::since(Instant::now()));
+                b.wait(&tx, item, limit).await
+            }
+            Err(mpsc::error::TrySendError::Closed(_)) => Passed::Gone,
         };
-        if !sent || last {
-            return;
+        match passed {
+            Passed::Yes if !last => {}
+            Passed::Yes | Passed::Gone => return Pumped::Done,
+            Passed::TooSlow => return Pumped::GaveUp,
+        }
+    }
+}
+
+/// Whether a frame reached the channel.
+enum Passed {
+    Yes,
+    /// The client's side is gone.
+    Gone,
+    /// The client fell behind and took less than `MIN_TAKEN` in a `limit`.
+    TooSlow,
+}
+
+/// A client that fell behind: the current period, and what it took in it.
+struct Behind {
+    since: Instant,
+    taken: u64,
+}
+
+impl Behind {
+    fn since(since: Instant) -> Self {
+        Self { since, taken: 0 }
+    }
+
+    /// Counts `len` bytes taken, and judges the periods that have ended.
+    fn took(&mut self, len: u64, limit: Duration) -> Passed {
+        self.taken += len;
+        let now = Instant::now();
+        while now >= self.since + limit {
+            if self.taken < MIN_TAKEN {
+                return Passed::TooSlow;
+            }
+            *self = Self::since(self.since + limit);
+        }
+        Passed::Yes
+    }
+
+    /// Waits for room for `item`, judging each period as it ends.
+    async fn wait(&mut self, tx: &mpsc::Sender<Ahead>, item: Ahead, limit: Duration) -> Passed {
+        loop {
+            match tokio::time::timeout_at(self.since + limit, tx.reserve()).await {
+                Ok(Ok(permit)) => {
+                    let len = item.len();
+                    permit.send(item);
+                    return self.took(len, limit);
+                }
+                Ok(Err(_)) => return Passed::Gone,
+                Err(_) if self.taken < MIN_TAKEN => return Passed::TooSlow,
+                Err(_) => *self = Self::since(self.since + limit),
+            }
         }
     }
 }
@@ -108,6 +214,11 @@ impl Body for ReadAhead {
                     let passed = data.len() as u64;
                     self.hint = less(self.hint, passed);
                 }
+                Some(Ok(frame))
+            }
+            Some(Ahead::Last(frame)) => {
+                self.done = true;
+                self.hint = SizeHint::with_exact(0);
                 Some(Ok(frame))
             }
             Some(Ahead::End) => {
@@ -194,7 +305,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_client_that_takes_nothing_has_its_upstream_stream_reset_at_the_limit() {
         let (upstream, body, dropped) = source();
-        let mut ahead = ReadAhead::start(body, LIMIT);
+        let mut ahead = ReadAhead::start(body, LIMIT, None);
         for _ in 0..(AHEAD + 8) {
             upstream.send(Frame::data(Bytes::from_static(b"x"))).await.unwrap();
         }
@@ -217,12 +328,13 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
-    async fn a_client_that_keeps_taking_is_never_cut_and_sees_the_trailers_and_the_end() {
+    async fn a_slow_client_that_takes_enough_is_never_cut_and_sees_the_trailers_and_the_end() {
         let (upstream, body, dropped) = source();
-        let mut ahead = ReadAhead::start(body, LIMIT);
+        let mut ahead = ReadAhead::start(body, LIMIT, None);
+        let frame = Bytes::from(vec![b'x'; 40 * 1024]);
         let feed = async move {
             for _ in 0..20 {
-                upstream.send(Frame::data(Bytes::from_static(b"x"))).await.unwrap();
+                upstream.send(Frame::data(frame.clone())).await.unwrap();
             }
             let mut trailers = http::HeaderMap::new();
             trailers.insert("grpc-status", http::HeaderValue::from_static("0"));
@@ -231,8 +343,9 @@ mod tests {
         let take = async {
             let (mut data, mut trailers) = (0, None);
             while let Some(frame) = ahead.frame().await {
-                // Slower than the upstream, but well within the limit each time.
-                tokio::time::sleep(LIMIT / 2).await;
+                // Far behind the upstream, but two frames (80 KiB) or more inside every
+                // period, above MIN_TAKEN.
+                tokio::time::sleep(LIMIT / 3).await;
                 let frame = frame.unwrap();
                 data += frame.data_ref().map_or(0, |d| d.len());
                 trailers = frame.into_trailers().ok().or(trailers);
@@ -240,15 +353,39 @@ mod tests {
             (data, trailers)
         };
         let ((), (data, trailers)) = tokio::join!(feed, take);
-        assert_eq!(data, 20);
+        assert_eq!(data, 20 * 40 * 1024);
         assert_eq!(trailers.unwrap()["grpc-status"], "0");
         assert!(dropped.load(Ordering::SeqCst));
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_client_that_takes_a_frame_now_and_then_is_cut_and_the_request_body_with_it() {
+        let (upstream, body, dropped) = source();
+        let cut = StreamCut::default();
+        let mut ahead = ReadAhead::start(body, LIMIT, Some(cut.clone()));
+        let frame = Bytes::from(vec![b'x'; 16 * 1024]);
+        for _ in 0..(AHEAD + 20) {
+            upstream.send(Frame::data(frame.clone())).await.unwrap();
+        }
+        // One frame just inside each period: 16 KiB, below MIN_TAKEN.
+        let mut taken = 0;
+        let end = loop {
+            tokio::time::sleep(LIMIT - Duration::from_secs(1)).await;
+            match ahead.frame().await {
+                Some(Ok(_)) => taken += 1,
+                other => break other,
+            }
+        };
+        assert!(dropped.load(Ordering::SeqCst), "the upstream stream was reset");
+        assert!(cut.0.is_cancelled(), "the request body beside it is cut");
+        assert!(taken <= AHEAD + 2, "cut within the second period, after {taken} frames");
+        assert!(end.expect("an error").unwrap_err().is::<ClientStalled>());
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_client_gone_resets_an_idle_upstream_stream_at_once() {
         let (_upstream, body, dropped) = source();
-        let ahead = ReadAhead::start(body, LIMIT);
+        let ahead = ReadAhead::start(body, LIMIT, None);
         tokio::task::yield_now().await;
         drop(ahead);
         tokio::time::sleep(Duration::from_millis(1)).await;

@@ -10,7 +10,7 @@ use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::h1relay::RelayBody;
-use super::read_ahead::ReadAhead;
+use super::read_ahead::{ReadAhead, StreamCut};
 
 pin_project_lite::pin_project! {
     #[project = FromUpstreamProj]
@@ -23,12 +23,12 @@ pin_project_lite::pin_project! {
 
 impl FromUpstream {
     /// For an HTTP/2 client: an HTTP/2 upstream's body still open is read ahead by a task that
-    /// resets it when the client takes nothing for `limit` (`read_ahead`); others are as they
-    /// are.
-    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration) -> Self {
+    /// resets it, and cancels `cut`, when the client falls behind and stays too slow for
+    /// `limit` (`read_ahead`); others are as they are.
+    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration, cut: Option<StreamCut>) -> Self {
         match self {
             Self::Hyper { inner } if version == http::Version::HTTP_2 && !inner.is_end_stream() => Self::Ahead {
-                inner: ReadAhead::start(inner, limit),
+                inner: ReadAhead::start(inner, limit, cut),
             },
             other => other,
         }
