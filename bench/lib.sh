@@ -67,8 +67,7 @@ CONF
 # would), on one connection per worker; its requests per connection are not capped.
 upstream_protocol=${UPSTREAM_PROTOCOL:-http1}
 if [ "$upstream_protocol" = h2 ]; then
-  sed -i -e 's/listen 127.0.0.1:19441 ssl;/listen 127.0.0.1:19441 ssl http2;/' \
-         -e 's/keepalive_requests 100;/keepalive_requests 1000000;/' "$work/upstream.conf"
+  sed -i 's/listen 127.0.0.1:19441 ssl;/listen 127.0.0.1:19441 ssl http2; keepalive_requests 1000000;/' "$work/upstream.conf"
 fi
 taskset -c 0 nginx -c "$work/upstream.conf" -p "$work" >"$work/upstream.out" 2>&1 & UP=$!
 trap 'kill $UP 2>/dev/null || true; remove_quota_cgroup' EXIT

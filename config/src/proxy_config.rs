@@ -394,7 +394,7 @@ pub struct UpstreamTls {
 /// its clients, so only a client that stops taking its response leaves data unread, at most a
 /// stream window of it, until `limits.sendTimeout` resets that stream. The defaults leave
 /// room for 128 such streams (nginx's default concurrent-stream limit) before the connection
-/// waits.
+/// waits; the connection window is also the most a connection can make the proxy hold.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct UpstreamHttp2 {
@@ -542,7 +542,9 @@ pub struct Limits {
     pub client_body_timeout: Option<HumanDuration>,
     /// Longest a write to a client may stay blocked (nginx's `send_timeout`): a client that
     /// stops reading its response is disconnected, so it holds no buffers or upstream
-    /// connections. Default 60s.
+    /// connections. An HTTP/2 client that stops taking one stream's response from an HTTP/2
+    /// upstream must take at least 64 KiB of it in every such period, or the stream is reset.
+    /// Default 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_timeout: Option<HumanDuration>,
 }

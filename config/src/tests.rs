@@ -105,6 +105,14 @@ fn bad_values_are_named() {
             "limits.clientBodyTimeout",
         ),
         (format!("{MINIMAL}limits: {{sendTimeout: 0s}}\n"), "limits.sendTimeout"),
+        (
+            format!("{MINIMAL}limits: {{http2: {{streamWindowBytes: 0}}}}\n"),
+            "limits.http2.streamWindowBytes",
+        ),
+        (
+            format!("{MINIMAL}    http2: {{connectionWindowBytes: 4294967295}}\n"),
+            "upstreams[0].http2.connectionWindowBytes",
+        ),
     ];
     for (yaml, field) in cases {
         let e = refused(&yaml);

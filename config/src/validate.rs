@@ -154,6 +154,12 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
         if u.pool.idle_timeout.get().is_zero() {
             errors.push(err(format!("{f}.pool.idleTimeout"), "must be positive"));
         }
+        check_windows(
+            &format!("{f}.http2"),
+            (u.http2.stream_window_bytes, u.http2.connection_window_bytes),
+            256 << 20,
+            errors,
+        );
         if u.pool.max_connections_per_endpoint == 0 {
             errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
         }
@@ -266,6 +272,24 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
     }
 }
 
+/// HTTP/2 receive windows at `f`: HTTP/2's least (65 535), a stream's at most 16 MiB, a
+/// connection's at most `max_connection` (h2 refuses more than 2^31 - 1).
+fn check_windows(
+    f: &str,
+    (stream, connection): (Option<u32>, Option<u32>),
+    max_connection: u32,
+    errors: &mut Vec<FieldError>,
+) {
+    for (v, name, max) in [
+        (stream, "streamWindowBytes", 16 << 20),
+        (connection, "connectionWindowBytes", max_connection),
+    ] {
+        if v.is_some_and(|v| !(65535..=max).contains(&v)) {
+            errors.push(err(format!("{f}.{name}"), format!("must be 65535 to {max}")));
+        }
+    }
+}
+
 /// Everything else: a listener needs a route, CONNECT, limits, workers.
 fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     if config.listeners.iter().any(|l| l.tcp.is_none()) && config.routes.is_empty() {
@@ -304,6 +328,17 @@ fn check_the_rest(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
     ] {
         if d.is_some_and(|d| d.get() < std::time::Duration::from_secs(1)) {
             errors.push(err(field, "must be at least 1s"));
+        }
+    }
+    if let Some(h2) = &config.limits.http2 {
+        check_windows(
+            "limits.http2",
+            (h2.stream_window_bytes, h2.connection_window_bytes),
+            64 << 20,
+            errors,
+        );
+        if h2.max_concurrent_streams == Some(0) {
+            errors.push(err("limits.http2.maxConcurrentStreams", "must be at least 1"));
         }
     }
     if config.limits.header_read_timeout.get().is_zero() {

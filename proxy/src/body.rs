@@ -191,7 +191,8 @@ pin_project_lite::pin_project! {
         Own { #[pin] inner: http_body_util::Full<Bytes> },
         Logged { inner: Pin<Box<ClientBody>>, log: crate::access_log::PendingLog },
         /// Parts made as they go (a transcoded server stream's JSON lines).
-        Channel { rx: tokio::sync::mpsc::Receiver<Bytes> },
+        /// An error ends it as one (a stream given up), not as a clean end.
+        Channel { rx: tokio::sync::mpsc::Receiver<Result<Bytes, Box<dyn std::error::Error + Send + Sync>>> },
     }
 }
 
@@ -225,7 +226,7 @@ impl Body for ClientBody {
         match self.project() {
             ClientBodyProj::Upstream { inner } => inner.poll_frame(cx),
             ClientBodyProj::Own { inner } => inner.poll_frame(cx).map_err(|never| match never {}),
-            ClientBodyProj::Channel { rx } => rx.poll_recv(cx).map(|d| d.map(|d| Ok(Frame::data(d)))),
+            ClientBodyProj::Channel { rx } => rx.poll_recv(cx).map(|d| d.map(|d| d.map(Frame::data))),
             ClientBodyProj::Logged { inner, log } => {
                 let polled = inner.as_mut().poll_frame(cx);
                 if let Poll::Ready(Some(Ok(frame))) = &polled {

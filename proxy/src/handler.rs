@@ -196,8 +196,8 @@ struct RequestContext<'a> {
     client: Arc<ClientInfo>,
     trusted: &'a [proxyfleet_config::Cidr],
     body_rules: body::BodyRules,
-    /// For an HTTP/2 client, `limits.sendTimeout`: how long an HTTP/2 upstream's response is
-    /// read ahead of a client that takes nothing (`upstream::read_ahead`).
+    /// For an HTTP/2 client, `limits.sendTimeout`: the period in which a client that fell behind
+    /// an HTTP/2 upstream's response read ahead must take enough of it (`upstream::read_ahead`).
     read_ahead: Option<Duration>,
     started: Instant,
 }
@@ -338,7 +338,9 @@ async fn routed(
             Err(resp) => resp,
         }
     } else {
-        let cut = read_ahead.and_then(|_| stream_cut(&mut req));
+        let cut = read_ahead
+            .filter(|_| backend.upstream.speaks_h2())
+            .and_then(|_| stream_cut(&mut req));
         let resp = forward(target, req, &client, trusted, body_rules, upstream_started).await;
         ahead_of_client(resp, read_ahead, cut)
     };

@@ -196,16 +196,25 @@ impl Call {
     /// A server stream: each message as `{"result": …}` on its own line as it arrives, and a
     /// failure after the first message as `{"error": …}` (the status is already 200).
     fn stream(self, resp: Response<ClientBody>) -> Response<ClientBody> {
-        let (tx, rx) = tokio::sync::mpsc::channel::<Bytes>(16);
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
         let mut body = resp.into_body();
         tokio::spawn(async move {
+            // A slot kept for the end, so that it is said even to a client that fell behind.
+            let Ok(last) = tx.clone().reserve_owned().await else {
+                return;
+            };
             let mut buf = BytesMut::new();
             let mut end = (2, "the stream ended without a status".to_string());
             while let Some(frame) = body.frame().await {
                 let frame = match frame {
                     Ok(frame) => frame,
-                    // The client fell behind and stayed too slow: it cannot take a last line.
-                    Err(e) if e.is::<crate::upstream::ClientStalled>() => return,
+                    // The client fell behind and stayed too slow: its stream fails, as a
+                    // cancelled call (1), with no last line it could not take.
+                    Err(e) if e.is::<crate::upstream::ClientStalled>() => {
+                        self.count(1);
+                        last.send(Err(e));
+                        return;
+                    }
                     Err(_) => {
                         end = (14, "the upstream's stream was cut short".into());
                         break;
@@ -227,7 +236,7 @@ impl Call {
                         Ok(json) => serde_json::json!({ "result": json }),
                         Err(e) => serde_json::json!({ "error": status::error_json(13, &e) }),
                     };
-                    if tx.send(Bytes::from(format!("{line}\n"))).await.is_err() {
+                    if tx.send(Ok(Bytes::from(format!("{line}\n")))).await.is_err() {
                         return; // the client went away
                     }
                 }
@@ -239,7 +248,7 @@ impl Call {
             self.count(end.0);
             if end.0 != 0 {
                 let line = serde_json::json!({ "error": status::error_json(end.0, &end.1) });
-                let _ = tx.send(Bytes::from(format!("{line}\n"))).await;
+                last.send(Ok(Bytes::from(format!("{line}\n"))));
             }
         });
         let mut r = Response::new(ClientBody::Channel { rx });

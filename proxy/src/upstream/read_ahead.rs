@@ -26,7 +26,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
-use http_body_util::BodyExt;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -69,32 +68,96 @@ impl Ahead {
 #[derive(Clone, Default)]
 pub struct StreamCut(pub CancellationToken);
 
-/// The client's side: the frames the task read.
+/// The client's side: the frames that had arrived with the response, then those the task read.
 pub struct ReadAhead {
-    rx: mpsc::Receiver<Ahead>,
+    /// Frames already there when the response came, passed on first.
+    arrived: std::vec::IntoIter<Frame<Bytes>>,
+    /// The rest, from the task; none when the body had ended by then (a small answer, which
+    /// needs no task).
+    rx: Option<mpsc::Receiver<Ahead>>,
     /// The upstream's hint, less what has been passed on.
     hint: SizeHint,
     done: bool,
 }
 
+/// What `arrivals` found.
+enum Arrivals {
+    /// The body ended with the frames that had arrived.
+    Ended,
+    /// More is to come.
+    Open,
+    Failed(BoxError),
+}
+
+/// Takes the frames `body` already holds, at most `AHEAD - 1`, without waiting: a small
+/// answer has usually arrived whole with its head.
+fn arrivals<B>(body: &mut B, arrived: &mut Vec<Frame<Bytes>>) -> Arrivals
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<BoxError>,
+{
+    let mut cx = Context::from_waker(std::task::Waker::noop());
+    while arrived.len() < AHEAD - 1 {
+        match Pin::new(&mut *body).poll_frame(&mut cx) {
+            Poll::Ready(Some(Ok(frame))) => {
+                arrived.push(frame);
+                if body.is_end_stream() {
+                    return Arrivals::Ended;
+                }
+            }
+            Poll::Ready(Some(Err(e))) => return Arrivals::Failed(e.into()),
+            Poll::Ready(None) => return Arrivals::Ended,
+            Poll::Pending => break,
+        }
+    }
+    Arrivals::Open
+}
+
 impl ReadAhead {
-    /// Starts the task reading `body`, a response body still open (hyper's `Incoming`);
-    /// `cut` is cancelled if it gives up on the client.
-    pub fn start<B>(body: B, limit: Duration, cut: Option<StreamCut>) -> Self
+    /// Reads `body`, a response body still open (hyper's `Incoming`), ahead of the client: what
+    /// has arrived at once, the rest by a task; `cut` is cancelled if the task gives up on the
+    /// client.
+    pub fn start<B>(mut body: B, limit: Duration, cut: Option<StreamCut>) -> Self
     where
         B: Body<Data = Bytes> + Send + Unpin + 'static,
         B::Error: Into<BoxError>,
     {
         let hint = body.size_hint();
+        let mut arrived = Vec::new();
+        let found = arrivals(&mut body, &mut arrived);
+        if let Arrivals::Ended = found {
+            return Self {
+                arrived: arrived.into_iter(),
+                rx: None,
+                hint,
+                done: false,
+            };
+        }
+        // The channel takes what arrived (fewer than AHEAD frames) and an error after it.
         let (tx, rx) = mpsc::channel(AHEAD);
-        tokio::spawn(async move {
-            if pump(body, tx, limit).await == Pumped::GaveUp {
-                if let Some(cut) = cut {
-                    cut.0.cancel();
-                }
+        for frame in arrived {
+            let _ = tx.try_send(Ahead::Frame(frame));
+        }
+        match found {
+            Arrivals::Failed(e) => {
+                let _ = tx.try_send(Ahead::Failed(e));
             }
-        });
-        Self { rx, hint, done: false }
+            _ => {
+                tokio::spawn(async move {
+                    if pump(body, tx, limit).await == Pumped::GaveUp {
+                        if let Some(cut) = cut {
+                            cut.0.cancel();
+                        }
+                    }
+                });
+            }
+        }
+        Self {
+            arrived: Vec::new().into_iter(),
+            rx: Some(rx),
+            hint,
+            done: false,
+        }
     }
 }
 
@@ -117,11 +180,19 @@ where
 {
     let mut behind: Option<Behind> = None;
     loop {
+        let mut waited = false;
         let next = tokio::select! {
             biased;
             () = tx.closed() => return Pumped::Done,
-            next = body.frame() => next.map(|f| f.map_err(Into::into)),
+            next = std::future::poll_fn(|cx| {
+                let polled = Pin::new(&mut body).poll_frame(cx);
+                waited |= polled.is_pending();
+                polled
+            }) => next.map(|f| f.map_err(Into::into)),
         };
+        if waited {
+            behind = None; // the upstream was the slower side: nothing piled up unread
+        }
         let item = match next {
             Some(Ok(frame)) if body.is_end_stream() => Ahead::Last(frame),
             Some(Ok(frame)) => Ahead::Frame(frame),
@@ -129,11 +200,9 @@ where
             None => Ahead::End,
         };
         let (last, len) = (!matches!(item, Ahead::Frame(_)), item.len());
-        if tx.capacity() == AHEAD {
-            behind = None; // it took all it was given: it keeps up
-        }
         // A free slot is the rule; only a client that fell behind needs a clock.
         let passed = match tx.try_send(item) {
+            Ok(()) if last => Passed::Yes,
             Ok(()) => behind.as_mut().map_or(Passed::Yes, |b| b.took(len, limit)),
             Err(mpsc::error::TrySendError::Full(item)) => {
                 let b = behind.get_or_insert_with(|| Behind::since(Instant::now()));
@@ -182,14 +251,15 @@ impl Behind {
         Passed::Yes
     }
 
-    /// Waits for room for `item`, judging each period as it ends.
+    /// Waits for room for `item`, judging each period as it ends (but not after the body's
+    /// end has gone: the answer is whole).
     async fn wait(&mut self, tx: &mpsc::Sender<Ahead>, item: Ahead, limit: Duration) -> Passed {
         loop {
             match tokio::time::timeout_at(self.since + limit, tx.reserve()).await {
                 Ok(Ok(permit)) => {
-                    let len = item.len();
+                    let (last, len) = (!matches!(item, Ahead::Frame(_)), item.len());
                     permit.send(item);
-                    return self.took(len, limit);
+                    return if last { Passed::Yes } else { self.took(len, limit) };
                 }
                 Ok(Err(_)) => return Passed::Gone,
                 Err(_) if self.taken < MIN_TAKEN => return Passed::TooSlow,
@@ -207,18 +277,24 @@ impl Body for ReadAhead {
         if self.done {
             return Poll::Ready(None);
         }
-        let item = ready!(self.rx.poll_recv(cx));
+        if let Some(frame) = self.arrived.next() {
+            self.passed(&frame);
+            self.done = self.arrived.len() == 0 && self.rx.is_none();
+            return Poll::Ready(Some(Ok(frame)));
+        }
+        let Some(rx) = self.rx.as_mut() else {
+            self.done = true;
+            return Poll::Ready(None);
+        };
+        let item = ready!(rx.poll_recv(cx));
         Poll::Ready(match item {
             Some(Ahead::Frame(frame)) => {
-                if let Some(data) = frame.data_ref() {
-                    let passed = data.len() as u64;
-                    self.hint = less(self.hint, passed);
-                }
+                self.passed(&frame);
                 Some(Ok(frame))
             }
             Some(Ahead::Last(frame)) => {
                 self.done = true;
-                self.hint = SizeHint::with_exact(0);
+                self.passed(&frame);
                 Some(Ok(frame))
             }
             Some(Ahead::End) => {
@@ -229,7 +305,7 @@ impl Body for ReadAhead {
                 self.done = true;
                 Some(Err(e))
             }
-            // The task gave up on a client that took nothing.
+            // The task gave up on a client that fell behind.
             None => {
                 self.done = true;
                 Some(Err(ClientStalled.into()))
@@ -243,6 +319,15 @@ impl Body for ReadAhead {
 
     fn size_hint(&self) -> SizeHint {
         self.hint
+    }
+}
+
+impl ReadAhead {
+    /// Counts `frame` out of the hint.
+    fn passed(&mut self, frame: &Frame<Bytes>) {
+        if let Some(data) = frame.data_ref() {
+            self.hint = less(self.hint, data.len() as u64);
+        }
     }
 }
 
@@ -260,6 +345,8 @@ fn less(hint: SizeHint, passed: u64) -> SizeHint {
 mod tests {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
+
+    use http_body_util::BodyExt;
 
     use super::*;
 
@@ -393,6 +480,52 @@ mod tests {
             dropped.load(Ordering::SeqCst),
             "the upstream stream was dropped with the client's"
         );
+    }
+
+    fn kib16() -> Frame<Bytes> {
+        Frame::data(Bytes::from(vec![b'x'; 16 * 1024]))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_that_arrived_whole_needs_no_task() {
+        let (upstream, body, dropped) = source();
+        upstream.send(kib16()).await.unwrap();
+        upstream.send(Frame::trailers(http::HeaderMap::new())).await.unwrap();
+        drop(upstream);
+        let mut ahead = ReadAhead::start(body, LIMIT, None);
+        assert!(
+            ahead.rx.is_none() && dropped.load(Ordering::SeqCst),
+            "read at once, nothing left open"
+        );
+        assert!(ahead.frame().await.unwrap().unwrap().is_data());
+        assert!(ahead.frame().await.unwrap().unwrap().is_trailers());
+        assert!(ahead.is_end_stream());
+        assert!(ahead.frame().await.is_none());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_client_behind_a_quiet_upstream_is_not_judged_for_the_quiet() {
+        let (upstream, body, dropped) = source();
+        let mut ahead = ReadAhead::start(body, LIMIT, None);
+        for _ in 0..(AHEAD + 2) {
+            upstream.send(kib16()).await.unwrap();
+        }
+        // Behind for a while, then it takes three frames; the upstream has nothing more.
+        tokio::time::sleep(LIMIT / 2).await;
+        for _ in 0..3 {
+            assert!(ahead.frame().await.unwrap().is_ok());
+        }
+        // A long quiet upstream: the frames still queued are the upstream's pace, not the client's.
+        tokio::time::sleep(LIMIT * 2).await;
+        upstream.send(kib16()).await.unwrap();
+        drop(upstream);
+        let mut frames = 3;
+        while let Some(frame) = ahead.frame().await {
+            assert!(frame.is_ok(), "not cut");
+            frames += 1;
+        }
+        assert_eq!(frames, AHEAD + 3);
+        assert!(dropped.load(Ordering::SeqCst));
     }
 
     #[test]
