@@ -503,7 +503,7 @@ async fn attempts(
     // A mirror's copy is made of the headers as the upstream gets them (forwarded-for, rules).
     let mut body = Some(match &route.mirror {
         Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_rules).await {
-            Ok(b) => b,
+            Ok(b) => b.cut_by(parts.extensions.get()),
             Err(resp) => return resp,
         },
         _ if incoming.is_end_stream() => UpstreamBody::Empty,

@@ -127,14 +127,15 @@ impl ReadAhead {
         let found = arrivals(&mut body, &mut arrived);
         if let Arrivals::Ended = found {
             return Self {
+                done: arrived.is_empty(),
                 arrived: arrived.into_iter(),
                 rx: None,
                 hint,
-                done: false,
             };
         }
         // The channel takes what arrived (fewer than AHEAD frames) and an error after it.
         let (tx, rx) = mpsc::channel(AHEAD);
+        // A new channel with room for all of it and `rx` alive: these sends cannot fail.
         for frame in arrived {
             let _ = tx.try_send(Ahead::Frame(frame));
         }
@@ -199,10 +200,15 @@ where
             Some(Err(e)) => Ahead::Failed(e),
             None => Ahead::End,
         };
-        let (last, len) = (!matches!(item, Ahead::Frame(_)), item.len());
+        if !matches!(item, Ahead::Frame(_)) {
+            // The upstream is done: nothing of it is left to charge the window, so the end
+            // waits for the client without a clock.
+            let _ = tx.send(item).await;
+            return Pumped::Done;
+        }
+        let len = item.len();
         // A free slot is the rule; only a client that fell behind needs a clock.
         let passed = match tx.try_send(item) {
-            Ok(()) if last => Passed::Yes,
             Ok(()) => behind.as_mut().map_or(Passed::Yes, |b| b.took(len, limit)),
             Err(mpsc::error::TrySendError::Full(item)) => {
                 let b = behind.get_or_insert_with(|| Behind::since(Instant::now()));
@@ -211,8 +217,8 @@ where
             Err(mpsc::error::TrySendError::Closed(_)) => Passed::Gone,
         };
         match passed {
-            Passed::Yes if !last => {}
-            Passed::Yes | Passed::Gone => return Pumped::Done,
+            Passed::Yes => {}
+            Passed::Gone => return Pumped::Done,
             Passed::TooSlow => return Pumped::GaveUp,
         }
     }
@@ -251,15 +257,14 @@ impl Behind {
         Passed::Yes
     }
 
-    /// Waits for room for `item`, judging each period as it ends (but not after the body's
-    /// end has gone: the answer is whole).
+    /// Waits for room for `item`, judging each period as it ends.
     async fn wait(&mut self, tx: &mpsc::Sender<Ahead>, item: Ahead, limit: Duration) -> Passed {
         loop {
             match tokio::time::timeout_at(self.since + limit, tx.reserve()).await {
                 Ok(Ok(permit)) => {
-                    let (last, len) = (!matches!(item, Ahead::Frame(_)), item.len());
+                    let len = item.len();
                     permit.send(item);
-                    return if last { Passed::Yes } else { self.took(len, limit) };
+                    return self.took(len, limit);
                 }
                 Ok(Err(_)) => return Passed::Gone,
                 Err(_) if self.taken < MIN_TAKEN => return Passed::TooSlow,
@@ -526,6 +531,26 @@ mod tests {
         }
         assert_eq!(frames, AHEAD + 3);
         assert!(dropped.load(Ordering::SeqCst));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_read_whole_waits_for_its_client_without_a_clock() {
+        let (upstream, body, _dropped) = source();
+        let cut = StreamCut::default();
+        let mut ahead = ReadAhead::start(body, LIMIT, Some(cut.clone()));
+        for _ in 0..AHEAD {
+            upstream.send(kib16()).await.unwrap();
+        }
+        drop(upstream);
+        // The upstream is done; only the client is slow. Nothing is charged to the window.
+        tokio::time::sleep(LIMIT * 3).await;
+        let mut frames = 0;
+        while let Some(frame) = ahead.frame().await {
+            assert!(frame.is_ok(), "not cut");
+            frames += 1;
+        }
+        assert_eq!(frames, AHEAD);
+        assert!(!cut.0.is_cancelled(), "the request body is left alone");
     }
 
     #[test]
