@@ -2,7 +2,10 @@
 # Outside suites against the standalone release proxy on loopback (no cluster needed):
 # h2spec (built from the Go module proxy) over TLS in full, then slow and hostile clients —
 # 500 half-preface and 500 idle HTTP/2 connections — with the proxy's RSS and the time a
-# normal request takes meanwhile printed (bench/hostile_clients.py); and spans exported over
+# normal request takes meanwhile printed (bench/hostile_clients.py); 64 HTTP/2 streams never
+# given a flow-control window against a real HTTP/2 upstream (nginx), which must neither freeze
+# the shared upstream connection for another client nor outlive `limits.sendTimeout` upstream
+# (bench/stalled_streams.py); and spans exported over
 # OTLP to a real Jaeger (built from the Go module proxy), found by its query API with the
 # caller's span as parent.
 . "$(dirname "$0")/../lib/testlib.sh"
@@ -26,7 +29,10 @@ bin=$CARGO_TARGET_DIR_RELEASE
 [ -x "$bin/proxyfleet-proxy" ] || fail "no release proxy at $bin (e2e/images/build builds it)"
 dir=$(mktemp -d)
 pids=()
-trap 'kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
+# nginx is stopped by TERM to its master, which ends its worker: a worker outlives a master
+# killed with -9 and would hold the port (serving a deleted directory) for the next run.
+nginx_pid=
+trap '[ -z "$nginx_pid" ] || kill -TERM "$nginx_pid" 2>/dev/null; kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$dir"' EXIT
 cd "$dir"
 openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -subj /CN=conformance-ca -days 1 2>/dev/null
 openssl req -newkey ec -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout tls.key -out tls.csr -subj /CN=conformance.example.com 2>/dev/null
@@ -38,18 +44,37 @@ listeners:
     address: "127.0.0.1:18443"
     tls: {certificates: [{certFile: $dir/tls.crt, keyFile: $dir/tls.key, default: true}]}
 admin: {address: "127.0.0.1:18901"}
-limits: {headerReadTimeout: 10s}
+# One worker, so the stalled streams and the other client share one upstream connection.
+workerThreads: 1
+limits: {headerReadTimeout: 10s, sendTimeout: 10s}
 routes:
   # h2spec's requests wait 100 ms before going upstream: a few cases (6.9.1/3) send frames
   # right after HEADERS and expect the stream still open, which a loopback upstream's answer
   # races (1 run in 10 without the delay).
   - {name: h2spec, match: {pathPrefix: /h2spec}, upstream: echo, fault: {delay: {duration: 100ms, percent: 100}}}
+  - {name: big, match: {pathPrefix: /big/}, upstream: h2up}
   - {name: all, upstream: echo}
-upstreams: [{name: echo, endpoints: ["127.0.0.1:18080"]}]
+upstreams:
+  - {name: echo, endpoints: ["127.0.0.1:18080"]}
+  - {name: h2up, endpoints: ["127.0.0.1:18082"], protocol: h2}
 tracing: {samplePercent: 100, otlpEndpoint: "http://127.0.0.1:4318", serviceName: proxyfleet-conformance}
 YAML
 "$jaeger" > jaeger.log 2>&1 & pids+=($!)
 ECHO_ADDR=127.0.0.1:18080 "$bin/proxyfleet-echo" > echo.log 2>&1 & pids+=($!)
+# The HTTP/2 upstream: nginx (h2c), an 8 MiB file, each request logged with the bytes it sent.
+command -v nginx >/dev/null || fail "nginx is not installed (scripts/setup.sh installs it)"
+chmod 711 "$dir"; mkdir -m 755 www www/big; truncate -s 8M www/big/8m; chmod 644 www/big/8m
+cat > nginx.conf <<CONF
+worker_processes 1; daemon off; pid $dir/nginx.pid; error_log $dir/nginx-error.log warn;
+events { worker_connections 1024; }
+http {
+  log_format sent '\$request_uri \$status \$body_bytes_sent';
+  access_log $dir/up.log sent;
+  server { listen 127.0.0.1:18082 http2; root $dir/www; }
+}
+CONF
+nginx -c "$dir/nginx.conf" -p "$dir" > nginx.out 2>&1 & nginx_pid=$!
+retry 20 curl -fsS --http2-prior-knowledge -o /dev/null http://127.0.0.1:18082/big/8m
 "$bin/proxyfleet-proxy" --config proxy.yaml > proxy.log 2>&1 & proxy=$!; pids+=($proxy)
 retry 20 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready
 
@@ -66,6 +91,35 @@ grep -q 'a normal request took .* (HTTP/1.1 200 OK)' hostile.txt || fail "no nor
 grep -q 'half-preface connections all closed after: [0-9]' hostile.txt || fail "half-preface connections were not closed"
 grep -q 'idle h2 connections (PINGs unanswered) all closed after: [0-9]' hostile.txt || fail "idle h2 connections were not closed"
 grep -q 'a normal request afterwards: .* (HTTP/1.1 200 OK)' hostile.txt || fail "the proxy stopped serving"
+
+say "64 HTTP/2 streams never given a window, against an HTTP/2 upstream (nginx)"
+size=$((8 << 20))
+python3 "$root/bench/stalled_streams.py" 127.0.0.1 18443 ca.crt conformance.example.com /big/8m 64 40 > stalled.txt 2>&1 & stalled=$!; pids+=($stalled)
+sleep 3
+# Each stalled stream leaves at most a stream window (256 KiB) unread of the upstream
+# connection's 32 MiB: another client's download on that connection goes through at once,
+# long before the send timeout (10 s) could free anything. hyper's own windows (2 MiB, 5 MiB)
+# froze it after three.
+t0=$(date +%s.%N)
+curl -fsS -m 5 --http2 --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 \
+  https://conformance.example.com:18443/big/8m -o big.out || fail "a download waited behind the stalled streams"
+[ "$(stat -c %s big.out)" = "$size" ] || fail "the download was cut short"
+say "another client's 8 MiB download beside them took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s"
+# At the send timeout the stalled streams are reset upstream, while their client still holds
+# its connection: nginx logs each one, cut short.
+cut=0
+for _ in $(seq 25); do
+  cut=$(awk -v s="$size" '$1 == "/big/8m" && $3 < s' up.log | wc -l)
+  [ "$cut" -ge 64 ] && break
+  sleep 1
+done
+kill -TERM "$stalled" 2>/dev/null || true
+wait "$stalled" 2>/dev/null || true
+sed 's/^/  /' stalled.txt >&2
+[ "$cut" -ge 64 ] || { sort up.log | uniq -c >&2; fail "only $cut of the 64 stalled streams were reset upstream"; }
+grep -q 'response heads: 64, data bytes: 0, .* connection open' stalled.txt || fail "the stalled client saw something else"
+say "all 64 stalled streams were reset upstream at the send timeout; the proxy still serves"
+curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready >/dev/null
 
 say "tracing: a span exported over OTLP to Jaeger, child of the caller's span"
 retry 30 curl -fsS http://127.0.0.1:13133/status
