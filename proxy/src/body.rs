@@ -203,7 +203,7 @@ impl ClientBody {
 
     /// An upstream's body read ahead of an HTTP/2 client when it needs to be
     /// (`FromUpstream::read_ahead`); any other body as it is.
-    pub fn read_ahead(
+    fn read_ahead(
         self,
         version: http::Version,
         limit: Duration,
@@ -255,6 +255,24 @@ impl Body for ClientBody {
             Self::Logged { inner, .. } => inner.size_hint(),
             Self::Channel { .. } => SizeHint::default(),
         }
+    }
+}
+
+/// The response read ahead of an HTTP/2 client (`read_ahead` is its `limits.sendTimeout`)
+/// when it comes from an HTTP/2 upstream, so a client that stops taking it cannot hold the
+/// shared upstream connection's window (`crate::upstream::read_ahead`); `cut` ends the request
+/// body beside it if it is given up.
+pub fn ahead_of_client(
+    resp: http::Response<ClientBody>,
+    read_ahead: Option<Duration>,
+    cut: Option<crate::upstream::read_ahead::StreamCut>,
+) -> http::Response<ClientBody> {
+    match read_ahead {
+        Some(limit) => {
+            let version = resp.version();
+            resp.map(|b| b.read_ahead(version, limit, cut))
+        }
+        None => resp,
     }
 }
 

@@ -342,7 +342,7 @@ async fn routed(
             .filter(|_| backend.upstream.speaks_h2())
             .and_then(|_| stream_cut(&mut req));
         let resp = forward(target, req, &client, trusted, body_rules, upstream_started).await;
-        ahead_of_client(resp, read_ahead, cut)
+        body::ahead_of_client(resp, read_ahead, cut)
     };
     if let Some(ops) = &route.response_headers {
         ops.apply(resp.headers_mut());
@@ -417,23 +417,6 @@ async fn mirrored(
             "the request body stalled\n",
         )),
         Err(_) => Err(status_response(StatusCode::BAD_REQUEST, "malformed request body\n")),
-    }
-}
-
-/// The response read ahead of an HTTP/2 client (`read_ahead` is set) when it comes from an
-/// HTTP/2 upstream, so a client that stops taking it cannot hold the shared upstream
-/// connection's window (`upstream::read_ahead`).
-fn ahead_of_client(
-    resp: Response<ClientBody>,
-    read_ahead: Option<Duration>,
-    cut: Option<upstream::StreamCut>,
-) -> Response<ClientBody> {
-    match read_ahead {
-        Some(limit) => {
-            let version = resp.version();
-            resp.map(|b| b.read_ahead(version, limit, cut))
-        }
-        None => resp,
     }
 }
 

@@ -145,14 +145,7 @@ impl Call {
             }
         }
         if self.binding.method.is_server_streaming() {
-            let resp = match read_ahead {
-                Some(limit) => {
-                    let version = resp.version();
-                    resp.map(|b| b.read_ahead(version, limit, None))
-                }
-                None => resp,
-            };
-            return self.stream(resp);
+            return self.stream(crate::body::ahead_of_client(resp, read_ahead, None));
         }
         self.unary(resp).await
     }
