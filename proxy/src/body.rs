@@ -203,15 +203,10 @@ impl ClientBody {
 
     /// An upstream's body read ahead of an HTTP/2 client when it needs to be
     /// (`FromUpstream::read_ahead`); any other body as it is.
-    fn read_ahead(
-        self,
-        version: http::Version,
-        limit: Duration,
-        cut: Option<crate::upstream::read_ahead::StreamCut>,
-    ) -> Self {
+    fn read_ahead(self, limit: Duration, cut: Option<crate::upstream::read_ahead::StreamCut>) -> Self {
         match self {
             Self::Upstream { inner } => Self::Upstream {
-                inner: inner.read_ahead(version, limit, cut),
+                inner: inner.read_ahead(limit, cut),
             },
             other => other,
         }
@@ -258,20 +253,17 @@ impl Body for ClientBody {
     }
 }
 
-/// The response read ahead of an HTTP/2 client (`read_ahead` is its `limits.sendTimeout`)
-/// when it comes from an HTTP/2 upstream, so a client that stops taking it cannot hold the
-/// shared upstream connection's window (`crate::upstream::read_ahead`); `cut` ends the request
-/// body beside it if it is given up.
+/// The response read ahead of an HTTP/2 client (`read_ahead` is its `limits.sendTimeout`), so
+/// a client that stops taking it cannot hold a shared HTTP/2 upstream connection's window or
+/// an HTTP/1.1 upstream connection (`crate::upstream::read_ahead`); `cut` ends the request body
+/// beside it if it is given up.
 pub fn ahead_of_client(
     resp: http::Response<ClientBody>,
     read_ahead: Option<Duration>,
     cut: Option<crate::upstream::read_ahead::StreamCut>,
 ) -> http::Response<ClientBody> {
     match read_ahead {
-        Some(limit) => {
-            let version = resp.version();
-            resp.map(|b| b.read_ahead(version, limit, cut))
-        }
+        Some(limit) => resp.map(|b| b.read_ahead(limit, cut)),
         None => resp,
     }
 }

@@ -197,7 +197,7 @@ struct RequestContext<'a> {
     trusted: &'a [proxyfleet_config::Cidr],
     body_rules: body::BodyRules,
     /// For an HTTP/2 client, `limits.sendTimeout`: the period in which a client that fell behind
-    /// an HTTP/2 upstream's response read ahead must take enough of it (`upstream::read_ahead`).
+    /// an upstream's response read ahead must take enough of it (`upstream::read_ahead`).
     read_ahead: Option<Duration>,
     started: Instant,
 }

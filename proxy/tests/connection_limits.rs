@@ -4,7 +4,7 @@
 //! HTTP/2 connection that answers PINGs but sends nothing at `limits.idleTimeout`; a request
 //! body that trickles (`limits.clientBodyTimeout`, 408) and a client that stops reading its
 //! response (`limits.sendTimeout`), over HTTP/1.1 and over HTTP/2 toward a shared HTTP/2
-//! upstream connection. Real
+//! upstream connection and toward HTTP/1.1 upstream connections. Real
 //! sockets on loopback; bounds are generous (no timing assertions beyond "it ended").
 
 mod support;
@@ -377,5 +377,121 @@ async fn a_stalled_stream_whose_request_body_still_streams_is_reset_upstream() {
     // Given up at the send timeout: the upstream sees its request body reset, not left open.
     let reset = within("the upstream's request body to end", ends.recv()).await;
     assert_eq!(reset, Some(true));
+    proxy.running.drain();
+}
+
+/// What the HTTP/1.1 upstream below saw.
+#[derive(Debug, PartialEq)]
+enum Seen {
+    Connection,
+    Closed,
+}
+
+/// A raw HTTP/1.1 upstream that answers `GET /bytes/N` with N bytes, keeps connections alive
+/// and has no timeouts of its own: a connection whose answer is never read stays open as long
+/// as the proxy holds it.
+async fn h1_upstream_without_timeouts() -> (std::net::SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Seen>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let (seen, events) = tokio::sync::mpsc::unbounded_channel();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let _ = seen.send(Seen::Connection);
+            let seen = seen.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    let Some(end) = got.windows(4).position(|w| w == b"\r\n\r\n") else {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => got.extend_from_slice(&buf[..n]),
+                        }
+                        continue;
+                    };
+                    let head = String::from_utf8_lossy(&got[..end]).to_string();
+                    got.drain(..end + 4);
+                    let size: usize = head
+                        .split(' ')
+                        .nth(1)
+                        .and_then(|p| p.strip_prefix("/bytes/"))
+                        .and_then(|n| n.parse().ok())
+                        .unwrap_or(0);
+                    let mut answer = format!("HTTP/1.1 200 OK\r\ncontent-length: {size}\r\n\r\n").into_bytes();
+                    answer.resize(answer.len() + size, b'x');
+                    if tcp.write_all(&answer).await.is_err() {
+                        break;
+                    }
+                }
+                let _ = seen.send(Seen::Closed);
+            });
+        }
+    });
+    (addr, events)
+}
+
+/// Sends one request for `size` bytes on an HTTP/2 connection that grants its streams no
+/// window, so none of the answer can be sent; returns the response and the connection's driver.
+async fn never_given_a_window(
+    proxy: &Proxy,
+    size: usize,
+) -> (
+    http::Response<hyper::body::Incoming>,
+    tokio::task::JoinHandle<Result<(), hyper::Error>>,
+) {
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http2::Builder::new(hyper_util::rt::TokioExecutor::new())
+        .initial_stream_window_size(0)
+        .handshake(hyper_util::rt::TokioIo::new(tcp))
+        .await
+        .unwrap();
+    let driver = tokio::spawn(conn);
+    let req = http::Request::get(format!("http://a.example/bytes/{size}"))
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let resp = within("the response's head", sender.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    (resp, driver)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_answer_to_a_stalled_http2_stream_frees_its_http11_upstream_connection_at_once() {
+    init();
+    let (up, mut seen) = h1_upstream_without_timeouts().await;
+    let dir = tempdir("stalled-h2-to-h1-small");
+    // One worker: its idle connections are the ones the next request can take.
+    let yaml = format!("workerThreads: 1\n{}", config(up, ""));
+    let proxy = start_proxy(&dir, &yaml).await;
+    let _held = never_given_a_window(&proxy, 20_000).await;
+    assert_eq!(
+        within("the first connection", seen.recv()).await,
+        Some(Seen::Connection)
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The answer was read whole although the client can take none of it: the connection went
+    // back to the pool, and the next request reuses it.
+    let (status, body) = within("the next answer", get(proxy.addr("http"), "a.example", "/bytes/10")).await;
+    assert_eq!((status, body.len()), (200, 10));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(seen.try_recv().is_err(), "the upstream saw a second connection");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_answer_to_a_stalled_http2_stream_closes_its_http11_upstream_connection_at_the_send_timeout() {
+    init();
+    let (up, mut seen) = h1_upstream_without_timeouts().await;
+    let dir = tempdir("stalled-h2-to-h1-large");
+    let proxy = start_proxy(&dir, &config(up, "sendTimeout: 1s")).await;
+    let size = 8 << 20;
+    let (resp, _driver) = never_given_a_window(&proxy, size).await;
+    assert_eq!(within("the connection", seen.recv()).await, Some(Seen::Connection));
+    // The upstream's write blocks on the unread answer; the proxy gives up on the client and
+    // closes the connection, which the upstream, with no timeout of its own, would never do.
+    assert_eq!(
+        within("the upstream connection to close", seen.recv()).await,
+        Some(Seen::Closed)
+    );
+    drop(resp);
     proxy.running.drain();
 }

@@ -1,24 +1,29 @@
-//! An HTTP/2 upstream's response to an HTTP/2 client, read ahead of the client by a task.
+//! An upstream's response to an HTTP/2 client, read ahead of the client by a task.
 //!
-//! Every stream of a shared upstream connection draws on that connection's receive window, and
-//! data the proxy has not read yet stays charged to it. hyper's HTTP/2 server stops polling a
-//! response body while the client's stream has no send window, so a client that never opens
-//! its window would leave up to a stream window (2 MiB) of unread data charged to the shared
-//! connection, and a few such clients would freeze it for every request it carries.
+//! hyper's HTTP/2 server stops polling a response body while the client's stream has no send
+//! window, and a client can grant none while it keeps reading its socket, so no write of the
+//! proxy's ever blocks and no timer inside the body can fire. What the unread body holds:
+//! - toward an HTTP/2 upstream, its data stays charged to the shared upstream connection's
+//!   window: a client that never opens its window would leave up to a stream window (2 MiB)
+//!   unread, and a few such clients would freeze the connection for every request it carries;
+//! - toward an HTTP/1.1 upstream, the upstream connection itself: an answer that fit in the
+//!   socket buffers is never read, so the upstream sees nothing wrong and the connection is
+//!   held for as long as the client's connection lives.
 //!
 //! The task reads the upstream's frames into a small channel (hyper gives the window back as
-//! soon as a frame is read), so a client that keeps up leaves nothing unread. A client that
-//! falls behind leaves at most a stream window unread (`upstreams[].http2`). It must then take
-//! at least `MIN_TAKEN` bytes in every `limits.sendTimeout`, or the task drops the upstream
-//! stream (RST_STREAM, which returns what it held to the connection window) and fails the
-//! request body still streaming beside it, so the upstream stream ends even in a gRPC
-//! bidirectional call. The client's body then ends with an error, not a clean end, which
-//! hyper sends as RST_STREAM once it polls the body again (when the client opens its window or
-//! the connection ends). This is Envoy's stream idle timeout for a stream blocked on flow
-//! control, with a floor on the rate so that a client taking a frame now and then cannot hold
-//! the window for ever. An HTTP/1.1 client needs none of this: its blocked socket trips
-//! `limits.sendTimeout` (send_timeout.rs); an HTTP/3 response is written with each write
-//! bounded by it (http3/request.rs).
+//! soon as a frame is read; an HTTP/1.1 connection goes back to its pool once the answer is
+//! read whole), so a client that keeps up leaves nothing unread. A client that falls behind
+//! leaves at most a stream window unread (`upstreams[].http2`), or the socket buffers. It must
+//! then take at least `MIN_TAKEN` bytes in every `limits.sendTimeout`, or the task drops the
+//! upstream body (RST_STREAM, which returns what it held to the connection window; an
+//! HTTP/1.1 connection closes) and fails the request body still streaming beside it, so the
+//! upstream stream ends even in a gRPC bidirectional call. The client's body then ends with an
+//! error, not a clean end, which hyper sends as RST_STREAM once it polls the body again (when
+//! the client opens its window or the connection ends). This is Envoy's stream idle timeout for
+//! a stream blocked on flow control, with a floor on the rate so that a client taking a frame
+//! now and then cannot hold the window for ever. An HTTP/1.1 client needs none of this: its
+//! blocked socket trips `limits.sendTimeout` (send_timeout.rs); an HTTP/3 response is written
+//! with each write bounded by it (http3/request.rs).
 
 use std::pin::Pin;
 use std::task::{ready, Context, Poll};
@@ -114,7 +119,7 @@ where
 }
 
 impl ReadAhead {
-    /// Reads `body`, a response body still open (hyper's `Incoming`), ahead of the client: what
+    /// Reads `body`, a response body still open (hyper's `Incoming`, our HTTP/1.1 relay's), ahead of the client: what
     /// has arrived at once, the rest by a task; `cut` is cancelled if the task gives up on the
     /// client.
     pub fn start<B>(mut body: B, limit: Duration, cut: Option<StreamCut>) -> Self

@@ -22,12 +22,16 @@ pin_project_lite::pin_project! {
 }
 
 impl FromUpstream {
-    /// For an HTTP/2 client: an HTTP/2 upstream's body still open is read ahead by a task that
-    /// resets it, and cancels `cut`, when the client falls behind and stays too slow for
-    /// `limit` (`read_ahead`); others are as they are.
-    pub fn read_ahead(self, version: http::Version, limit: std::time::Duration, cut: Option<StreamCut>) -> Self {
+    /// For an HTTP/2 client: a body still open is read ahead by a task that drops it (an
+    /// HTTP/2 upstream stream is reset, an HTTP/1.1 connection closed), and cancels `cut`, when
+    /// the client falls behind and stays too slow for `limit` (`read_ahead`); a body that has
+    /// ended is as it is.
+    pub fn read_ahead(self, limit: std::time::Duration, cut: Option<StreamCut>) -> Self {
         match self {
-            Self::Hyper { inner } if version == http::Version::HTTP_2 && !inner.is_end_stream() => Self::Ahead {
+            Self::Hyper { inner } if !inner.is_end_stream() => Self::Ahead {
+                inner: ReadAhead::start(inner, limit, cut),
+            },
+            Self::Relay { inner } if !inner.is_end_stream() => Self::Ahead {
                 inner: ReadAhead::start(inner, limit, cut),
             },
             other => other,
