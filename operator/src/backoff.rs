@@ -8,6 +8,12 @@ use std::time::Duration;
 const FIRST: Duration = Duration::from_secs(5);
 const MAX: Duration = Duration::from_secs(300);
 
+/// Whether failure number `failures` in a row is one to tell the user about: the third (after
+/// about 15 s of retries), then every eighth (about every 40 min at the longest delay).
+pub fn worth_telling(failures: u32) -> bool {
+    failures >= 3 && failures % 8 == 3
+}
+
 /// The delay before retry number `failures` (1 = after the first failure).
 pub fn delay(failures: u32) -> Duration {
     let doublings = failures.saturating_sub(1).min(16);
@@ -22,10 +28,17 @@ pub struct Backoff {
 impl Backoff {
     /// Records one more failure of `key`; returns how long to wait before the next try.
     pub fn failed(&self, key: &str) -> Duration {
-        let Ok(mut m) = self.failures.lock() else { return MAX };
+        delay(self.count_failure(key))
+    }
+
+    /// Records one more failure of `key`; returns how many in a row it has now.
+    pub fn count_failure(&self, key: &str) -> u32 {
+        let Ok(mut m) = self.failures.lock() else {
+            return u32::MAX;
+        };
         let n = m.entry(key.to_string()).or_insert(0);
         *n = n.saturating_add(1);
-        delay(*n)
+        *n
     }
 
     pub fn succeeded(&self, key: &str) {
@@ -47,5 +60,11 @@ mod tests {
         assert_eq!(b.failed("ns/b").as_secs(), 5, "per object");
         b.succeeded("ns/a");
         assert_eq!(b.failed("ns/a").as_secs(), 5);
+    }
+
+    #[test]
+    fn a_persisting_failure_is_told_at_the_third_then_every_eighth() {
+        let told: Vec<u32> = (1..=30).filter(|&n| worth_telling(n)).collect();
+        assert_eq!(told, [3, 11, 19, 27]);
     }
 }

@@ -133,3 +133,45 @@ impl Context {
         }
     }
 }
+
+/// A context for unit tests of the I/O shells, against a mocked API server, with empty caches.
+#[cfg(test)]
+pub mod testing {
+    use kube::runtime::reflector::store;
+
+    use super::{Context, Stores};
+
+    pub fn stores() -> Stores {
+        Stores {
+            deployments: store().0,
+            config_maps: store().0,
+            services: store().0,
+            service_accounts: store().0,
+            pdbs: store().0,
+            secrets: store().0,
+            revisions: store().0,
+            network_policies: store().0,
+            policies: store().0,
+            namespaces: store().0,
+            by_owner: Default::default(),
+            fleets: store().0,
+        }
+    }
+
+    pub fn test_context(client: kube::Client) -> Context {
+        test_context_with(client, stores())
+    }
+
+    /// The same, with caches the test filled.
+    pub fn test_context_with(client: kube::Client, stores: Stores) -> Context {
+        crate::controller::context(
+            &client,
+            &std::sync::Arc::new(crate::metrics::Metrics::new()),
+            Default::default(),
+            "test".into(),
+            stores,
+            store().0,
+            Vec::new(),
+        )
+    }
+}

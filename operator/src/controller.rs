@@ -135,7 +135,9 @@ struct Pass {
     canary_status: Option<canary::spec::CanaryStatus>,
     revision: Option<String>,
     image: Option<String>,
-    apply_failed: bool,
+    /// Set when the apply was refused: the backoff's delay, the pass's only requeue (a canary's
+    /// or a rollout's quicker look would retry the refused apply every few seconds).
+    apply_failed: Option<Duration>,
 }
 
 impl Pass {
@@ -147,7 +149,7 @@ impl Pass {
             canary_status: None,
             revision: None,
             image: None,
-            apply_failed: false,
+            apply_failed: None,
         }
     }
 
@@ -170,15 +172,16 @@ impl Pass {
     }
 
     fn finish(mut self, ctx: &Context, owner: &Owner, status: &crate::crd::ProxyDeploymentStatus) -> Action {
+        if let Some(retry) = self.apply_failed {
+            return Action::requeue(retry);
+        }
         if matches!(
             status.phase,
             Some(crate::crd::Phase::Progressing | crate::crd::Phase::Pending)
         ) {
             self.requeue_within(Duration::from_secs(10));
         }
-        if !self.apply_failed {
-            ctx.backoff.succeeded(&owner.reference.uid);
-        }
+        ctx.backoff.succeeded(&owner.reference.uid);
         Action::requeue(self.requeue)
     }
 }
@@ -265,17 +268,19 @@ async fn roll_out(
     if command.is_some() {
         clear_command(ctx, owner).await?;
     }
-    if let Some(decision) = &rollout.decision {
-        report_decision(ctx, owner, decision, pass).await;
-    }
     match crate::owned_set::apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
         Ok((changes, stable)) => {
             pass.written_stable = stable;
             if !changes.is_empty() {
                 ctx.record(owner, "Applied", &changes.join("; ")).await;
             }
+            // A canary decision counts once what it decided is applied.
+            if let Some(decision) = &rollout.decision {
+                report_decision(ctx, owner, decision, pass).await;
+            }
         }
-        // Refused objects are the user's to fix: say so in status, retry with backoff.
+        // Refused objects are the user's to fix: say so in status, retry with backoff. The
+        // canary's status stays as it was: the step it decided was not taken.
         Err(e) => {
             let Some(message) = e.refusal() else {
                 return Err(e.into());
@@ -283,12 +288,12 @@ async fn roll_out(
             warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
             let retry = ctx.backoff.failed(&owner.reference.uid);
             tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
-            pass.requeue_within(retry);
+            pass.canary_status = pxd.status.as_ref().and_then(|s| s.canary.clone());
             pass.problem = Some(Problem {
                 reason: "ApplyFailed".into(),
                 message,
             });
-            pass.apply_failed = true;
+            pass.apply_failed = Some(retry);
         }
     }
     Ok(())
@@ -474,7 +479,17 @@ pub fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>)
         .inc();
     // 5 s, doubling per consecutive failure of this fleet, up to 5 min.
     let key = pxd.metadata.uid.clone().unwrap_or_else(|| pxd.name_any());
-    Action::requeue(ctx.backoff.failed(&key))
+    let failures = ctx.backoff.count_failure(&key);
+    // Errors that are not the spec's (the API server's 5xx, a conflict, a timeout) reach no
+    // status; one that persists is told to the user as a Warning event on the fleet.
+    if let Some(owner) = crate::backoff::worth_telling(failures)
+        .then(|| Owner::of(&pxd).ok())
+        .flatten()
+    {
+        let note = format!("reconcile failed {failures} times in a row; retrying with backoff: {error}");
+        tokio::spawn(async move { ctx.warn(&owner, "ReconcileFailing", &note).await });
+    }
+    Action::requeue(crate::backoff::delay(failures))
 }
 
 /// Runs the controllers until `stop` completes. Returns after they have shut down.

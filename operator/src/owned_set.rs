@@ -166,13 +166,13 @@ fn note(changes: &mut Vec<String>, kind: &str, outcome: Outcome) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::context::testing::test_context;
     use crate::desired::DesiredObjects;
     use k8s_openapi::api::core::v1::{ConfigMap, Service, ServiceAccount};
     use k8s_openapi::api::networking::v1::NetworkPolicy;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
     use kube::client::Body;
-    use kube::runtime::reflector::store;
     use std::time::Duration;
 
     /// Rolled out: seen by the controller and every pod of the current spec; not while old
@@ -215,23 +215,6 @@ mod tests {
         obj
     }
 
-    fn stores() -> crate::context::Stores {
-        crate::context::Stores {
-            deployments: store().0,
-            config_maps: store().0,
-            services: store().0,
-            service_accounts: store().0,
-            pdbs: store().0,
-            secrets: store().0,
-            revisions: store().0,
-            network_policies: store().0,
-            policies: store().0,
-            namespaces: store().0,
-            by_owner: Default::default(),
-            fleets: store().0,
-        }
-    }
-
     fn new_fleet() -> DesiredObjects {
         let mut deployment: Deployment = named("demo");
         deployment.metadata.labels = Some([(crate::labels::TRACK.to_string(), "stable".to_string())].into());
@@ -249,18 +232,6 @@ mod tests {
     fn kind_of(request: &http::Request<Body>) -> String {
         let path: Vec<&str> = request.uri().path().split('/').collect();
         path[path.len() - 2].to_string()
-    }
-
-    fn test_context(client: kube::Client) -> Context {
-        crate::controller::context(
-            &client,
-            &std::sync::Arc::new(crate::metrics::Metrics::new()),
-            Default::default(),
-            "test".into(),
-            stores(),
-            store().0,
-            Vec::new(),
-        )
     }
 
     /// A new fleet against a mocked API server: every object is applied, the Deployment after

@@ -6,12 +6,13 @@
 //! canary machine the fleet's own rollouts use.
 //!
 //! Reading order: `spec` (the API) → `render` (how a fleet's routes change) → `objects` (the
-//! Deployments and Services) → `weights` (the live weights) → `measure` → `reconcile`.
+//! Deployments and Services) → `weights` (the live weights) → `measure` → `push` (moving them) → `reconcile`.
 
 pub mod cli;
 pub mod controller;
 pub mod measure;
 pub mod objects;
+pub mod push;
 pub mod reconcile;
 pub mod render;
 pub mod spec;

@@ -7,13 +7,14 @@ use std::time::Duration;
 
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Condition;
-use kube::api::{Api, Patch, PatchParams};
+use kube::api::Api;
 use kube::runtime::controller::Action;
 use kube::runtime::reflector::ObjectRef;
 use kube::{Resource, ResourceExt};
 
 use super::measure;
 use super::objects::{self, AppOwner};
+use super::push;
 use super::render::{shape_spec, AppTrack};
 use super::spec::{AppRollout, AppRolloutStatus};
 use super::weights;
@@ -54,7 +55,7 @@ pub enum AppError {
 }
 
 /// Field manager of one rollout: its key of the shared weights ConfigMap stays its own.
-fn field_manager(owner: &AppOwner) -> String {
+pub(super) fn field_manager(owner: &AppOwner) -> String {
     format!("proxyfleet-app-{}", owner.name)
 }
 
@@ -92,11 +93,11 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
         clear_command(&ctx, &owner).await?;
     }
     let previous = ar.status.clone().unwrap_or_default();
-    let (generation, applied) = move_weights(&ar, &owner, &ctx, &previous, &decision).await;
+    let moved = push::move_weights(&ar, &owner, &ctx, &previous, &decision).await;
     apply_tracks(&ar, &owner, &ctx, &inputs, (&template, &revision), &decision).await?;
     publish_events(&ar, &ctx, &decision).await;
     let weight = weights::canary_weight(Some(&decision.status));
-    let all_applied = applied.0 == applied.1 && applied.1 > 0;
+    let all_applied = moved.all_applied();
     let status = AppRolloutStatus {
         observed_generation: ar.metadata.generation,
         stable_revision: decision
@@ -105,11 +106,11 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
             .clone()
             .or(previous.stable_revision.clone()),
         weight,
-        weights_generation: generation,
-        weights_applied: Some(format!("{}/{}", applied.0, applied.1)),
+        weights_generation: moved.generation,
+        weights_applied: Some(format!("{}/{}", moved.confirmed, moved.pods)),
         canary: Some(decision.status.clone()),
         conditions: {
-            let (ok, reason, message) = readiness(&decision, all_applied);
+            let (ok, reason, message) = readiness(&decision, &moved);
             ready(&previous.conditions, ar.metadata.generation, ok, reason, message)
         },
     };
@@ -318,88 +319,6 @@ async fn decide(
     decision
 }
 
-/// Writes the weights for the decision into the fleet's ConfigMap and pushes them to every
-/// proxy pod that has not confirmed them. Returns the generation in force and
-/// (pods confirmed, pods found).
-async fn move_weights(
-    ar: &AppRollout,
-    owner: &AppOwner,
-    ctx: &Context,
-    previous: &AppRolloutStatus,
-    decision: &Decision,
-) -> (u64, (usize, usize)) {
-    let weight = weights::canary_weight(Some(&decision.status));
-    let forced = weights::canary_running(Some(&decision.status));
-    let was_forced = weights::canary_running(previous.canary.as_ref());
-    let changed = weight != previous.weight || forced != was_forced || previous.weights_generation == 0;
-    let generation = previous.weights_generation + u64::from(changed);
-    let fleet = &ar.spec.route.proxy_deployment;
-    let doc = weights::document(owner, &ar.spec.route.name, generation, weight, forced);
-    write_weights_config_map(ctx, owner, fleet, &doc).await;
-    let applied = push(ctx, owner, fleet, &doc).await;
-    if changed {
-        tracing::info!(approllout = %owner.name, weight, generation, confirmed = applied.0, pods = applied.1, "weights moved");
-    }
-    (generation, applied)
-}
-
-/// This rollout's key of the fleet's weights ConfigMap, written only when it differs from the
-/// cached one (a quiet reconcile writes nothing).
-async fn write_weights_config_map(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_config::LiveWeights) {
-    let name = weights::config_map_name(fleet);
-    let key = format!("{}.json", owner.name);
-    let json = doc.to_json();
-    let cached = ctx
-        .stores
-        .config_maps
-        .get(&ObjectRef::new(&name).within(&owner.namespace));
-    if cached.and_then(|c| c.data.as_ref()?.get(&key).cloned()).as_deref() == Some(json.as_str()) {
-        return;
-    }
-    let cms: Api<k8s_openapi::api::core::v1::ConfigMap> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let cm = weights::config_map(owner, fleet, doc);
-    let params = PatchParams::apply(&field_manager(owner)).force();
-    match cms.patch(&name, &params, &Patch::Apply(&cm)).await {
-        Ok(_) => ctx.metrics.api_write("ConfigMap", "apply"),
-        Err(e) => tracing::warn!(error = %e, "writing the live weights ConfigMap failed"),
-    }
-}
-
-/// Pushes `doc` to each proxy pod of the fleet that does not report it yet.
-async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, doc: &proxyfleet_config::LiveWeights) -> (usize, usize) {
-    let Ok(pods) = measure::proxy_pod_ips(ctx, &owner.namespace, fleet).await else {
-        return (0, 0);
-    };
-    let token = super::token::read(ctx, &owner.namespace, fleet).await;
-    let admin = crate::resources::config_map::ADMIN_PORT;
-    let mut confirmed = 0;
-    for (pod, ip) in &pods {
-        let report = ctx
-            .http
-            .get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH))
-            .await;
-        let has = report
-            .ok()
-            .and_then(|t| proxyfleet_config::AdminReport::from_json(&t).ok())
-            .is_some_and(|r| {
-                r.live_weights
-                    .iter()
-                    .any(|w| w.route == doc.route && w.generation >= doc.generation)
-            });
-        if has {
-            confirmed += 1;
-            continue;
-        }
-        let Some(token) = &token else { continue };
-        let url = format!("http://{ip}:{admin}{}", proxyfleet_config::LIVE_WEIGHTS_PATH);
-        match ctx.http.put(&url, token, doc.to_json()).await {
-            Ok(()) => confirmed += 1,
-            Err(e) => tracing::info!(%pod, error = %e, "weights not taken yet"),
-        }
-    }
-    (confirmed, pods.len())
-}
-
 async fn apply_tracks(
     ar: &AppRollout,
     owner: &AppOwner,
@@ -481,11 +400,12 @@ fn ready(
 }
 
 /// (ready, reason, message) for a decision.
-fn readiness(decision: &Decision, weights_applied: bool) -> (bool, &'static str, String) {
+fn readiness(decision: &Decision, moved: &push::Moved) -> (bool, &'static str, String) {
     let msg = decision.status.message.clone().unwrap_or_default();
     match decision.status.phase {
         machine::ABORTED => (false, "RolloutAborted", msg),
-        _ if !weights_applied => (
+        _ if let Some(problem) = &moved.problem => (false, "WeightsPending", format!("{problem}; {msg}")),
+        _ if !moved.all_applied() => (
             false,
             "WeightsPending",
             format!("not every proxy pod confirmed the weights yet; {msg}"),

@@ -59,6 +59,19 @@ pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8, forc
     }
 }
 
+/// The generation to push `doc` under: its own, or past every document `held` (by a pod or the
+/// ConfigMap) for the same route at that generation or later with other weights. A pass whose
+/// status write failed leaves such a document behind; pushed again under the same generation,
+/// new weights would be ignored by a proxy that already has it.
+pub fn generation_past<'a>(doc: &LiveWeights, held: impl IntoIterator<Item = &'a LiveWeights>) -> u64 {
+    held.into_iter()
+        .filter(|h| h.route == doc.route && (h.weights != doc.weights || h.overrides != doc.overrides))
+        .map(|h| h.generation)
+        .filter(|&g| g >= doc.generation)
+        .max()
+        .map_or(doc.generation, |g| g + 1)
+}
+
 /// This rollout's key of the fleet's weights ConfigMap (applied with a field manager of its
 /// own, so rollouts of other routes keep their keys).
 pub fn config_map(owner: &AppOwner, fleet: &str, doc: &LiveWeights) -> ConfigMap {
@@ -80,6 +93,33 @@ pub fn config_map(owner: &AppOwner, fleet: &str, doc: &LiveWeights) -> ConfigMap
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn doc(generation: u64, canary: u8) -> LiveWeights {
+        LiveWeights {
+            route: "web".into(),
+            generation,
+            weights: BTreeMap::from([("c".to_string(), canary), ("s".to_string(), 100 - canary)]),
+            overrides: true,
+        }
+    }
+
+    #[test]
+    fn weights_already_pushed_under_the_generation_move_it_on() {
+        let want = doc(5, 0);
+        // Nothing held, or older documents, or the same weights: the generation stands.
+        assert_eq!(generation_past(&want, []), 5);
+        assert_eq!(generation_past(&want, [&doc(4, 50), &doc(5, 0), &doc(7, 0)]), 5);
+        // A failed pass pushed 50 % under 5: the abort's 0 % goes under 6.
+        assert_eq!(generation_past(&want, [&doc(5, 50)]), 6);
+        assert_eq!(generation_past(&want, [&doc(9, 50), &doc(5, 0)]), 10);
+        // Another route's documents do not count; nor does `overrides` alone go unnoticed.
+        let mut other = doc(5, 50);
+        other.route = "api".into();
+        assert_eq!(generation_past(&want, [&other]), 5);
+        let mut forced = doc(5, 0);
+        forced.overrides = false;
+        assert_eq!(generation_past(&want, [&forced]), 6);
+    }
 
     #[test]
     fn the_canary_has_weight_only_inside_a_rollout() {

@@ -318,8 +318,10 @@ struct PodReport {
     serials: Vec<String>,
 }
 
-/// A pod's admin report; one that cannot be read (an older proxy, a truncated body) reports
-/// nothing, so the pod counts as not converged: waiting is safe, guessing is not.
+/// A pod's admin report; one that cannot be read (an older proxy, a truncated body) reports an
+/// empty bundle hash, so the pod counts in the total as not converged (as a pod that cannot be
+/// asked does): waiting is safe, guessing is not. Only a report that says no bundle is loaded
+/// leaves the pod out of the rotation.
 fn parse_config_report(body: &str) -> PodReport {
     match proxyfleet_config::AdminReport::from_json(body) {
         Ok(r) => PodReport {
@@ -329,7 +331,7 @@ fn parse_config_report(body: &str) -> PodReport {
         Err(e) => {
             tracing::debug!(error = %e, "unreadable admin report");
             PodReport {
-                bundle_sha: None,
+                bundle_sha: Some(String::new()),
                 serials: Vec::new(),
             }
         }
@@ -570,9 +572,10 @@ mod tests {
         let r = parse_config_report(&report.to_json());
         assert_eq!(r.bundle_sha.as_deref(), Some("abc"));
         assert_eq!(r.serials, ["0a1b"]);
-        assert!(
-            parse_config_report("trustBundleSha256: abc\n").bundle_sha.is_none(),
-            "the old text is not guessed at"
+        assert_eq!(
+            parse_config_report("trustBundleSha256: abc\n").bundle_sha.as_deref(),
+            Some(""),
+            "the old text is not guessed at: the pod counts, not converged"
         );
     }
 }

@@ -400,36 +400,25 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
             true,
         ));
     }
-    for (secret_name, names, client) in wanted {
-        match ensure_leaf(owner, &secret_name, &names, client, ca, ca_info, bundle, &settings, ctx).await {
+    for (secret_name, names, client) in &wanted {
+        let client = *client;
+        match ensure_leaf(owner, secret_name, names, client, ca, ca_info, bundle, &settings, ctx).await {
             Ok(info) => {
                 next_renewal = next_renewal.min(issue::renewal_time(&info, settings.renew_before.map(|d| d.get())));
                 statuses.push(status_of(
                     if client { "client" } else { "serving" },
-                    &secret_name,
+                    secret_name,
                     &info,
                     settings.renew_before.map(|d| d.get()),
                     CertSource::Managed,
                 ));
                 if client {
-                    secrets.client = Some(secret_name);
+                    secrets.client = Some(secret_name.clone());
                 } else {
-                    secrets.serving = Some(secret_name);
+                    secrets.serving = Some(secret_name.clone());
                 }
             }
-            Err(e) => {
-                let mut out = failure("IssuanceFailed", format!("issuing {secret_name}: {e}"));
-                // Keep serving with whatever Secret is already there.
-                if cached_secret(ctx, &owner.namespace, &secret_name).is_some() {
-                    out.blocking = None;
-                    if client {
-                        out.secrets.client = Some(secret_name);
-                    } else {
-                        out.secrets.serving = Some(secret_name);
-                    }
-                }
-                return out;
-            }
+            Err(e) => return keep_serving(ctx, &owner.namespace, &wanted, secrets, secret_name, e),
         }
     }
     let wait = ((next_renewal - now()).clamp(1, 3600) as u64).min(material.requeue.as_secs().max(1));
@@ -443,6 +432,36 @@ async fn managed(pxd: &ProxyDeployment, owner: &Owner, tls: &TlsSpec, serves_tls
         ca_rotation: Some(material.rotation.clone()),
         acme: None,
     }
+}
+
+/// A leaf that could not be issued: the fleet keeps serving with every leaf Secret already
+/// there, not only the failed one (dropping the other would change the pods' revision and roll
+/// them without it), or is blocked when the failed one was never issued.
+fn keep_serving(
+    ctx: &Context,
+    namespace: &str,
+    wanted: &[(String, Vec<String>, bool)],
+    mut issued: MountedSecrets,
+    failed: &str,
+    error: String,
+) -> CertOutcome {
+    let mut out = failure("IssuanceFailed", format!("issuing {failed}: {error}"));
+    if cached_secret(ctx, namespace, failed).is_none() {
+        return out;
+    }
+    out.blocking = None;
+    for (name, _, client) in wanted {
+        if cached_secret(ctx, namespace, name).is_some() {
+            let slot = if *client {
+                &mut issued.client
+            } else {
+                &mut issued.serving
+            };
+            slot.get_or_insert_with(|| name.clone());
+        }
+    }
+    out.secrets = issued;
+    out
 }
 
 #[allow(clippy::too_many_arguments)]
@@ -496,4 +515,69 @@ async fn ensure_leaf(
         ctx.record(owner, "CertificateIssued", &note).await;
     }
     Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::testing::{stores, test_context_with};
+    use kube::runtime::{reflector::store, watcher};
+
+    /// A context whose Secret cache holds `names` in team-a, and no API server.
+    fn with_secrets(names: &[&str]) -> Context {
+        let (secrets, mut writer) = store();
+        for name in names {
+            let mut s = Secret::default();
+            s.metadata.name = Some(name.to_string());
+            s.metadata.namespace = Some("team-a".into());
+            writer.apply_watcher_event(&watcher::Event::Apply(s));
+        }
+        let (mock, _handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        test_context_with(
+            kube::Client::new(mock, "default"),
+            crate::context::Stores { secrets, ..stores() },
+        )
+    }
+
+    fn wanted() -> Vec<(String, Vec<String>, bool)> {
+        vec![
+            ("edge-tls".into(), Vec::new(), false),
+            ("edge-client".into(), Vec::new(), true),
+        ]
+    }
+
+    /// A failed renewal of the serving leaf keeps the client leaf mounted too: dropping it
+    /// would roll the pods without it.
+    #[tokio::test]
+    async fn a_failed_leaf_keeps_every_leaf_already_there() {
+        let ctx = with_secrets(&["edge-tls", "edge-client"]);
+        let out = keep_serving(
+            &ctx,
+            "team-a",
+            &wanted(),
+            MountedSecrets::default(),
+            "edge-tls",
+            "boom".into(),
+        );
+        assert!(out.blocking.is_none(), "keeps serving");
+        assert_eq!(out.secrets.serving.as_deref(), Some("edge-tls"));
+        assert_eq!(out.secrets.client.as_deref(), Some("edge-client"));
+        assert_eq!(out.condition.reason, "IssuanceFailed");
+    }
+
+    /// A leaf never issued blocks the fleet: there is nothing to serve with.
+    #[tokio::test]
+    async fn a_leaf_never_issued_blocks() {
+        let ctx = with_secrets(&["edge-client"]);
+        let out = keep_serving(
+            &ctx,
+            "team-a",
+            &wanted(),
+            MountedSecrets::default(),
+            "edge-tls",
+            "boom".into(),
+        );
+        assert!(out.blocking.is_some());
+    }
 }

@@ -1,6 +1,8 @@
 //! Reading, on the hub, the apps that travel with a fleet (see `apps`): the AppRollouts whose
 //! route names it and the Deployments they release. A read that fails stops the pass (nothing
-//! is sent or removed anywhere); an AppRollout whose Deployment does not exist is not sent.
+//! is sent or removed anywhere), and so does a live AppRollout whose Deployment does not exist:
+//! a Deployment recreated by Helm or Argo CD, or not applied yet, must not delete the app's
+//! copies in every member at once. Only an AppRollout that is gone removes its copies.
 
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -16,6 +18,15 @@ use crate::resources::Owner;
 pub enum HubAppsError {
     #[error("the AppRollout cache is not loaded yet")]
     NotLoaded,
+    #[error(
+        "Deployment {namespace}/{name} of AppRollout {app} does not exist; nothing is sent to or removed from the \
+         members until it exists again or the AppRollout is deleted"
+    )]
+    WorkloadMissing {
+        namespace: String,
+        name: String,
+        app: String,
+    },
     #[error("reading Deployment {namespace}/{name} of AppRollout {app}: {source}")]
     Read {
         namespace: String,
@@ -53,11 +64,17 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
     let mut out = Vec::with_capacity(rollouts.len());
     for rollout in rollouts {
         let name = &rollout.spec.workload_ref.name;
+        let app = rollout.metadata.name.clone().unwrap_or_default();
         let workload = deployments.get_opt(name).await.map_err(|source| HubAppsError::Read {
             namespace: owner.namespace.clone(),
             name: name.clone(),
-            app: rollout.metadata.name.clone().unwrap_or_default(),
+            app: app.clone(),
             source,
+        })?;
+        let workload = workload.ok_or_else(|| HubAppsError::WorkloadMissing {
+            namespace: owner.namespace.clone(),
+            name: name.clone(),
+            app,
         })?;
         let who = (
             owner.namespace.as_str(),
@@ -65,7 +82,7 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
             owner.reference.uid.as_str(),
             policy.as_str(),
         );
-        if let Some(copy) = workload.and_then(|w| apps::copy(who, &rollout, &w)) {
+        if let Some(copy) = apps::copy(who, &rollout, &workload) {
             out.push(copy);
         }
     }
