@@ -210,6 +210,35 @@ fn names_other_headers(value: &HeaderValue) -> bool {
 
 /// `X-Forwarded-For`: appended to when the peer is a trusted proxy, otherwise replaced by the
 /// peer's address (a client cannot make up the address upstreams see); `X-Forwarded-Proto`.
+/// A `content-length` value: digits only (`+5`, ` 5` or `5,5` are not lengths; RFC 9110 §8.6).
+pub fn parse_content_length(value: &HeaderValue) -> Option<u64> {
+    let b = value.as_bytes();
+    if b.is_empty() || b.len() > 19 || !b.iter().all(u8::is_ascii_digit) {
+        return None;
+    }
+    b.iter()
+        .try_fold(0u64, |n, d| n.checked_mul(10)?.checked_add(u64::from(d - b'0')))
+}
+
+/// Several `cookie` fields (HTTP/2 and HTTP/3 clients split them) joined into one with "; ",
+/// as an HTTP/1.1 upstream needs them (RFC 9113 §8.2.3); an HTTP/2 upstream takes either.
+pub fn join_cookies(headers: &mut HeaderMap) {
+    if headers.get_all(header::COOKIE).iter().nth(1).is_none() {
+        return;
+    }
+    let mut joined = Vec::new();
+    for v in headers.get_all(header::COOKIE) {
+        if !joined.is_empty() {
+            joined.extend_from_slice(b"; ");
+        }
+        joined.extend_from_slice(v.as_bytes());
+    }
+    // Made of valid values and "; ": valid too.
+    if let Ok(v) = HeaderValue::from_bytes(&joined) {
+        headers.insert(header::COOKIE, v);
+    }
+}
+
 pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo, trusted: &[proxyfleet_config::Cidr]) {
     let peer_trusted = !trusted.is_empty() && trusted.iter().any(|c| c.contains(client.remote.ip()));
     // A trusted proxy's list may come as several field lines (RFC 9110 §5.3): all of them,
@@ -354,5 +383,28 @@ mod tests {
         assert!(!names_other_headers(&HeaderValue::from_static("keep-alive")));
         assert!(!names_other_headers(&HeaderValue::from_static("Close , Upgrade")));
         assert!(names_other_headers(&HeaderValue::from_static("keep-alive, x-a")));
+    }
+
+    #[test]
+    fn split_cookies_are_joined_for_an_http11_upstream() {
+        let mut h = headers(&[("cookie", "a=1"), ("cookie", "b=2"), ("cookie", "c=3")]);
+        join_cookies(&mut h);
+        let all: Vec<_> = h.get_all(header::COOKIE).iter().collect();
+        assert_eq!(all, ["a=1; b=2; c=3"]);
+        let mut one = headers(&[("cookie", "a=1")]);
+        join_cookies(&mut one);
+        assert_eq!(one.get_all(header::COOKIE).iter().collect::<Vec<_>>(), ["a=1"]);
+    }
+
+    #[test]
+    fn a_content_length_is_digits_only() {
+        let parse = |v: &'static str| parse_content_length(&HeaderValue::from_static(v));
+        assert_eq!(parse("0"), Some(0));
+        assert_eq!(parse("1234"), Some(1234));
+        assert_eq!(parse("+5"), None);
+        assert_eq!(parse("5,5"), None);
+        assert_eq!(parse(""), None);
+        assert_eq!(parse("-1"), None);
+        assert_eq!(parse("99999999999999999999"), None);
     }
 }

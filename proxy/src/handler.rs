@@ -208,7 +208,7 @@ fn request_filter(
     limits: &proxyfleet_config::Limits,
 ) -> Result<(), Response<ClientBody>> {
     if let Some(len) = req.headers().get(header::CONTENT_LENGTH) {
-        match len.to_str().ok().and_then(|v| v.parse::<u64>().ok()) {
+        match crate::forwarding::parse_content_length(len) {
             Some(n) if n > limits.max_request_body_bytes => {
                 return Err(status_response(
                     StatusCode::PAYLOAD_TOO_LARGE,
@@ -361,6 +361,7 @@ async fn routed(
 /// An HTTP/1.1 WebSocket upgrade, or an HTTP/2 extended CONNECT for one (RFC 8441).
 fn is_websocket_upgrade<B>(req: &Request<B>) -> bool {
     (req.version() == Version::HTTP_11
+        && req.method() == http::Method::GET
         && header_has_token(req.headers(), &header::CONNECTION, "upgrade")
         && header_has_token(req.headers(), &header::UPGRADE, "websocket"))
         || crate::upgrade::is_extended_websocket(req)
@@ -480,6 +481,9 @@ async fn attempts(
         }
     }
     strip_hop_by_hop(&mut parts.headers);
+    if parts.version != Version::HTTP_11 {
+        crate::forwarding::join_cookies(&mut parts.headers);
+    }
     append_forwarded(&mut parts.headers, client, trusted);
     route.apply_request_rules(&mut parts);
 

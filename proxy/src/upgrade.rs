@@ -38,6 +38,7 @@ pub async fn tunnel(
     let Some(upstream_req) = upstream_request(target, req, &client, trusted, &endpoint.authority) else {
         return status_response(StatusCode::BAD_REQUEST, "bad request target\n");
     };
+    let key = upstream_req.headers().get(header::SEC_WEBSOCKET_KEY).cloned();
     let deadline = (started + route.timeout).into();
     // The tunnel holds one of the endpoint's connections for its whole life: it counts against
     // `maxConnectionsPerEndpoint` like any request in flight, and waits as they do.
@@ -55,6 +56,13 @@ pub async fn tunnel(
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         return client_response(resp);
+    }
+    // Only a WebSocket handshake the upstream completed opens a tunnel: a 101 from anything
+    // else (an endpoint that echoes a status) would hand the client a raw connection to the
+    // upstream's HTTP port, past the route's rules and forwarding headers.
+    if !accepts_websocket(resp.headers(), key.as_ref()) {
+        tracing::debug!(upstream = %cluster.name, "101 without a valid WebSocket handshake");
+        return status_response(StatusCode::BAD_GATEWAY, "upstream upgrade failed\n");
     }
     let upstream_side = hyper::upgrade::on(&mut resp);
     target.backend.metrics.upgrades.inc();
@@ -93,6 +101,23 @@ pub fn is_extended_websocket<B>(req: &Request<B>) -> bool {
             .is_some_and(|p| p.as_str().eq_ignore_ascii_case("websocket"))
 }
 
+/// Whether a 101's headers complete the WebSocket handshake for `key` (RFC 6455 §4.1): an
+/// `Upgrade: websocket` and the `Sec-WebSocket-Accept` derived from the key sent.
+fn accepts_websocket(headers: &http::HeaderMap, key: Option<&HeaderValue>) -> bool {
+    use base64::Engine;
+    use sha1::Digest;
+    const GUID: &[u8] = b"258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+    let Some(key) = key else { return false };
+    let mut hash = sha1::Sha1::new();
+    hash.update(key.as_bytes());
+    hash.update(GUID);
+    let expected = base64::engine::general_purpose::STANDARD.encode(hash.finalize());
+    crate::forwarding::header_has_token(headers, &header::UPGRADE, "websocket")
+        && headers
+            .get(header::SEC_WEBSOCKET_ACCEPT)
+            .is_some_and(|a| a.as_bytes() == expected.as_bytes())
+}
+
 /// A fresh `Sec-WebSocket-Key` (16 random bytes, base64) for a handshake the proxy starts.
 fn websocket_key() -> HeaderValue {
     use base64::Engine;
@@ -125,6 +150,9 @@ fn upstream_request(
         parts.headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
     }
     strip_hop_by_hop(&mut parts.headers);
+    // The handshake goes without a body: a length the client gave would make the upstream
+    // wait for one, or read the first tunnel bytes as it.
+    parts.headers.remove(header::CONTENT_LENGTH);
     append_forwarded(&mut parts.headers, client, trusted);
     target.route.apply_request_rules(&mut parts);
     parts
@@ -141,4 +169,34 @@ fn upstream_request(
     *out.version_mut() = Version::HTTP_11;
     *out.headers_mut() = parts.headers;
     Some(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_completed_websocket_handshake_opens_a_tunnel() {
+        // RFC 6455 §1.3's example.
+        let key = HeaderValue::from_static("dGhlIHNhbXBsZSBub25jZQ==");
+        let answer = |upgrade: &'static str, accept: &'static str| {
+            let mut h = http::HeaderMap::new();
+            h.insert(header::UPGRADE, HeaderValue::from_static(upgrade));
+            h.insert(header::SEC_WEBSOCKET_ACCEPT, HeaderValue::from_static(accept));
+            h
+        };
+        let good = answer("websocket", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo=");
+        assert!(accepts_websocket(&good, Some(&key)));
+        assert!(accepts_websocket(
+            &answer("WebSocket", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+            Some(&key)
+        ));
+        assert!(!accepts_websocket(&good, None), "no key was sent");
+        assert!(!accepts_websocket(&answer("websocket", "wrong"), Some(&key)));
+        assert!(!accepts_websocket(
+            &answer("h2c", "s3pPLMBiTxaQ9kYGzzhZRbK+xOo="),
+            Some(&key)
+        ));
+        assert!(!accepts_websocket(&http::HeaderMap::new(), Some(&key)), "a bare 101");
+    }
 }

@@ -241,3 +241,36 @@ async fn a_renewed_certificate_reaches_the_quic_listener() {
     assert_eq!(alt_svc(tls).await, None);
     s.proxy.running.drain();
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_longer_or_shorter_than_its_content_length_is_refused() {
+    let s = setup("h3-length", "{}").await;
+    let ep = endpoint(
+        "127.0.0.1:0".parse().unwrap(),
+        client_config(s.ca.roots(), false).unwrap(),
+    )
+    .unwrap();
+    let mut c = Client::connect(&ep, s.proxy.addr("https"), "localhost", false)
+        .await
+        .expect("h3 connection");
+    let lying = |declared: usize, body: &'static str| {
+        http::Request::post("https://localhost/a")
+            .header("content-length", declared)
+            .body(Bytes::from_static(body.as_bytes()))
+            .unwrap()
+    };
+    for (declared, body) in [(5, "helloEXTRA"), (10, "hello")] {
+        let answer = c.request(lying(declared, body)).await;
+        let status = answer.as_ref().map(|r| r.head.status().as_u16());
+        assert!(
+            matches!(status, Ok(400)),
+            "{declared} announced, {} sent: {:?}",
+            body.len(),
+            answer.map(|r| r.body)
+        );
+    }
+    // The connection and the proxy keep serving.
+    let r = c.request(post("/a", "hello")).await.unwrap();
+    assert_eq!(r.body, "h1 /a 5");
+    s.proxy.running.drain();
+}

@@ -1,7 +1,8 @@
 //! WebSocket through the proxy with a real WebSocket implementation on both ends
 //! (tokio-tungstenite): the handshake is passed on, both directions stream, and the upgrade
 //! is counted; a WebSocket over HTTP/2 (RFC 8441 extended CONNECT) reaches an HTTP/1.1
-//! WebSocket upstream. Other upgrades (h2c) are not passed on.
+//! WebSocket upstream. Other upgrades (h2c) are not passed on, and a 101 that does not complete
+//! the WebSocket handshake opens no tunnel.
 
 mod support;
 
@@ -217,5 +218,52 @@ async fn a_tunnel_counts_against_the_endpoints_connection_limit() {
         }
     })
     .await;
+    proxy.running.drain();
+}
+
+/// An upstream that answers every request with a bare `101`, then reads whatever comes and
+/// answers any request it finds with `smuggled` — what a raw tunnel to an HTTP port would give.
+async fn bare_101_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: websocket\r\n\r\n")
+                    .await;
+                while let Ok(n) = tcp.read(&mut buf).await {
+                    if n == 0 || tcp.write_all(b"smuggled").await.is_err() {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    addr
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_101_without_the_websocket_accept_opens_no_tunnel() {
+    init();
+    let upstream = bare_101_upstream().await;
+    let dir = tempdir("ws-bare-101");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let reply = raw(
+        proxy.addr("http"),
+        b"GET /socket HTTP/1.1\r\nhost: chat.example\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\nGET /admin HTTP/1.1\r\nhost: x\r\n\r\n",
+    )
+    .await;
+    assert!(reply.starts_with("HTTP/1.1 502"), "refused: {reply}");
+    assert!(
+        !reply.contains("smuggled"),
+        "no bytes reached the upstream's port: {reply}"
+    );
     proxy.running.drain();
 }

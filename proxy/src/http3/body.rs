@@ -1,5 +1,7 @@
 //! An HTTP/3 request stream's receiving half as an `http_body::Body`: data frames, then
-//! trailers.
+//! trailers. A body longer or shorter than its `content-length` is an error (RFC 9114 §4.1.2:
+//! malformed), which h3 does not check: passed on, the upstream would get another body than
+//! the one announced, or hyper would cut it at the length.
 //!
 //! A body dropped before its end (hyper stops at `content-length` without reading the FIN, a
 //! response sent early) is read to its end by a short task instead: dropped unread, quinn would
@@ -31,6 +33,17 @@ pub struct H3Body {
     ahead: Option<Frame<Bytes>>,
     /// `content-length`, when the client sent one.
     length: Option<u64>,
+    /// Data bytes read so far.
+    received: u64,
+}
+
+/// Why an HTTP/3 request body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum H3BodyError {
+    #[error(transparent)]
+    Stream(#[from] h3::error::StreamError),
+    #[error("the request body does not match its content-length {declared} (at least {received} bytes, or fewer)")]
+    Length { declared: u64, received: u64 },
 }
 
 impl H3Body {
@@ -40,6 +53,7 @@ impl H3Body {
             phase: Phase::Data,
             ahead: None,
             length,
+            received: 0,
         }
     }
 
@@ -73,15 +87,39 @@ impl H3Body {
     }
 
     /// The next frame from the stream.
-    fn next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, h3::error::StreamError>>> {
+    /// A body that went past its `content-length`, or ended short of it.
+    fn length_error(&mut self, ended: bool) -> Option<H3BodyError> {
+        let declared = self.length?;
+        let wrong = self.received > declared || (ended && self.received != declared);
+        wrong.then(|| {
+            self.phase = Phase::Done;
+            H3BodyError::Length {
+                declared,
+                received: self.received,
+            }
+        })
+    }
+
+    fn next(&mut self, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, H3BodyError>>> {
         loop {
             match self.phase {
                 Phase::Data => match self.poll_data(cx) {
-                    Poll::Ready(Ok(Some(data))) => return Poll::Ready(Some(Ok(Frame::data(data)))),
-                    Poll::Ready(Ok(None)) => self.phase = Phase::Trailers,
+                    Poll::Ready(Ok(Some(data))) => {
+                        self.received += data.len() as u64;
+                        if let Some(e) = self.length_error(false) {
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        return Poll::Ready(Some(Ok(Frame::data(data))));
+                    }
+                    Poll::Ready(Ok(None)) => {
+                        if let Some(e) = self.length_error(true) {
+                            return Poll::Ready(Some(Err(e)));
+                        }
+                        self.phase = Phase::Trailers;
+                    }
                     Poll::Ready(Err(e)) => {
                         self.phase = Phase::Done;
-                        return Poll::Ready(Some(Err(e)));
+                        return Poll::Ready(Some(Err(e.into())));
                     }
                     Poll::Pending => return Poll::Pending,
                 },
@@ -96,7 +134,7 @@ impl H3Body {
                     return match polled {
                         Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
                         Poll::Ready(Ok(None)) => Poll::Ready(None),
-                        Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e))),
+                        Poll::Ready(Err(e)) => Poll::Ready(Some(Err(e.into()))),
                         Poll::Pending => Poll::Pending,
                     };
                 }
@@ -129,7 +167,7 @@ impl Drop for H3Body {
 
 impl Body for H3Body {
     type Data = Bytes;
-    type Error = h3::error::StreamError;
+    type Error = H3BodyError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();

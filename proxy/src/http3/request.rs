@@ -67,7 +67,7 @@ pub async fn serve(resolver: Resolver, shared: Arc<Shared>, client: Arc<ClientIn
     let length = req
         .headers()
         .get(header::CONTENT_LENGTH)
-        .and_then(|v| v.to_str().ok()?.parse().ok());
+        .and_then(crate::forwarding::parse_content_length);
     let (send_timeout, body_timeout) = {
         let state = shared.state.load();
         (

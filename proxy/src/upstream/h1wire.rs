@@ -138,6 +138,11 @@ pub fn parse_response(buf: &mut BytesMut, method: &Method) -> Result<Parsed, Wir
         headers.append(name, value);
     }
     let (framing, clean) = framing(method, status, &headers)?;
+    if !clean {
+        // Beside Transfer-Encoding (which frames the body), or on a 204, a Content-Length is
+        // not the body's and must not reach the client (RFC 9112 §6.3).
+        headers.remove(CONTENT_LENGTH);
+    }
     // HTTP/1.0 has no Transfer-Encoding: a response with one is read, then its connection
     // closed (RFC 9112 §6.1).
     let te_in_10 = version == http::Version::HTTP_10 && headers.contains_key(TRANSFER_ENCODING);
@@ -165,7 +170,14 @@ fn own_reason(code: u16, reason: Option<&str>) -> Option<hyper::ext::ReasonPhras
 /// How the body is framed (RFC 9112 §6.3), and whether the framing was unambiguous (a response
 /// with both Transfer-Encoding and Content-Length is read as chunked, then the connection closed).
 fn framing(method: &Method, status: StatusCode, headers: &HeaderMap) -> Result<(Framing, bool), WireError> {
-    if *method == Method::HEAD || status == StatusCode::NO_CONTENT || status == StatusCode::NOT_MODIFIED {
+    if status == StatusCode::NO_CONTENT {
+        // A 204 announcing a body (which it must not, RFC 9110 §8.6) may send one: its
+        // connection is not used again, so no such bytes become the next answer.
+        let announces =
+            headers.contains_key(TRANSFER_ENCODING) || content_length(headers).map_or(true, |n| n.unwrap_or(0) > 0);
+        return Ok((Framing::Empty, !announces));
+    }
+    if *method == Method::HEAD || status == StatusCode::NOT_MODIFIED {
         return Ok((Framing::Empty, true));
     }
     if headers.contains_key(TRANSFER_ENCODING) {
@@ -404,6 +416,14 @@ mod tests {
             head("HTTP/1.1 304 x\r\ncontent-length: 9\r\n\r\n", Method::GET).framing,
             Framing::Empty
         );
+        let odd = head("HTTP/1.1 204 x\r\ncontent-length: 9\r\n\r\n", Method::GET);
+        assert_eq!(
+            (odd.framing, odd.keep_alive),
+            (Framing::Empty, false),
+            "a 204 announcing a body"
+        );
+        let plain = head("HTTP/1.1 204 x\r\ncontent-length: 0\r\n\r\n", Method::GET);
+        assert_eq!((plain.framing, plain.keep_alive), (Framing::Empty, true));
         let chunked = head(
             "HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n",
             Method::GET,
@@ -414,6 +434,10 @@ mod tests {
             Method::GET,
         );
         assert_eq!((both.framing, both.keep_alive), (Framing::Chunked, false));
+        assert!(
+            !both.headers.contains_key(CONTENT_LENGTH),
+            "the length beside chunked is dropped"
+        );
         let gzip = head("HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\n\r\n", Method::GET);
         assert_eq!((gzip.framing, gzip.keep_alive), (Framing::UntilClose, false));
         let none = head("HTTP/1.1 200 OK\r\n\r\n", Method::GET);
