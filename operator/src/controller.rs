@@ -136,7 +136,7 @@ struct Pass {
     revision: Option<String>,
     image: Option<String>,
     /// Set when the apply was refused: the backoff's delay, the pass's only requeue (a canary's
-    /// or a rollout's quicker look would retry the refused apply every few seconds).
+    /// 2 s look would retry the refused apply every 2 s).
     apply_failed: Option<Duration>,
 }
 
@@ -187,6 +187,9 @@ impl Pass {
 }
 
 const MAX_REQUEUE: Duration = Duration::from_secs(300);
+
+/// The longest wait before a refused apply is tried again while a canary runs.
+const CANARY_RETRY_AT_MOST: Duration = Duration::from_secs(30);
 
 /// Owned objects follow through their owner references; nothing to do but forget the status.
 async fn finalize(_pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Action {
@@ -268,27 +271,31 @@ async fn roll_out(
     if command.is_some() {
         clear_command(ctx, owner).await?;
     }
+    // The decision is recorded whatever the apply does: the machine moves only on what it
+    // observes (ready canary pods, a rolled-out stable), so a step not applied is not taken,
+    // while a command (cleared above), an abort and the analysis' counts must not be lost.
+    if let Some(decision) = &rollout.decision {
+        report_decision(ctx, owner, decision, pass).await;
+    }
     match crate::owned_set::apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
         Ok((changes, stable)) => {
             pass.written_stable = stable;
             if !changes.is_empty() {
                 ctx.record(owner, "Applied", &changes.join("; ")).await;
             }
-            // A canary decision counts once what it decided is applied.
-            if let Some(decision) = &rollout.decision {
-                report_decision(ctx, owner, decision, pass).await;
-            }
         }
-        // Refused objects are the user's to fix: say so in status, retry with backoff. The
-        // canary's status stays as it was: the step it decided was not taken.
+        // Refused objects are the user's to fix: say so in status, retry with backoff (while
+        // a canary runs, at least every 30 s, so its analysis can still abort it).
         Err(e) => {
             let Some(message) = e.refusal() else {
                 return Err(e.into());
             };
             warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
-            let retry = ctx.backoff.failed(&owner.reference.uid);
+            let mut retry = ctx.backoff.failed(&owner.reference.uid);
+            if rollout.decision.is_some() {
+                retry = retry.min(CANARY_RETRY_AT_MOST);
+            }
             tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
-            pass.canary_status = pxd.status.as_ref().and_then(|s| s.canary.clone());
             pass.problem = Some(Problem {
                 reason: "ApplyFailed".into(),
                 message,

@@ -191,7 +191,7 @@ fn put_weights(shared: &Shared, body: &str) -> Response<Full<Bytes>> {
         Err(e @ crate::live_weights::Refused::UnknownRoute(_)) => {
             text(StatusCode::NOT_FOUND, "text/plain", format!("{e}\n"))
         }
-        Err(e @ crate::live_weights::Refused::Stale { .. }) => {
+        Err(e @ (crate::live_weights::Refused::Stale { .. } | crate::live_weights::Refused::Conflict { .. })) => {
             text(StatusCode::CONFLICT, "text/plain", format!("{e}\n"))
         }
         Err(e) => text(StatusCode::UNPROCESSABLE_ENTITY, "text/plain", format!("{e}\n")),

@@ -338,9 +338,7 @@ async fn routed(
             Err(resp) => resp,
         }
     } else {
-        let cut = read_ahead
-            .filter(|_| backend.upstream.speaks_h2())
-            .and_then(|_| stream_cut(&mut req));
+        let cut = read_ahead.and_then(|_| stream_cut(&mut req));
         let resp = forward(target, req, &client, trusted, body_rules, upstream_started).await;
         body::ahead_of_client(resp, read_ahead, cut)
     };

@@ -32,6 +32,10 @@ pub enum Refused {
     Invalid { route: String, reason: String },
     #[error("route {route:?}: generation {given} is older than the applied {applied}")]
     Stale { route: String, given: u64, applied: u64 },
+    /// A generation is one set of weights: another document under the applied one is refused,
+    /// so its sender learns it was not taken (and moves the generation on).
+    #[error("route {route:?}: generation {generation} is already applied with other weights")]
+    Conflict { route: String, generation: u64 },
 }
 
 /// Checks `doc` against the running configuration and applies it.
@@ -59,16 +63,24 @@ pub fn apply(shared: &Shared, doc: LiveWeights) -> Result<Outcome, Refused> {
         reason,
     })?;
     let mut latest = shared.live_weights.lock().unwrap_or_else(|p| p.into_inner());
-    let applied = latest.get(&doc.route).map_or(0, |d| d.generation);
-    if doc.generation < applied {
-        return Err(Refused::Stale {
-            route: doc.route.clone(),
-            given: doc.generation,
-            applied,
-        });
-    }
-    if doc.generation == applied {
-        return Ok(Outcome::Unchanged);
+    if let Some(applied) = latest.get(&doc.route) {
+        if doc.generation < applied.generation {
+            return Err(Refused::Stale {
+                route: doc.route.clone(),
+                given: doc.generation,
+                applied: applied.generation,
+            });
+        }
+        if doc.generation == applied.generation {
+            return if applied.weights == doc.weights && applied.overrides == doc.overrides {
+                Ok(Outcome::Unchanged)
+            } else {
+                Err(Refused::Conflict {
+                    route: doc.route.clone(),
+                    generation: doc.generation,
+                })
+            };
+        }
     }
     split.apply(&doc);
     tracing::info!(route = %doc.route, generation = doc.generation, weights = ?doc.weights, "live weights applied");
@@ -124,7 +136,8 @@ fn read_dir(dir: &Path) -> Vec<LiveWeights> {
 pub fn apply_dir(shared: &Shared, dir: &Path) {
     for doc in read_dir(dir) {
         match apply(shared, doc) {
-            Ok(_) | Err(Refused::Stale { .. }) => {}
+            // What was pushed since wins over the kept file.
+            Ok(_) | Err(Refused::Stale { .. } | Refused::Conflict { .. }) => {}
             Err(e) => tracing::warn!(error = %e, dir = %dir.display(), "live weights from file refused"),
         }
     }

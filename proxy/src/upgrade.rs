@@ -148,6 +148,7 @@ fn upstream_request(
             parts.headers.insert(header::HOST, host);
         }
         parts.headers.insert(header::SEC_WEBSOCKET_KEY, websocket_key());
+        crate::forwarding::join_cookies(&mut parts.headers);
     }
     strip_hop_by_hop(&mut parts.headers);
     // The handshake goes without a body: a length the client gave would make the upstream

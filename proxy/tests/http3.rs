@@ -259,7 +259,7 @@ async fn a_body_longer_or_shorter_than_its_content_length_is_refused() {
             .body(Bytes::from_static(body.as_bytes()))
             .unwrap()
     };
-    for (declared, body) in [(5, "helloEXTRA"), (10, "hello")] {
+    for (declared, body) in [(5, "helloEXTRA"), (10, "hello"), (0, "x")] {
         let answer = c.request(lying(declared, body)).await;
         let status = answer.as_ref().map(|r| r.head.status().as_u16());
         assert!(

@@ -259,6 +259,11 @@ async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_
         409,
         "a stale generation is refused"
     );
+    assert_eq!(
+        put_weights(&proxy, "s3cret", &doc(4, 50)).await.0,
+        409,
+        "other weights under the applied generation are refused, not taken for unchanged"
+    );
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Ordering::Relaxed);
     for t in load {

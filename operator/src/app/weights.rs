@@ -60,16 +60,22 @@ pub fn document(owner: &AppOwner, route: &str, generation: u64, canary: u8, forc
 }
 
 /// The generation to push `doc` under: its own, or past every document `held` (by a pod or the
-/// ConfigMap) for the same route at that generation or later with other weights. A pass whose
-/// status write failed leaves such a document behind; pushed again under the same generation,
-/// new weights would be ignored by a proxy that already has it.
+/// ConfigMap) for the same route at that generation or later with other weights, and no lower
+/// than one already held with these weights. A pass whose status write failed leaves such
+/// documents behind; pushed again under a generation a proxy already has, new weights would be
+/// ignored. Every document held at the result or later then has these weights.
 pub fn generation_past<'a>(doc: &LiveWeights, held: impl IntoIterator<Item = &'a LiveWeights>) -> u64 {
     held.into_iter()
-        .filter(|h| h.route == doc.route && (h.weights != doc.weights || h.overrides != doc.overrides))
-        .map(|h| h.generation)
-        .filter(|&g| g >= doc.generation)
-        .max()
-        .map_or(doc.generation, |g| g + 1)
+        .filter(|h| h.route == doc.route)
+        .fold(doc.generation, |generation, h| {
+            if h.weights == doc.weights && h.overrides == doc.overrides {
+                generation.max(h.generation)
+            } else if h.generation >= doc.generation {
+                generation.max(h.generation + 1)
+            } else {
+                generation
+            }
+        })
 }
 
 /// This rollout's key of the fleet's weights ConfigMap (applied with a field manager of its
@@ -106,12 +112,20 @@ mod tests {
     #[test]
     fn weights_already_pushed_under_the_generation_move_it_on() {
         let want = doc(5, 0);
-        // Nothing held, or older documents, or the same weights: the generation stands.
+        // Nothing held, older documents, or the same weights: the generation stands, or rises
+        // to where these weights already are.
         assert_eq!(generation_past(&want, []), 5);
-        assert_eq!(generation_past(&want, [&doc(4, 50), &doc(5, 0), &doc(7, 0)]), 5);
+        assert_eq!(generation_past(&want, [&doc(4, 50), &doc(5, 0)]), 5);
+        assert_eq!(generation_past(&want, [&doc(4, 50), &doc(7, 0)]), 7);
         // A failed pass pushed 50 % under 5: the abort's 0 % goes under 6.
         assert_eq!(generation_past(&want, [&doc(5, 50)]), 6);
         assert_eq!(generation_past(&want, [&doc(9, 50), &doc(5, 0)]), 10);
+        assert_eq!(
+            generation_past(&want, [&doc(6, 50), &doc(7, 0)]),
+            7,
+            "the 50 % under 6 is passed"
+        );
+        assert_eq!(generation_past(&want, [&doc(7, 50), &doc(7, 0)]), 8);
         // Another route's documents do not count; nor does `overrides` alone go unnoticed.
         let mut other = doc(5, 50);
         other.route = "api".into();

@@ -1,8 +1,9 @@
 //! Reading, on the hub, the apps that travel with a fleet (see `apps`): the AppRollouts whose
 //! route names it and the Deployments they release. A read that fails stops the pass (nothing
-//! is sent or removed anywhere), and so does a live AppRollout whose Deployment does not exist:
-//! a Deployment recreated by Helm or Argo CD, or not applied yet, must not delete the app's
-//! copies in every member at once. Only an AppRollout that is gone removes its copies.
+//! is sent or removed anywhere). A live AppRollout whose Deployment does not exist is held:
+//! nothing is sent for it and its copies in members stay as they are, so a Deployment recreated
+//! by Helm or Argo CD, or not applied yet, never deletes the app in every member at once, and
+//! the rest of the fleet still propagates. Only an AppRollout that is gone removes its copies.
 
 use futures::FutureExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -18,15 +19,6 @@ use crate::resources::Owner;
 pub enum HubAppsError {
     #[error("the AppRollout cache is not loaded yet")]
     NotLoaded,
-    #[error(
-        "Deployment {namespace}/{name} of AppRollout {app} does not exist; nothing is sent to or removed from the \
-         members until it exists again or the AppRollout is deleted"
-    )]
-    WorkloadMissing {
-        namespace: String,
-        name: String,
-        app: String,
-    },
     #[error("reading Deployment {namespace}/{name} of AppRollout {app}: {source}")]
     Read {
         namespace: String,
@@ -36,8 +28,17 @@ pub enum HubAppsError {
     },
 }
 
-/// The copies every member gets of the fleet's apps, sorted by name.
-pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Result<Vec<AppCopy>, HubAppsError> {
+/// What members get of the fleet's apps.
+#[derive(Debug, Default)]
+pub struct HubApps {
+    /// The copies every member gets, sorted by name.
+    pub copies: Vec<AppCopy>,
+    /// Apps whose Deployment is missing on the hub: their copies stay as they are.
+    pub held: Vec<String>,
+}
+
+/// The fleet's apps as members get them.
+pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Result<HubApps, HubAppsError> {
     if ctx.apps.wait_until_ready().now_or_never().is_none() {
         return Err(HubAppsError::NotLoaded);
     }
@@ -61,7 +62,10 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
         .collect();
     rollouts.sort_by(|a, b| a.metadata.name.cmp(&b.metadata.name));
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    let mut out = Vec::with_capacity(rollouts.len());
+    let mut out = HubApps {
+        copies: Vec::with_capacity(rollouts.len()),
+        held: Vec::new(),
+    };
     for rollout in rollouts {
         let name = &rollout.spec.workload_ref.name;
         let app = rollout.metadata.name.clone().unwrap_or_default();
@@ -71,11 +75,11 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
             app: app.clone(),
             source,
         })?;
-        let workload = workload.ok_or_else(|| HubAppsError::WorkloadMissing {
-            namespace: owner.namespace.clone(),
-            name: name.clone(),
-            app,
-        })?;
+        let Some(workload) = workload else {
+            tracing::info!(app = %app, deployment = %name, "the app's Deployment is missing: its copies are held");
+            out.held.push(app);
+            continue;
+        };
         let who = (
             owner.namespace.as_str(),
             owner.name.as_str(),
@@ -83,7 +87,7 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
             policy.as_str(),
         );
         if let Some(copy) = apps::copy(who, &rollout, &workload) {
-            out.push(copy);
+            out.copies.push(copy);
         }
     }
     Ok(out)

@@ -89,13 +89,14 @@ async fn apply_one(client: &Client, namespace: &str, hub_uid: &str, copy: &AppCo
     })
 }
 
-/// Brings the member's app copies to `desired`: applies what differs, deletes copies of apps
-/// the fleet no longer has. Returns the copies as they stand after.
+/// Brings the member's app copies to `desired`: applies what differs, leaves the `held` ones
+/// as they are, deletes copies of apps the fleet no longer has. Returns the copies as they
+/// stand after.
 pub async fn bring(
     client: &Client,
     namespace: &str,
     hub_uid: &str,
-    desired: &[AppCopy],
+    (desired, held): (&[AppCopy], &[String]),
     seen: Vec<SeenApp>,
 ) -> Result<Vec<SeenApp>, MemberError> {
     let mut out = Vec::with_capacity(desired.len());
@@ -114,13 +115,20 @@ pub async fn bring(
             _ => out.push(apply_one(client, namespace, hub_uid, copy).await?),
         }
     }
+    let name_of = |s: &SeenApp| s.rollout.metadata.name.clone().unwrap_or_default();
+    let wanted = |name: &str| desired.iter().any(|d| d.name == name);
+    out.extend(
+        seen.iter()
+            .filter(|s| held.contains(&name_of(s)) && !wanted(&name_of(s)))
+            .cloned(),
+    );
     for gone in seen.iter().filter(|s| {
-        !desired
-            .iter()
-            .any(|d| s.rollout.metadata.name.as_deref() == Some(d.name.as_str()))
+        let name = name_of(s);
+        !held.contains(&name) && !wanted(&name)
     }) {
         delete_one(client, namespace, gone).await?;
     }
+    out.sort_by(|a, b| a.rollout.metadata.name.cmp(&b.rollout.metadata.name));
     Ok(out)
 }
 
@@ -290,13 +298,25 @@ mod tests {
             );
             calls
         });
-        let out = bring(&client, "team-a", "hub-uid", std::slice::from_ref(&desired), seen)
-            .await
-            .expect("brought");
+        let out = bring(
+            &client,
+            "team-a",
+            "hub-uid",
+            (std::slice::from_ref(&desired), &[]),
+            seen,
+        )
+        .await
+        .expect("brought");
         assert_eq!(out.len(), 1);
-        let refused = bring(&client, "team-a", "hub-uid", std::slice::from_ref(&desired), Vec::new())
-            .await
-            .expect_err("a foreign AppRollout");
+        let refused = bring(
+            &client,
+            "team-a",
+            "hub-uid",
+            (std::slice::from_ref(&desired), &[]),
+            Vec::new(),
+        )
+        .await
+        .expect_err("a foreign AppRollout");
         assert!(
             matches!(&refused, MemberError::Refused(m) if m.contains("AppRollout shop exists there and was not propagated")),
             "{refused}"
@@ -314,5 +334,27 @@ mod tests {
                 format!("DELETE /apis/apps/v1{base}/deployments/old-shop true"),
             ]
         );
+    }
+
+    /// An app whose Deployment is missing on the hub is held: its member copy is neither
+    /// written nor deleted, and still reported.
+    #[tokio::test]
+    async fn a_held_app_is_left_as_it_is() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(mock, "default");
+        let copy = shop("shop:v1");
+        let seen = vec![SeenApp {
+            rollout: serde_json::from_value(copy.rollout).expect("rollout"),
+            deployment: Some(serde_json::from_value(copy.deployment).expect("deployment")),
+        }];
+        let server = tokio::spawn(async move {
+            assert!(handle.next_request().await.is_none(), "no request to the member");
+        });
+        let out = bring(&client, "team-a", "hub-uid", (&[], &["shop".to_string()]), seen)
+            .await
+            .expect("brought");
+        assert_eq!(out.len(), 1, "still reported");
+        drop(client);
+        server.await.expect("mock server");
     }
 }

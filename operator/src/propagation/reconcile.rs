@@ -259,7 +259,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             return not_applied(ctx, owner, &selection.targets, &previous, &message, false, &now).await;
         }
         (Ok(objects), Ok(ca)) if !placement.waves.is_empty() => {
-            let desired = (objects.as_slice(), apps.as_slice());
+            let desired = (objects.as_slice(), &apps);
             let (entries, status, due) = rolled_entries(pxd, owner, ctx, &selection, desired, ca.as_ref(), &now).await;
             (waves, requeue) = (Some(status), due);
             entries
@@ -297,7 +297,7 @@ async fn rolled_entries(
     owner: &Owner,
     ctx: &Context,
     selection: &placement::Selection<'_>,
-    desired: (&[MemberObject], &[super::apps::AppCopy]),
+    desired: (&[MemberObject], &super::hub_apps::HubApps),
     ca: Option<&Secret>,
     now: &str,
 ) -> (Vec<ClusterStatus>, super::spec::WaveStatus, Duration) {
@@ -328,11 +328,15 @@ async fn sync_selected<'a>(
     p: &Propagation,
     owner: &Owner,
     selection: &'a placement::Selection<'a>,
-    (objects, apps): (&[MemberObject], &[super::apps::AppCopy]),
+    (objects, apps): (&[MemberObject], &super::hub_apps::HubApps),
     ca: Option<&Secret>,
 ) -> Vec<(&'a str, Observation)> {
     let synced = join_all(selection.targets.iter().zip(objects).map(|(c, fleet)| {
-        let desired = super::sync::Desired { fleet, apps };
+        let desired = super::sync::Desired {
+            fleet,
+            apps: &apps.copies,
+            held: &apps.held,
+        };
         super::sync::sync_one(&p.clients, c, owner, desired, ca)
     }))
     .await;

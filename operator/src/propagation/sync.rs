@@ -47,6 +47,8 @@ pub async fn observe_one(
 pub struct Desired<'a> {
     pub fleet: &'a MemberObject,
     pub apps: &'a [AppCopy],
+    /// Apps whose copies are left as they are (`hub_apps::HubApps::held`).
+    pub held: &'a [String],
 }
 
 /// Brings one member to `desired`. Does not take over an object propagated from elsewhere.
@@ -76,7 +78,8 @@ pub async fn bring(
         Ok(m) => m,
         Err(e) => return Observation::Failed(e),
     };
-    match member_apps::bring(client, &owner.namespace, &owner.reference.uid, desired.apps, found.apps).await {
+    let apps = (desired.apps, desired.held);
+    match member_apps::bring(client, &owner.namespace, &owner.reference.uid, apps, found.apps).await {
         Ok(apps) => Observation::Synced {
             member: Box::new(fleet),
             desired_hash: desired.fleet.hash.clone(),

@@ -124,9 +124,10 @@ pub async fn roll<'a>(
     ctx: &Context,
     placement: &Placement,
     selection: &'a Selection<'a>,
-    (objects, desired_apps): (&[MemberObject], &[AppCopy]),
+    (objects, hub_apps): (&[MemberObject], &super::hub_apps::HubApps),
     ca: Option<&Secret>,
 ) -> Rolled<'a> {
+    let desired_apps = hub_apps.copies.as_slice();
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
@@ -155,6 +156,7 @@ pub async fn roll<'a>(
                 let current = Desired {
                     fleet: desired,
                     apps: desired_apps,
+                    held: &hub_apps.held,
                 };
                 match (send, stable) {
                     (Send::Revision, _) => sync::bring(&client, found, c, owner, current, ca).await,
@@ -162,6 +164,7 @@ pub async fn roll<'a>(
                         let back = Desired {
                             fleet: &fleet,
                             apps: &apps,
+                            held: &hub_apps.held,
                         };
                         sync::bring(&client, found, c, owner, back, ca).await
                     }

@@ -29,8 +29,8 @@ pub struct H3Body {
     /// Always `Some` until dropped.
     stream: Option<RecvStream>,
     phase: Phase,
-    /// What `settle` read ahead: a first chunk, or the trailers.
-    ahead: Option<Frame<Bytes>>,
+    /// What `settle` read ahead: a first chunk, the trailers, or the body's failure.
+    ahead: Option<Result<Frame<Bytes>, H3BodyError>>,
     /// `content-length`, when the client sent one.
     length: Option<u64>,
     /// Data bytes read so far.
@@ -65,13 +65,19 @@ impl H3Body {
         let _ = tokio::time::timeout(limit, std::future::poll_fn(|cx| self.read_ahead(cx))).await;
     }
 
+    /// Whether what `settle` read ahead is the body's failure (a body longer than its
+    /// `content-length`: the request is malformed).
+    pub fn failed(&self) -> bool {
+        matches!(self.ahead, Some(Err(_)))
+    }
+
     fn read_ahead(&mut self, cx: &mut Context<'_>) -> Poll<()> {
         if self.ahead.is_some() || matches!(self.phase, Phase::Done) {
             return Poll::Ready(());
         }
         match self.next(cx) {
-            Poll::Ready(Some(Ok(frame))) => self.ahead = Some(frame),
-            Poll::Ready(Some(Err(_))) | Poll::Ready(None) => {}
+            Poll::Ready(Some(read)) => self.ahead = Some(read),
+            Poll::Ready(None) => {}
             Poll::Pending => return Poll::Pending,
         }
         Poll::Ready(())
@@ -172,7 +178,7 @@ impl Body for H3Body {
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
         let this = self.get_mut();
         match this.ahead.take() {
-            Some(frame) => Poll::Ready(Some(Ok(frame))),
+            Some(read) => Poll::Ready(Some(read)),
             None => this.next(cx),
         }
     }

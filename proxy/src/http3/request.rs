@@ -81,8 +81,12 @@ pub async fn serve(resolver: Resolver, shared: Arc<Shared>, client: Arc<ClientIn
         // open longer gets its request forwarded as one with a streaming body.
         body.settle(body_timeout.min(SETTLE_AT_MOST)).await;
     }
+    let malformed = body.failed();
     let mut req = req.map(|()| RequestBody::H3 { inner: body });
-    let resp = if req.method() == Method::CONNECT {
+    let resp = if malformed {
+        shared.metrics.malformed_requests.inc();
+        status_response(StatusCode::BAD_REQUEST, "malformed request body\n")
+    } else if req.method() == Method::CONNECT {
         // Neither CONNECT tunnels nor WebSocket over HTTP/3 (RFC 9220) are served here.
         status_response(StatusCode::NOT_IMPLEMENTED, "CONNECT is not served over HTTP/3\n")
     } else {

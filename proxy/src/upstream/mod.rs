@@ -136,11 +136,6 @@ impl UpstreamCluster {
         Ok(http::Uri::from(path_and_query))
     }
 
-    /// Whether requests may go to it over HTTP/2 (`protocol: h2`, or `auto` over TLS).
-    pub fn speaks_h2(&self) -> bool {
-        self.h2.is_some()
-    }
-
     /// Sends `req` (its URI from `request_uri`) to `endpoint`. Returns the response and whether
     /// it came on a reused connection.
     pub async fn send(
