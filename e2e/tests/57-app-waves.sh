@@ -236,7 +236,29 @@ echo "$tree" >&2
 announced_once hk "$ns" edge
 say "the hub announced every wave transition once"
 
-say "5. deleting the hub fleet removes the app's copies from the members"
+say "5. the hub's Deployment deleted and created again (as Helm or Argo CD may): the members keep the app"
+wave_rev() { hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.revision}'; }
+uids() { echo "$(kubectl get approllout,deploy -n "$ns" shop -o jsonpath='{.items[*].metadata.uid}') $(mk8 get approllout,deploy -n "$ns" shop -o jsonpath='{.items[*].metadata.uid}')"; }
+rev_with_app=$(wave_rev)
+uids_before=$(uids)
+[ "$(wc -w <<<"$uids_before")" = 4 ] || fail "the members do not hold the app's two copies: $uids_before"
+hk get deploy -n "$ns" shop -o json \
+  | jq 'del(.metadata.uid, .metadata.resourceVersion, .metadata.creationTimestamp, .metadata.generation, .metadata.managedFields, .status)' \
+  >/tmp/app-waves-shop.json
+hk delete deploy -n "$ns" shop --wait=true >/dev/null
+# Held: out of the bundle (its revision changes), its copies neither sent nor removed.
+retry 90 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.revision}')\" != $rev_with_app ]"
+retry 120 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.phase}')\" = Completed ]"
+[ "$(uids)" = "$uids_before" ] || fail "the app's copies changed while its hub Deployment was missing: $(uids) vs $uids_before"
+say "held while missing: hub $(waves); the members' copies untouched"
+hk create -f /tmp/app-waves-shop.json >/dev/null
+retry 90 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.revision}')\" = $rev_with_app ]"
+retry 120 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.phase}')\" = Completed ]"
+[ "$(uids)" = "$uids_before" ] || fail "the app's copies were replaced after its hub Deployment came back"
+retry 60 all_on v4
+say "back: hub $(waves); the same copies serve v4 through main's fleet"
+
+say "6. deleting the hub fleet removes the app's copies from the members"
 hk delete pxd -n "$ns" edge --timeout=90s >/dev/null || fail "the hub fleet was not deleted"
 retry 60 bash -c "! kubectl get approllout -n $ns shop >/dev/null 2>&1 && ! kubectl get deploy -n $ns shop >/dev/null 2>&1"
 retry 60 bash -c "! kubectl --kubeconfig $state/$m8/admin.kubeconfig get approllout -n $ns shop >/dev/null 2>&1"

@@ -9,7 +9,7 @@ use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::{Client, ResourceExt};
 
-use super::apps::{self, AppCopy};
+use super::apps::{self, AppCopy, SeenApp};
 use super::clusters::MemberCluster;
 use super::member::MemberError;
 use super::placement::{self, MemberObject, Selection};
@@ -38,14 +38,31 @@ pub struct Rolled<'a> {
 type Seen = Result<(Client, Found), MemberError>;
 
 /// A member as the machine judges it: its fleet and the fleet's apps are one revision, done
-/// together (see `apps`).
-fn member_view(c: &MemberCluster, seen: &Seen, wave: usize, previous: Option<&ClusterStatus>) -> Member {
+/// together (see `apps`). Held apps (`hub_apps`) are left out, as they are of the bundle.
+fn member_view(
+    c: &MemberCluster,
+    seen: &Seen,
+    wave: usize,
+    previous: Option<&ClusterStatus>,
+    held: &[String],
+) -> Member {
     let (reachable, revision, progress) = match seen {
-        Ok((_, Found { copy: Some(copy), apps })) => (
-            true,
-            apps::member_revision(status::member_revision(copy), apps),
-            apps::combined(status::progress(copy), apps.iter().map(apps::progress)),
-        ),
+        Ok((_, Found { copy: Some(copy), apps })) => {
+            let judged: Vec<SeenApp> = apps
+                .iter()
+                .filter(|a| {
+                    !held
+                        .iter()
+                        .any(|h| a.rollout.metadata.name.as_deref() == Some(h.as_str()))
+                })
+                .cloned()
+                .collect();
+            (
+                true,
+                apps::member_revision(status::member_revision(copy), &judged),
+                apps::combined(status::progress(copy), judged.iter().map(apps::progress)),
+            )
+        }
         Ok((_, Found { copy: None, .. })) => (true, None, Progress::Running),
         // Not readable now: what it last carried, never done.
         Err(_) => (false, previous.and_then(|p| p.revision.clone()), Progress::Running),
@@ -63,8 +80,9 @@ fn observed(
     pxd: &ProxyDeployment,
     placement: &Placement,
     (targets, seen): (&[&MemberCluster], &[Seen]),
-    desired_apps: &[AppCopy],
+    hub_apps: &super::hub_apps::HubApps,
 ) -> Observed {
+    let desired_apps = hub_apps.copies.as_slice();
     let (waves, index) = placement::assign_waves(placement, targets);
     let previous = |name: &str| {
         pxd.status
@@ -75,7 +93,7 @@ fn observed(
         .iter()
         .zip(seen)
         .zip(&index)
-        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name)))
+        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name), &hub_apps.held))
         .collect();
     Observed {
         revision: apps::bundle_revision(
@@ -131,7 +149,7 @@ pub async fn roll<'a>(
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
-    let mut o = observed(pxd, placement, (targets, &seen), desired_apps);
+    let mut o = observed(pxd, placement, (targets, &seen), hub_apps);
     let plan = decide(pxd, owner, ctx, &mut o).await;
     announce(ctx, owner, &plan).await;
     let why = plan
