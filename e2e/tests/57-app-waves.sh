@@ -246,14 +246,16 @@ hk get deploy -n "$ns" shop -o json \
   | jq 'del(.metadata.uid, .metadata.resourceVersion, .metadata.creationTimestamp, .metadata.generation, .metadata.managedFields, .status)' \
   >/tmp/app-waves-shop.json
 hk delete deploy -n "$ns" shop --wait=true >/dev/null
-# Held: out of the bundle (its revision changes), its copies neither sent nor removed.
+# Held: out of the bundle (the hub's wave revision changes), its copies neither sent nor
+# removed. Member $m8's fleet never becomes Ready here, so the waves do not complete: the
+# copies are compared after another propagation pass (resync 15 s) instead.
 retry 90 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.revision}')\" != $rev_with_app ]"
-retry 120 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.phase}')\" = Completed ]"
+sleep 20
 [ "$(uids)" = "$uids_before" ] || fail "the app's copies changed while its hub Deployment was missing: $(uids) vs $uids_before"
 say "held while missing: hub $(waves); the members' copies untouched"
 hk create -f /tmp/app-waves-shop.json >/dev/null
 retry 90 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.revision}')\" = $rev_with_app ]"
-retry 120 bash -c "[ \"\$(kubectl --kubeconfig $state/$hub/admin.kubeconfig get pxd -n $ns edge -o jsonpath='{.status.waves.phase}')\" = Completed ]"
+sleep 20
 [ "$(uids)" = "$uids_before" ] || fail "the app's copies were replaced after its hub Deployment came back"
 retry 60 all_on v4
 say "back: hub $(waves); the same copies serve v4 through main's fleet"

@@ -6,14 +6,13 @@
 //! (they reissue and republish), through the Secret watch the fleet controller already has.
 
 use std::sync::Arc;
-use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Secret;
 use kube::api::Api;
 use kube::runtime::controller::{Action, Controller};
 use kube::runtime::watcher;
-use kube::ResourceExt;
+use kube::{Resource, ResourceExt};
 
 use super::ca;
 use crate::context::Context;
@@ -27,12 +26,27 @@ async fn reconcile(secret: Arc<Secret>, ctx: Arc<Context>) -> Result<Action, Err
     if !ca::is_ca_secret(&secret) || secret.metadata.deletion_timestamp.is_some() {
         return Ok(Action::await_change());
     }
-    Ok(Action::requeue(ca::step(&secret, &ctx).await?))
+    let next = ca::step(&secret, &ctx).await?;
+    ctx.backoff.succeeded(&backoff_key(&secret));
+    Ok(Action::requeue(next))
 }
 
-fn error_policy(secret: Arc<Secret>, error: &Error, _ctx: Arc<Context>) -> Action {
+fn backoff_key(secret: &Secret) -> String {
+    format!("ca:{}/{}", secret.namespace().unwrap_or_default(), secret.name_any())
+}
+
+/// Retries with the operator's backoff (5 s doubling to 5 min), not every 10 s for ever: a
+/// CA Secret someone broke stays broken until they fix it. One that keeps failing is told as
+/// a Warning event on the Secret, where `kubectl describe` shows it.
+fn error_policy(secret: Arc<Secret>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(name = %secret.name_any(), %error, "CA rotation step failed; retrying");
-    Action::requeue(Duration::from_secs(10))
+    let failures = ctx.backoff.count_failure(&backoff_key(&secret));
+    if crate::backoff::worth_telling(failures) {
+        let note = format!("failed {failures} times in a row; retrying with backoff: {error}");
+        let reference = secret.object_ref(&());
+        tokio::spawn(async move { ctx.record_on(&reference, true, "CARotationFailing", &note).await });
+    }
+    Action::requeue(crate::backoff::delay(failures))
 }
 
 /// Runs until `stop` completes, over the CA Secrets `api` can see.

@@ -145,7 +145,6 @@ pub async fn roll<'a>(
     (objects, hub_apps): (&[MemberObject], &super::hub_apps::HubApps),
     ca: Option<&Secret>,
 ) -> Rolled<'a> {
-    let desired_apps = hub_apps.copies.as_slice();
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
     let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
@@ -157,44 +156,18 @@ pub async fn roll<'a>(
         .message
         .clone()
         .unwrap_or_else(|| "waiting for its wave".into());
+    let to = Target {
+        owner,
+        ca,
+        hub_apps,
+        stable: &plan.status,
+        placement,
+    };
     let sends = seen
         .into_iter()
         .zip(&plan.send)
         .zip(targets.iter().zip(objects))
-        .map(|((s, send), (c, desired))| {
-            let stable = (*send == Send::Stable)
-                .then(|| stable_object(&plan.status, placement, owner, c))
-                .flatten();
-            let why = why.clone();
-            async move {
-                let (client, found) = match s {
-                    Ok(x) => x,
-                    Err(e) => return Observation::Failed(e),
-                };
-                let current = Desired {
-                    fleet: desired,
-                    apps: desired_apps,
-                    held: &hub_apps.held,
-                };
-                match (send, stable) {
-                    (Send::Revision, _) => sync::bring(&client, found, c, owner, current, ca).await,
-                    (Send::Stable, Some((fleet, apps))) => {
-                        let back = Desired {
-                            fleet: &fleet,
-                            apps: &apps,
-                            held: &hub_apps.held,
-                        };
-                        sync::bring(&client, found, c, owner, back, ca).await
-                    }
-                    _ => Observation::Held {
-                        member: found.copy.map(Box::new),
-                        desired_hash: desired.hash.clone(),
-                        why,
-                        apps: found.apps.iter().map(apps::summary).collect(),
-                    },
-                }
-            }
-        });
+        .map(|((s, send), (c, desired))| send_one(&to, s, *send, c, desired, &why));
     let results = join_all(sends).await;
     let observations = targets
         .iter()
@@ -211,6 +184,61 @@ pub async fn roll<'a>(
         observations,
         status: plan.status,
         due: due.min(ctx.propagation.resync),
+    }
+}
+
+/// What every member of one pass is sent from.
+struct Target<'a> {
+    owner: &'a Owner,
+    ca: Option<&'a Secret>,
+    hub_apps: &'a super::hub_apps::HubApps,
+    /// The wave status, with the last completed spec a rollback sends.
+    stable: &'a WaveStatus,
+    placement: &'a Placement,
+}
+
+/// Brings one member to what the plan sends it: the revision, the last completed spec back, or
+/// nothing (held, with `why`).
+async fn send_one(
+    to: &Target<'_>,
+    seen: Seen,
+    send: Send,
+    c: &MemberCluster,
+    desired: &MemberObject,
+    why: &str,
+) -> Observation {
+    let (client, found) = match seen {
+        Ok(x) => x,
+        Err(e) => return Observation::Failed(e),
+    };
+    let held = &to.hub_apps.held;
+    let stable = (send == Send::Stable)
+        .then(|| stable_object(to.stable, to.placement, to.owner, c))
+        .flatten();
+    let why = match (send, &stable) {
+        (Send::Revision, _) => {
+            let current = Desired {
+                fleet: desired,
+                apps: &to.hub_apps.copies,
+                held,
+            };
+            return sync::bring(&client, found, c, to.owner, current, to.ca).await;
+        }
+        (Send::Stable, Some((fleet, apps))) => {
+            let back = Desired { fleet, apps, held };
+            return sync::bring(&client, found, c, to.owner, back, to.ca).await;
+        }
+        // Said, not left at "waiting for its wave": the rollback did not happen.
+        (Send::Stable, None) => "not rolled back: the last completed spec cannot be rebuilt for this cluster (it no \
+                                 longer parses, or an override of this cluster fails); held as it is"
+            .to_string(),
+        _ => why.to_string(),
+    };
+    Observation::Held {
+        member: found.copy.map(Box::new),
+        desired_hash: desired.hash.clone(),
+        why,
+        apps: found.apps.iter().map(apps::summary).collect(),
     }
 }
 
