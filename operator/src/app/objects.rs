@@ -140,6 +140,23 @@ pub fn template_of(d: &Deployment) -> Option<PodTemplateSpec> {
     Some(t)
 }
 
+/// An owner for the app module's tests: AppRollout team/shop.
+#[cfg(test)]
+pub mod fixture {
+    use super::*;
+
+    pub fn owner() -> AppOwner {
+        AppOwner {
+            name: "shop".into(),
+            namespace: "team".into(),
+            reference: OwnerReference {
+                uid: "u1".into(),
+                ..Default::default()
+            },
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -152,16 +169,7 @@ mod tests {
         .unwrap()
     }
 
-    fn owner() -> AppOwner {
-        AppOwner {
-            name: "shop".into(),
-            namespace: "team".into(),
-            reference: OwnerReference {
-                uid: "u1".into(),
-                ..Default::default()
-            },
-        }
-    }
+    use super::fixture::owner;
 
     #[test]
     fn a_track_runs_the_template_with_its_own_selector() {

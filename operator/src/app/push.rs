@@ -206,24 +206,13 @@ async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, pods: &[PodWeights],
 
 #[cfg(test)]
 mod tests {
+    use super::super::objects::fixture::owner;
     use super::*;
     use crate::context::testing::test_context;
-    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
     use kube::client::Body;
     use std::time::Duration;
 
     type Handle = tower_test::mock::Handle<http::Request<Body>, http::Response<Body>>;
-
-    fn owner() -> AppOwner {
-        AppOwner {
-            name: "shop".into(),
-            namespace: "team".into(),
-            reference: OwnerReference {
-                uid: "u1".into(),
-                ..Default::default()
-            },
-        }
-    }
 
     fn mocked() -> (Context, Handle) {
         let (mock, handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();

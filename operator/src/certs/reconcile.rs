@@ -547,19 +547,25 @@ mod tests {
         ]
     }
 
-    /// A failed renewal of the serving leaf keeps the client leaf mounted too: dropping it
-    /// would roll the pods without it.
-    #[tokio::test]
-    async fn a_failed_leaf_keeps_every_leaf_already_there() {
-        let ctx = with_secrets(&["edge-tls", "edge-client"]);
-        let out = keep_serving(
+    /// The serving leaf's issuance fails while the cache holds `secrets` (in a runtime: the
+    /// client needs one, though nothing is sent).
+    fn tls_fails_with(secrets: &[&str]) -> CertOutcome {
+        let ctx = with_secrets(secrets);
+        keep_serving(
             &ctx,
             "team-a",
             &wanted(),
             MountedSecrets::default(),
             "edge-tls",
             "boom".into(),
-        );
+        )
+    }
+
+    /// A failed renewal of the serving leaf keeps the client leaf mounted too: dropping it
+    /// would roll the pods without it.
+    #[tokio::test]
+    async fn a_failed_leaf_keeps_every_leaf_already_there() {
+        let out = tls_fails_with(&["edge-tls", "edge-client"]);
         assert!(out.blocking.is_none(), "keeps serving");
         assert_eq!(out.secrets.serving.as_deref(), Some("edge-tls"));
         assert_eq!(out.secrets.client.as_deref(), Some("edge-client"));
@@ -569,15 +575,7 @@ mod tests {
     /// A leaf never issued blocks the fleet: there is nothing to serve with.
     #[tokio::test]
     async fn a_leaf_never_issued_blocks() {
-        let ctx = with_secrets(&["edge-client"]);
-        let out = keep_serving(
-            &ctx,
-            "team-a",
-            &wanted(),
-            MountedSecrets::default(),
-            "edge-tls",
-            "boom".into(),
-        );
+        let out = tls_fails_with(&["edge-client"]);
         assert!(out.blocking.is_some());
     }
 }
