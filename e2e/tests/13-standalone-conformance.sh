@@ -5,7 +5,8 @@
 # normal request takes meanwhile printed (bench/hostile_clients.py); 64 HTTP/2 streams never
 # given a flow-control window against a real HTTP/2 upstream (nginx), which must neither freeze
 # the shared upstream connection for another client nor outlive `limits.sendTimeout` upstream
-# (bench/stalled_streams.py); and spans exported over
+# (bench/stalled_streams.py), and 16 such streams against nginx over HTTP/1.1, whose upstream
+# connections must be released though nginx would hold them; and spans exported over
 # OTLP to a real Jaeger (built from the Go module proxy), found by its query API with the
 # caller's span as parent.
 . "$(dirname "$0")/../lib/testlib.sh"
@@ -53,17 +54,20 @@ routes:
   # races (1 run in 10 without the delay).
   - {name: h2spec, match: {pathPrefix: /h2spec}, upstream: echo, fault: {delay: {duration: 100ms, percent: 100}}}
   - {name: big, match: {pathPrefix: /big/}, upstream: h2up}
+  - {name: big1, match: {pathPrefix: /big1/}, upstream: h1up}
   - {name: all, upstream: echo}
 upstreams:
   - {name: echo, endpoints: ["127.0.0.1:18080"]}
   - {name: h2up, endpoints: ["127.0.0.1:18082"], protocol: h2}
+  - {name: h1up, endpoints: ["127.0.0.1:18083"], protocol: http1}
 tracing: {samplePercent: 100, otlpEndpoint: "http://127.0.0.1:4318", serviceName: proxyfleet-conformance}
 YAML
 "$jaeger" > jaeger.log 2>&1 & pids+=($!)
 ECHO_ADDR=127.0.0.1:18080 "$bin/proxyfleet-echo" > echo.log 2>&1 & pids+=($!)
 # The HTTP/2 upstream: nginx (h2c), an 8 MiB file, each request logged with the bytes it sent.
 command -v nginx >/dev/null || fail "nginx is not installed (scripts/setup.sh installs it)"
-chmod 711 "$dir"; mkdir -m 755 www www/big; truncate -s 8M www/big/8m; chmod 644 www/big/8m
+chmod 711 "$dir"; mkdir -m 755 www www/big www/big1
+truncate -s 8M www/big/8m www/big1/8m; chmod 644 www/big/8m www/big1/8m
 cat > nginx.conf <<CONF
 worker_processes 1; daemon off; pid $dir/nginx.pid; error_log $dir/nginx-error.log warn;
 events { worker_connections 1024; }
@@ -71,6 +75,9 @@ http {
   log_format sent '\$request_uri \$status \$body_bytes_sent';
   access_log $dir/up.log sent;
   server { listen 127.0.0.1:18082 http2; root $dir/www; }
+  # The same files over HTTP/1.1, with a send timeout longer than the test: nginx itself never
+  # gives up on a reader that stopped.
+  server { listen 127.0.0.1:18083; root $dir/www; send_timeout 300s; }
 }
 CONF
 nginx -c "$dir/nginx.conf" -p "$dir" > nginx.out 2>&1 & nginx_pid=$!
@@ -120,6 +127,26 @@ sed 's/^/  /' stalled.txt >&2
 grep -q 'response heads: 64, data bytes: 0, .* connection open' stalled.txt || fail "the stalled client saw something else"
 say "all 64 stalled streams were reset upstream at the send timeout; the proxy still serves"
 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready >/dev/null
+
+say "16 HTTP/2 streams never given a window, against an HTTP/1.1 upstream (nginx)"
+# Each holds an upstream connection of its own, which nothing on nginx's side would ever
+# release: the proxy reads ahead, and closes each connection once its client has taken less
+# than 64 KiB in a send timeout (10 s; judged at the end of the second period at the latest).
+python3 "$root/bench/stalled_streams.py" 127.0.0.1 18443 ca.crt conformance.example.com /big1/8m 16 45 > stalled1.txt 2>&1 & stalled=$!; pids+=($stalled)
+t0=$(date +%s)
+cut=0
+for _ in $(seq 35); do
+  cut=$(awk -v s="$size" '$1 == "/big1/8m" && $3 < s' up.log | wc -l)
+  [ "$cut" -ge 16 ] && break
+  sleep 1
+done
+released=$(( $(date +%s) - t0 ))
+kill -TERM "$stalled" 2>/dev/null || true
+wait "$stalled" 2>/dev/null || true
+sed 's/^/  /' stalled1.txt >&2
+[ "$cut" -ge 16 ] || { sort up.log | uniq -c >&2; fail "only $cut of the 16 stalled streams' upstream connections were released"; }
+grep -q 'response heads: 16, data bytes: 0, .* connection open' stalled1.txt || fail "the stalled client saw something else"
+say "all 16 upstream connections released, cut short, within ${released}s while their client held its connection"
 
 say "tracing: a span exported over OTLP to Jaeger, child of the caller's span"
 retry 30 curl -fsS http://127.0.0.1:13133/status
