@@ -17,15 +17,29 @@ fn ours(meta: &kube::api::ObjectMeta, hub_uid: &str) -> bool {
     meta.labels.as_ref().and_then(|l| l.get(HUB_UID)).map(String::as_str) == Some(hub_uid)
 }
 
-/// The app copies this fleet has in the member. A member without the AppRollout API, or whose
-/// credentials may not list AppRollouts, holds none (we could not have written one there);
-/// sending it an app then fails with the member's own words.
-pub async fn observe(client: &Client, namespace: &str, hub_uid: &str) -> Result<Vec<SeenApp>, MemberError> {
+/// The app copies this fleet has in the member. A member without the AppRollout API holds
+/// none. One whose credentials may not list AppRollouts holds none only if the fleet's status
+/// never showed apps there (`had_apps`: we could not have written one); otherwise copies it
+/// may still hold could be neither kept in step nor released, and that is an error, never
+/// "none". Sending a member an app it may not hold fails with the member's own words.
+pub async fn observe(
+    client: &Client,
+    namespace: &str,
+    hub_uid: &str,
+    had_apps: bool,
+) -> Result<Vec<SeenApp>, MemberError> {
     let rollouts: Api<AppRollout> = Api::namespaced(client.clone(), namespace);
     let params = ListParams::default().labels(&format!("{HUB_UID}={hub_uid}"));
     let list = match bounded("listing the AppRollouts", rollouts.list(&params)).await {
         Ok(l) => l.items,
-        Err(MemberError::Refused(m)) if m.contains("NotFound") || m.contains("Forbidden") => return Ok(Vec::new()),
+        Err(MemberError::Refused(m)) if m.contains("NotFound") => return Ok(Vec::new()),
+        Err(MemberError::Refused(m)) if m.contains("Forbidden") && !had_apps => return Ok(Vec::new()),
+        Err(MemberError::Refused(m)) if m.contains("Forbidden") => {
+            return Err(MemberError::Refused(format!(
+                "{m}; the fleet's status shows app copies there, which can be neither kept in step \
+                 nor released until its credentials may list AppRollouts"
+            )))
+        }
         Err(e) => return Err(e),
     };
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), namespace);
@@ -199,8 +213,8 @@ async fn orphan_one(client: &Client, namespace: &str, app: &SeenApp) -> Result<(
 
 /// Releases every app copy of this fleet in the member (deleted, or orphaned by the policy
 /// recorded on it). Returns how many apps were released.
-pub async fn release(client: &Client, namespace: &str, hub_uid: &str) -> Result<usize, MemberError> {
-    let seen = observe(client, namespace, hub_uid).await?;
+pub async fn release(client: &Client, namespace: &str, hub_uid: &str, had_apps: bool) -> Result<usize, MemberError> {
+    let seen = observe(client, namespace, hub_uid, had_apps).await?;
     for app in &seen {
         let orphan = app
             .rollout
@@ -338,6 +352,36 @@ mod tests {
 
     /// An app whose Deployment is missing on the hub is held: its member copy is neither
     /// written nor deleted, and still reported.
+    /// Credentials that may not list AppRollouts: a member never shown holding app copies holds
+    /// none; one the status showed holding some is an error, so its copies are never taken for
+    /// released (a deletion waits, then warns, instead of leaving them silently).
+    #[tokio::test]
+    async fn a_member_that_may_not_list_approllouts_holds_none_only_if_it_never_showed_any() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(mock, "default");
+        let server = tokio::spawn(async move {
+            for _ in 0..3 {
+                let (_, send) = handle.next_request().await.expect("a list");
+                respond(
+                    send,
+                    403,
+                    serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                        "message": "approllouts is forbidden", "reason": "Forbidden", "code": 403}),
+                );
+            }
+        });
+        let never = observe(&client, "team-a", "hub-uid", false).await.expect("none");
+        assert!(never.is_empty());
+        let had = observe(&client, "team-a", "hub-uid", true).await.expect_err("unknowable");
+        assert!(
+            matches!(&had, MemberError::Refused(m) if m.contains("Forbidden") && m.contains("neither kept in step nor released")),
+            "{had}"
+        );
+        let released = release(&client, "team-a", "hub-uid", true).await;
+        assert!(released.is_err(), "a release that cannot see the copies is not done");
+        server.await.expect("mock server");
+    }
+
     #[tokio::test]
     async fn a_held_app_is_left_as_it_is() {
         let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();

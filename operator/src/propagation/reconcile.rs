@@ -144,15 +144,17 @@ async fn shared_ca(pxd: &ProxyDeployment, namespace: &str, ctx: &Context) -> Res
 
 /// Releases the fleet from `clusters` (delete or orphan, per the policy recorded on each copy).
 /// Returns the clusters where that could not be done, with why.
+/// `previous`: the fleet's last cluster statuses (which of them showed app copies).
 async fn release_from(
     p: &Propagation,
     clusters: &[&MemberCluster],
-    owner: &Owner,
+    (owner, previous): (&Owner, &[ClusterStatus]),
     ctx: &Context,
 ) -> Vec<(String, MemberError)> {
     let results = join_all(clusters.iter().map(|c| async move {
+        let had_apps = status::had_apps(previous, &c.name);
         let r = match p.clients.client(c).await {
-            Ok(client) => release_one(&client, owner).await,
+            Ok(client) => release_one(&client, owner, had_apps).await,
             Err(e) => Err(e),
         };
         (c.name.clone(), r)
@@ -185,8 +187,8 @@ async fn release_from(
 }
 
 /// Releases the fleet's apps from one member, then the fleet itself.
-async fn release_one(client: &kube::Client, owner: &Owner) -> Result<Released, MemberError> {
-    super::member_apps::release(client, &owner.namespace, &owner.reference.uid).await?;
+async fn release_one(client: &kube::Client, owner: &Owner, had_apps: bool) -> Result<Released, MemberError> {
+    super::member_apps::release(client, &owner.namespace, &owner.reference.uid, had_apps).await?;
     member::release(client, &owner.namespace, &owner.name, &owner.reference.uid).await
 }
 
@@ -264,7 +266,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
             (waves, requeue) = (Some(status), due);
             entries
         }
-        (Ok(objects), Ok(ca)) => sync_selected(p, owner, &selection, (objects, &apps), ca.as_ref())
+        (Ok(objects), Ok(ca)) => sync_selected(p, (owner, &previous), &selection, (objects, &apps), ca.as_ref())
             .await
             .into_iter()
             .map(|(n, o)| status::cluster_status(n, &o, prev(n), &now))
@@ -323,10 +325,10 @@ async fn rolled_entries(
 }
 
 /// Every selected cluster brought to its object (concurrently), plus what is known of the
-/// names that could not be selected.
+/// names that could not be selected. `previous`: the fleet's last cluster statuses.
 async fn sync_selected<'a>(
     p: &Propagation,
-    owner: &Owner,
+    (owner, previous): (&Owner, &[ClusterStatus]),
     selection: &'a placement::Selection<'a>,
     (objects, apps): (&[MemberObject], &super::hub_apps::HubApps),
     ca: Option<&Secret>,
@@ -337,7 +339,8 @@ async fn sync_selected<'a>(
             apps: &apps.copies,
             held: &apps.held,
         };
-        super::sync::sync_one(&p.clients, c, owner, desired, ca)
+        let had_apps = status::had_apps(previous, &c.name);
+        super::sync::sync_one(&p.clients, (c, had_apps), owner, desired, ca)
     }))
     .await;
     let named = selection.targets.iter().map(|c| c.name.as_str()).zip(synced);
@@ -388,7 +391,7 @@ async fn release_everywhere(
         return Outcome::none();
     }
     let all: Vec<&MemberCluster> = registered.iter().collect();
-    let failed = release_from(&ctx.propagation, &all, owner, ctx).await;
+    let failed = release_from(&ctx.propagation, &all, (owner, previous), ctx).await;
     if failed.is_empty() {
         let rest: Vec<String> = pxd.finalizers().iter().filter(|f| *f != FINALIZER).cloned().collect();
         if let Err(e) = set_finalizers(pxd, ctx, rest).await {
@@ -531,7 +534,7 @@ async fn release_leaving(
         .filter(|c| !targets.iter().any(|t| t.name == c.name))
         .filter(|c| previous.iter().any(|p| p.name == c.name))
         .collect();
-    let failed = release_from(&ctx.propagation, &leaving, owner, ctx).await;
+    let failed = release_from(&ctx.propagation, &leaving, (owner, previous), ctx).await;
     failed
         .into_iter()
         .map(|(name, e)| {
@@ -567,7 +570,8 @@ pub async fn finalize(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Op
     let failed = match registered(p) {
         Ok(registered) => {
             let all: Vec<&MemberCluster> = registered.iter().collect();
-            release_from(p, &all, owner, ctx)
+            let previous = pxd.status.as_ref().map(|s| s.clusters.as_slice()).unwrap_or_default();
+            release_from(p, &all, (owner, previous), ctx)
                 .await
                 .into_iter()
                 .map(|(n, e)| format!("{n}: {e}"))

@@ -195,6 +195,11 @@ pub fn cluster_status(
     entry
 }
 
+/// Whether the fleet's last status showed app copies in cluster `name`.
+pub fn had_apps(previous: &[ClusterStatus], name: &str) -> bool {
+    previous.iter().any(|c| c.name == name && !c.apps.is_empty())
+}
+
 /// The member's apps, and the revision of its fleet and apps together (as waves judge it).
 fn with_apps(entry: &mut ClusterStatus, apps: &[ClusterAppStatus]) {
     entry.apps = apps.to_vec();

@@ -30,15 +30,16 @@ pub struct Found {
     pub apps: Vec<SeenApp>,
 }
 
-/// A member's client and what it holds of the fleet.
+/// A member's client and what it holds of the fleet. `had_apps`: the fleet's status showed
+/// app copies there (`member_apps::observe`).
 pub async fn observe_one(
     clients: &MemberClients,
-    cluster: &MemberCluster,
+    (cluster, had_apps): (&MemberCluster, bool),
     owner: &Owner,
 ) -> Result<(Client, Found), MemberError> {
     let client = clients.client(cluster).await?;
     let copy = member::observe(&client, &owner.namespace, &owner.name).await?;
-    let apps = member_apps::observe(&client, &owner.namespace, &owner.reference.uid).await?;
+    let apps = member_apps::observe(&client, &owner.namespace, &owner.reference.uid, had_apps).await?;
     Ok((client, Found { copy, apps }))
 }
 
@@ -54,12 +55,12 @@ pub struct Desired<'a> {
 /// Brings one member to `desired`. Does not take over an object propagated from elsewhere.
 pub async fn sync_one(
     clients: &MemberClients,
-    cluster: &MemberCluster,
+    (cluster, had_apps): (&MemberCluster, bool),
     owner: &Owner,
     desired: Desired<'_>,
     ca: Option<&Secret>,
 ) -> Observation {
-    match observe_one(clients, cluster, owner).await {
+    match observe_one(clients, (cluster, had_apps), owner).await {
         Ok((client, found)) => bring(&client, found, cluster, owner, desired, ca).await,
         Err(e) => Observation::Failed(e),
     }

@@ -147,7 +147,12 @@ pub async fn roll<'a>(
 ) -> Rolled<'a> {
     let targets = &selection.targets;
     let clients = &ctx.propagation.clients;
-    let seen: Vec<Seen> = join_all(targets.iter().map(|c| sync::observe_one(clients, c, owner))).await;
+    let previous = pxd.status.as_ref().map(|s| s.clusters.as_slice()).unwrap_or_default();
+    let seen: Vec<Seen> = join_all(targets.iter().map(|c| {
+        let had_apps = super::status::had_apps(previous, &c.name);
+        sync::observe_one(clients, (c, had_apps), owner)
+    }))
+    .await;
     let mut o = observed(pxd, placement, (targets, &seen), hub_apps);
     let plan = decide(pxd, owner, ctx, &mut o).await;
     announce(ctx, owner, &plan).await;
