@@ -100,12 +100,16 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         None => certs::reconcile::ensure(&pxd, &ctx).await,
         Some(_) => certs::reconcile::held(&pxd),
     };
-    if refused.is_none() {
-        crate::app::token::ensure(&ctx, &owner).await;
-    }
+    let token = match refused {
+        None => crate::app::token::ensure(&ctx, &owner).await,
+        Some(_) => Ok(()),
+    };
     // The routes as AppRollouts split them; everything else reads the fleet as written.
     let shaped = crate::app::render::shaped_fleet(&pxd, &ctx.apps, &ctx.stores.services);
     let mut pass = Pass::new(&certs);
+    if let Err(e) = token {
+        pass.token_failed(&ctx, &owner, &e).await;
+    }
     let revision = match &refused {
         Some(refusal) => Err(refusal.clone()),
         None => desired_revision_checked(&shaped, &owner, &ctx, &certs).await,
@@ -169,6 +173,21 @@ impl Pass {
         tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
         self.problem = Some(Problem { reason, message });
         self.requeue_within(Duration::from_secs(60));
+    }
+
+    /// The admin token could not be created: the fleet serves, but weight and certificate
+    /// pushes to its pods are refused until it exists. Told as a Warning event (a series, so a
+    /// lasting failure is one Event counting up) and tried again within 30 s.
+    async fn token_failed(&mut self, ctx: &Context, owner: &Owner, e: &crate::app::token::TokenError) {
+        tracing::warn!(error = %e, "admin token not created; retrying");
+        ctx.metrics
+            .reconcile_errors
+            .get_or_create(&ReasonLabels {
+                reason: "admin_token".into(),
+            })
+            .inc();
+        ctx.warn(owner, "AdminTokenFailed", &e.to_string()).await;
+        self.requeue_within(Duration::from_secs(30));
     }
 
     fn finish(mut self, ctx: &Context, owner: &Owner, status: &crate::crd::ProxyDeploymentStatus) -> Action {

@@ -20,8 +20,22 @@ fn random_token() -> Option<String> {
     Some(bytes.iter().map(|b| format!("{b:02x}")).collect())
 }
 
+/// Why the fleet's token Secret could not be created.
+#[derive(Debug, thiserror::Error)]
+pub enum TokenError {
+    #[error("creating the admin token Secret {namespace}/{name}: the system has no randomness")]
+    NoRandomness { namespace: String, name: String },
+    #[error("creating the admin token Secret {namespace}/{name}: {source}")]
+    Create {
+        namespace: String,
+        name: String,
+        #[source]
+        source: kube::Error,
+    },
+}
+
 /// Creates the fleet's token Secret when it does not exist yet.
-pub async fn ensure(ctx: &Context, owner: &Owner) {
+pub async fn ensure(ctx: &Context, owner: &Owner) -> Result<(), TokenError> {
     let name = token_secret_name(&owner.name);
     if ctx
         .stores
@@ -29,11 +43,13 @@ pub async fn ensure(ctx: &Context, owner: &Owner) {
         .get(&ObjectRef::new(&name).within(&owner.namespace))
         .is_some()
     {
-        return;
+        return Ok(());
     }
     let Some(token) = random_token() else {
-        tracing::error!("no randomness for the admin token");
-        return;
+        return Err(TokenError::NoRandomness {
+            namespace: owner.namespace.clone(),
+            name,
+        });
     };
     let secret = Secret {
         metadata: owner.meta(name.clone()),
@@ -46,9 +62,16 @@ pub async fn ensure(ctx: &Context, owner: &Owner) {
     };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     match api.create(&PostParams::default(), &secret).await {
-        Ok(_) => ctx.metrics.api_write("Secret", "create"),
-        Err(kube::Error::Api(e)) if e.code == 409 => {}
-        Err(e) => tracing::warn!(secret = %name, error = %e, "creating the admin token failed"),
+        Ok(_) => {
+            ctx.metrics.api_write("Secret", "create");
+            Ok(())
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        Err(source) => Err(TokenError::Create {
+            namespace: owner.namespace.clone(),
+            name,
+            source,
+        }),
     }
 }
 
@@ -59,4 +82,46 @@ pub async fn read(ctx: &Context, namespace: &str, fleet: &str) -> Option<String>
     let s = secrets.get_opt(&token_secret_name(fleet)).await.ok()??;
     let bytes = s.data?.get(TOKEN_KEY)?.0.clone();
     String::from_utf8(bytes).ok().map(|t| t.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::context::testing::test_context;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+    use kube::client::Body;
+
+    fn owner() -> Owner {
+        Owner {
+            name: "edge".into(),
+            namespace: "team-a".into(),
+            reference: OwnerReference {
+                uid: "u1".into(),
+                ..Default::default()
+            },
+        }
+    }
+
+    /// A refused creation is an error naming the Secret (the reconcile tells it and retries);
+    /// one that already exists is not; the token's value is in neither.
+    #[tokio::test]
+    async fn a_refused_token_creation_is_an_error_naming_the_secret() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let ctx = test_context(kube::Client::new(mock, "default"));
+        let server = tokio::spawn(async move {
+            for (code, reason) in [(403, "Forbidden"), (409, "AlreadyExists")] {
+                let (request, send) = handle.next_request().await.expect("a create");
+                assert_eq!(request.method(), http::Method::POST);
+                let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                    "message": format!("secrets is {reason}"), "reason": reason, "code": code});
+                let body = Body::from(serde_json::to_vec(&body).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+            }
+        });
+        let refused = ensure(&ctx, &owner()).await.expect_err("refused");
+        let said = refused.to_string();
+        assert!(said.contains("team-a/edge-admin-token") && said.contains("Forbidden"), "{said}");
+        ensure(&ctx, &owner()).await.expect("already there is fine");
+        server.await.expect("mock server");
+    }
 }

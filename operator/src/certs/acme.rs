@@ -229,7 +229,10 @@ async fn start_order(
         directory_ca,
         credentials,
     };
-    crate::app::token::ensure(ctx, owner).await;
+    if let Err(e) = crate::app::token::ensure(ctx, owner).await {
+        // The order goes on; its push needs the token and says so (the fleet's reconcile retries).
+        tracing::warn!(error = %e, "ACME: the admin token is missing");
+    }
     if ctx
         .acme_orders
         .start(&owner.reference.uid, acme_order::run(job, ctx.clone()))
