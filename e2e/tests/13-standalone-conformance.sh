@@ -114,12 +114,17 @@ curl -fsS -m 5 --http2 --cacert ca.crt --resolve conformance.example.com:18443:1
 say "another client's 8 MiB download beside them took $(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }') s"
 # At the send timeout the stalled streams are reset upstream, while their client still holds
 # its connection: nginx logs each one, cut short.
-cut=0
-for _ in $(seq 25); do
-  cut=$(awk -v s="$size" '$1 == "/big/8m" && $3 < s' up.log | wc -l)
-  [ "$cut" -ge 64 ] && break
-  sleep 1
-done
+# How many answers to PATH nginx logged cut short, once WANT are or after TRIES seconds.
+cut_short() {
+  local path=$1 want=$2 tries=$3 n=0
+  for _ in $(seq "$tries"); do
+    n=$(awk -v s="$size" -v p="$path" '$1 == p && $3 < s' up.log | wc -l)
+    [ "$n" -ge "$want" ] && break
+    sleep 1
+  done
+  echo "$n"
+}
+cut=$(cut_short /big/8m 64 25)
 kill -TERM "$stalled" 2>/dev/null || true
 wait "$stalled" 2>/dev/null || true
 sed 's/^/  /' stalled.txt >&2
@@ -134,12 +139,7 @@ say "16 HTTP/2 streams never given a window, against an HTTP/1.1 upstream (nginx
 # than 64 KiB in a send timeout (10 s; judged at the end of the second period at the latest).
 python3 "$root/bench/stalled_streams.py" 127.0.0.1 18443 ca.crt conformance.example.com /big1/8m 16 45 > stalled1.txt 2>&1 & stalled=$!; pids+=($stalled)
 t0=$(date +%s)
-cut=0
-for _ in $(seq 35); do
-  cut=$(awk -v s="$size" '$1 == "/big1/8m" && $3 < s' up.log | wc -l)
-  [ "$cut" -ge 16 ] && break
-  sleep 1
-done
+cut=$(cut_short /big1/8m 16 35)
 released=$(( $(date +%s) - t0 ))
 kill -TERM "$stalled" 2>/dev/null || true
 wait "$stalled" 2>/dev/null || true

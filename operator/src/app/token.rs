@@ -120,7 +120,10 @@ mod tests {
         });
         let refused = ensure(&ctx, &owner()).await.expect_err("refused");
         let said = refused.to_string();
-        assert!(said.contains("team-a/edge-admin-token") && said.contains("Forbidden"), "{said}");
+        assert!(
+            said.contains("team-a/edge-admin-token") && said.contains("Forbidden"),
+            "{said}"
+        );
         ensure(&ctx, &owner()).await.expect("already there is fine");
         server.await.expect("mock server");
     }

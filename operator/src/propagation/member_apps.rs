@@ -372,7 +372,9 @@ mod tests {
         });
         let never = observe(&client, "team-a", "hub-uid", false).await.expect("none");
         assert!(never.is_empty());
-        let had = observe(&client, "team-a", "hub-uid", true).await.expect_err("unknowable");
+        let had = observe(&client, "team-a", "hub-uid", true)
+            .await
+            .expect_err("unknowable");
         assert!(
             matches!(&had, MemberError::Refused(m) if m.contains("Forbidden") && m.contains("neither kept in step nor released")),
             "{had}"
