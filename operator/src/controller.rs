@@ -172,6 +172,9 @@ impl Pass {
         warn_once(ctx, pxd, owner, &reason, &message).await;
         tracing::warn!(%reason, %message, "not rolling out; existing objects left as they are");
         self.problem = Some(Problem { reason, message });
+        // The canary stands where it was: an abort, its reason and its counts outlive the block
+        // (dropped, the next pass would start the aborted revision again from its first step).
+        self.canary_status = pxd.status.as_ref().and_then(|s| s.canary.clone());
         self.requeue_within(Duration::from_secs(60));
     }
 

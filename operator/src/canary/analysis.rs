@@ -70,6 +70,13 @@ fn within(value: f64, threshold: &Threshold, stable: Option<f64>, floor: f64) ->
     abs_ok && rel_ok
 }
 
+/// A threshold that is only relative to stable cannot judge without stable's figure (stable
+/// quiet, or scaled to 0 at `setWeight: 100`): no data, never a pass.
+fn baseline_missing(threshold: &Threshold, stable: Option<f64>) -> Option<String> {
+    (threshold.max.is_none() && threshold.relative_to_stable.is_some() && stable.is_none())
+        .then(|| "no stable figure to compare with (relativeToStable without max)".to_string())
+}
+
 /// Judges a built-in metric on the canary's window (and stable's, for relative limits).
 pub fn judge_builtin(
     metric: &Metric,
@@ -93,6 +100,9 @@ pub fn judge_builtin(
             return no_data("no latency samples".into());
         };
         let s = stable.and_then(|w| (w.requests >= 1.0).then(|| w.p99_ms()).flatten());
+        if let Some(why) = baseline_missing(t, s) {
+            return no_data(why);
+        }
         return if within(v, t, s, 1.0) {
             Verdict::Success(v)
         } else {
@@ -104,6 +114,9 @@ pub fn judge_builtin(
             return no_data("no requests".into());
         };
         let s = stable.and_then(|w| w.error_rate_percent());
+        if let Some(why) = baseline_missing(t, s) {
+            return no_data(why);
+        }
         return if within(v, t, s, 0.1) {
             Verdict::Success(v)
         } else {
@@ -245,6 +258,38 @@ mod tests {
             judge_builtin(&m, &canary_bad, Some(&stable), 20, OnNoData::Inconclusive),
             Verdict::Failure(_)
         ));
+    }
+
+    /// Without stable's figure, a threshold relative to stable alone is no data, never a pass
+    /// (a canary at 100 % 5xx used to pass when stable was scaled to 0); with `max` too, the
+    /// absolute limit judges.
+    #[test]
+    fn relative_only_without_a_stable_figure_is_no_data() {
+        let only_relative = Metric {
+            name: "m".into(),
+            p99_latency_ms: None,
+            error_rate5xx: Some(Threshold {
+                max: None,
+                relative_to_stable: Some(50.0),
+            }),
+            prometheus: None,
+        };
+        let failing = window(100.0, 100.0, &[]);
+        let quiet_stable = window(0.0, 0.0, &[]);
+        for stable in [None, Some(&quiet_stable)] {
+            assert!(matches!(
+                judge_builtin(&only_relative, &failing, stable, 20, OnNoData::Inconclusive),
+                Verdict::Inconclusive(_)
+            ));
+            assert!(matches!(
+                judge_builtin(&only_relative, &failing, stable, 20, OnNoData::Fail),
+                Verdict::Failure(_)
+            ));
+        }
+        assert_eq!(
+            judge_builtin(&metric(None, Some(5.0), Some(50.0)), &failing, None, 20, OnNoData::Inconclusive),
+            Verdict::Failure(100.0)
+        );
     }
 
     #[test]

@@ -513,6 +513,11 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
             run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
             run.event(false, "RolloutRetried", "rollout restarted from the first step".into());
         }
+        // The step's clock restarts: the time spent paused is not the pods' to be late by (its
+        // progress deadline would otherwise abort a step resumed after a long pause).
+        Some(Command::Resume) if run.status.phase == PAUSED => {
+            run.status.step_started_at = Some(rfc(obs.now));
+        }
         Some(Command::Pause) if run.status.phase != ABORTED => {
             run.status.phase = PAUSED;
             run.status.pause_started_at.get_or_insert_with(|| rfc(obs.now));

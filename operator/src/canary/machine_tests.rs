@@ -427,3 +427,22 @@ fn canary_pods_that_never_start_abort_at_the_progress_deadline() {
         .contains("CrashLoopBackOff: reading upstream CA"));
     assert_eq!(d.canary_replicas, Some(0));
 }
+
+/// Paused before its canary pods were ready and resumed long after: the step's progress
+/// deadline counts from the resume, not from before the pause.
+#[test]
+fn a_resume_after_a_long_pause_restarts_the_steps_clock() {
+    let s = strategy(STEPS);
+    let at = |now: i64, ready: i32| Observations {
+        progress_deadline: 600,
+        ..obs(now, ready)
+    };
+    let d = decide(&s, None, 5, &at(0, 0), None);
+    let paused = decide(&s, Some(&d.status), 5, &at(10, 0), Some(Command::Pause));
+    assert_eq!(paused.status.phase, PAUSED);
+    let resumed = decide(&s, Some(&paused.status), 5, &at(5000, 0), Some(Command::Resume));
+    let next = decide(&s, Some(&resumed.status), 5, &at(5010, 0), None);
+    assert_ne!(next.status.phase, ABORTED, "{:?}", next.status.message);
+    let late = decide(&s, Some(&next.status), 5, &at(5700, 0), None);
+    assert_eq!(late.status.phase, ABORTED, "the deadline still holds after the resume");
+}
