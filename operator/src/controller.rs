@@ -128,6 +128,11 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &mut pass);
     record_history(&pxd, &owner, &ctx, &new_status, stable, &mut pass).await;
     write_status(&pxd, &owner, &ctx, &new_status).await?;
+    // A transient apply error is retried on the reconcile's backoff, after the status above
+    // kept the canary's decision.
+    if let Some(e) = pass.transient.take() {
+        return Err(e);
+    }
     Ok(pass.finish(&ctx, &owner, &new_status))
 }
 
@@ -142,6 +147,9 @@ struct Pass {
     /// Set when the apply was refused: the backoff's delay, the pass's only requeue (a canary's
     /// 2 s look would retry the refused apply every 2 s).
     apply_failed: Option<Duration>,
+    /// An apply that failed for a reason not the spec's (a conflict, a 5xx, a timeout): the
+    /// pass still writes its status, then fails with it.
+    transient: Option<Error>,
 }
 
 impl Pass {
@@ -154,6 +162,7 @@ impl Pass {
             revision: None,
             image: None,
             apply_failed: None,
+            transient: None,
         }
     }
 
@@ -309,8 +318,11 @@ async fn roll_out(
         // Refused objects are the user's to fix: say so in status, retry with backoff (while
         // a canary runs, at least every 30 s, so its analysis can still abort it).
         Err(e) => {
+            // Not the spec's fault: the status still keeps the canary's decision (a measured
+            // failure, a cleared command), and the pass fails after writing it.
             let Some(message) = e.refusal() else {
-                return Err(e.into());
+                pass.transient = Some(e.into());
+                return Ok(());
             };
             warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
             let mut retry = ctx.backoff.failed(&owner.reference.uid);
