@@ -121,9 +121,14 @@ async fn read_secret(namespace: &str, ctx: &Context) -> Result<Option<Secret>, C
     })
 }
 
+/// Creates the namespace's first CA, or returns the one another fleet's reconcile created just
+/// before: a plain create, which fails on an existing Secret, never an apply that would replace
+/// a CA some leaves were already signed by. Its name carries the time, so a CA made after the
+/// old one was deleted (the documented recovery) is another issuer and every leaf is reissued.
 async fn create(namespace: &str, ctx: &Context) -> Result<Secret, CaError> {
-    let ca =
-        issue::new_ca(&format!("proxyfleet CA {namespace}"), now(), ctx.settings.ca_duration).map_err(|source| {
+    let now = now();
+    let name = format!("proxyfleet CA {namespace} {}", issue::rfc3339(now));
+    let ca = issue::new_ca(&name, now, ctx.settings.ca_duration).map_err(|source| {
             CaError::Generate {
                 namespace: namespace.into(),
                 source,
@@ -149,21 +154,25 @@ async fn create(namespace: &str, ctx: &Context) -> Result<Secret, CaError> {
         ..Default::default()
     };
     let api: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
-    let written = api
-        .patch(
-            CA_SECRET,
-            &PatchParams::apply(labels::FIELD_MANAGER).force(),
-            &Patch::Apply(&secret),
-        )
-        .await
-        .map_err(|source| CaError::Write {
+    let params = kube::api::PostParams {
+        field_manager: Some(labels::FIELD_MANAGER.to_string()),
+        ..Default::default()
+    };
+    match api.create(&params, &secret).await {
+        Ok(written) => {
+            ctx.metrics.api_write("Secret", "create");
+            tracing::info!(%namespace, "created managed CA");
+            Ok(written)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => read_secret(namespace, ctx).await?.ok_or(CaError::Missing {
+            namespace: namespace.into(),
+        }),
+        Err(source) => Err(CaError::Write {
             what: "creating",
             namespace: namespace.into(),
             source,
-        })?;
-    ctx.metrics.api_write("Secret", "apply");
-    tracing::info!(%namespace, "created managed CA");
-    Ok(written)
+        }),
+    }
 }
 
 /// The namespace's CA, created when missing. Rotation steps are the CA controller's
@@ -188,7 +197,8 @@ pub async fn step(secret: &Secret, ctx: &Context) -> Result<Duration, CaError> {
         // Another writer moved it first: decide again from what it wrote.
         return Ok(Duration::from_secs(5));
     };
-    let requeue = if step.state.phase == ca_rotation::STABLE {
+    // The phases that wait for pods look again every 5 s; Stable and Overlap wait for a time.
+    let requeue = if [ca_rotation::STABLE, ca_rotation::OVERLAP].contains(&step.state.phase) {
         step.requeue
     } else {
         step.requeue.min(Duration::from_secs(5))
@@ -577,5 +587,58 @@ mod tests {
             Some(""),
             "the old text is not guessed at: the pod counts, not converged"
         );
+    }
+}
+
+#[cfg(test)]
+mod create_tests {
+    use super::*;
+    use crate::context::testing::test_context;
+    use kube::client::Body;
+
+    fn answer(send: tower_test::mock::SendResponse<http::Response<Body>>, code: u16, body: serde_json::Value) {
+        let body = Body::from(serde_json::to_vec(&body).expect("json"));
+        send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+    }
+
+    /// Two fleets of a new namespace both find no CA: the second's create fails on the first's
+    /// Secret, and it takes that CA instead of replacing it. A new CA's name carries its time.
+    #[tokio::test]
+    async fn a_ca_created_meanwhile_is_taken_not_replaced() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let ctx = test_context(kube::Client::new(mock, "default"));
+        let theirs = issue::new_ca("proxyfleet CA team-a 2026-12-07T00:00:00Z", now(), Duration::from_secs(86_400))
+            .expect("a CA");
+        let existing = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": CA_SECRET, "namespace": "team-a", "uid": "ca-uid",
+                "labels": {CA_LABEL: "true", labels::MANAGED_BY: labels::MANAGER}},
+            "data": {"ca.crt": base64(&theirs.cert_pem), "ca.key": base64(&theirs.key_pem)}});
+        let server = tokio::spawn(async move {
+            let mut calls = Vec::new();
+            let not_found = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "NotFound", "code": 404});
+            let conflict = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "AlreadyExists", "code": 409});
+            for (code, body) in [(404, not_found), (409, conflict), (200, existing)] {
+                let (request, send) = handle.next_request().await.expect("a request");
+                let (parts, body_in) = request.into_parts();
+                let sent = http_body_util::BodyExt::collect(body_in).await.expect("body").to_bytes();
+                let named = String::from_utf8_lossy(&sent).contains("proxyfleet CA team-a 20");
+                calls.push(format!("{} {named}", parts.method));
+                answer(send, code, body);
+            }
+            calls
+        });
+        let material = ensure("team-a", &ctx).await.expect("the CA created meanwhile");
+        assert_eq!(material.info.subject, issue::parse_pem(&theirs.cert_pem).expect("parses").subject);
+        let calls = server.await.expect("mock server");
+        assert_eq!(calls[0], "GET false");
+        assert!(calls[1].starts_with("POST "), "a create, never an apply: {calls:?}");
+        assert_eq!(calls[2], "GET false");
+    }
+
+    fn base64(text: &str) -> String {
+        use base64::Engine;
+        base64::engine::general_purpose::STANDARD.encode(text)
     }
 }

@@ -208,6 +208,12 @@ fn reissuing(state: &RotationState, o: &Observations) -> Step {
     }
 }
 
+fn rfc3339(secs: i64) -> String {
+    chrono::DateTime::from_timestamp(secs, 0)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true))
+        .unwrap_or_else(|| format!("{secs} (Unix time)"))
+}
+
 /// The old CA stays trusted for the overlap.
 fn overlap(state: &RotationState, o: &Observations) -> Step {
     let ends = state.since + o.overlap.as_secs() as i64;
@@ -222,7 +228,9 @@ fn overlap(state: &RotationState, o: &Observations) -> Step {
     } else {
         stay(
             state,
-            format!("old CA trusted for {}s more", ends - o.now),
+            // A time, not a countdown: the message is written to the CA Secret and every
+            // fleet's status only when it changes.
+            format!("old CA trusted until {}", rfc3339(ends)),
             Duration::from_secs((ends - o.now).clamp(1, 300) as u64),
         )
     }
@@ -377,6 +385,10 @@ mod tests {
         let o = decide(&state(OVERLAP, 990), &obs());
         assert_eq!(o.write, None);
         assert_eq!(o.requeue, Duration::from_secs(50));
+        // Its message names a time, the same at every look (it is written only when it changes).
+        let later = decide(&state(OVERLAP, 990), &Observations { now: obs().now + 7, ..obs() });
+        assert_eq!(o.message, later.message);
+        assert!(o.message.contains("1970-01-01T00:17:30Z"), "{}", o.message);
         let o = decide(&state(OVERLAP, 900), &obs());
         assert_eq!((o.write, o.state.phase), (Some(Write::DropPrevious), STABLE));
         assert!(!o.state.has_previous);
