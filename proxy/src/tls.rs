@@ -527,16 +527,30 @@ pub fn client_config(
     Ok(Arc::new(config))
 }
 
-/// SHA-256 of the concatenated trust bundle files, hex, for confirming CA rotation.
+/// SHA-256 of the concatenated trust bundle files, hex, for confirming CA rotation. A file
+/// that does not exist is left out, and none at all is no fingerprint: a certificate Secret
+/// the user made (`kubectl create secret tls`) has no `ca.crt`, and only the managed CA's
+/// rotation reads the fingerprint. A file that exists but cannot be read is an error.
 pub fn bundle_fingerprint(paths: &[String]) -> Result<Option<String>, TlsError> {
-    if paths.is_empty() {
-        return Ok(None);
-    }
     let mut h = Sha256::new();
+    let mut found = false;
     for p in paths {
-        h.update(read("trust bundle", p)?);
+        match std::fs::read(p) {
+            Ok(bytes) => {
+                h.update(bytes);
+                found = true;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => {
+                return Err(TlsError::Read {
+                    what: "trust bundle",
+                    path: p.clone(),
+                    source,
+                })
+            }
+        }
     }
-    Ok(Some(hex(&h.finalize())))
+    Ok(found.then(|| hex(&h.finalize())))
 }
 
 pub fn hex(bytes: &[u8]) -> String {
@@ -580,6 +594,22 @@ mod tests {
             suites.len(),
             rustls::crypto::aws_lc_rs::default_provider().cipher_suites.len()
         );
+    }
+
+    /// A Secret without `ca.crt` (made by `kubectl create secret tls`) gives no fingerprint,
+    /// not a proxy that cannot start.
+    #[test]
+    fn a_missing_trust_bundle_file_is_no_fingerprint() {
+        let dir = std::env::temp_dir().join(format!("pf-bundle-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let missing = dir.join("absent.crt").display().to_string();
+        assert_eq!(super::bundle_fingerprint(std::slice::from_ref(&missing)).unwrap(), None);
+        let present = dir.join("ca.crt");
+        std::fs::write(&present, b"bundle").unwrap();
+        let both = [missing, present.display().to_string()];
+        let fingerprint = super::bundle_fingerprint(&both).unwrap();
+        assert_eq!(fingerprint.map(|f| f.len()), Some(64));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 
     #[test]

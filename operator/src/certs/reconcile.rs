@@ -169,6 +169,14 @@ async fn existing_secret(owner: &Owner, secret_name: &str, ctx: &Context) -> Cer
                     format!("spec.tls.secretName: Secret {secret_name} has no PEM certificate in tls.crt"),
                 );
             };
+            // The key's PEM is not parsed here (it is never read into the operator's logs or
+            // memory beyond this check); a missing one would leave every new pod unable to start.
+            if !text(&secret, "tls.key").is_some_and(|k| k.contains("PRIVATE KEY-----")) {
+                return failure(
+                    "InvalidSecret",
+                    format!("spec.tls.secretName: Secret {secret_name} has no PEM private key in tls.key"),
+                );
+            }
             let expired = info.not_after <= now();
             CertOutcome {
                 secrets: MountedSecrets {
