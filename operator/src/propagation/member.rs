@@ -92,7 +92,13 @@ pub async fn observe(client: &Client, namespace: &str, name: &str) -> Result<Opt
 }
 
 /// Creates the namespace when missing (never deletes it).
-async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), MemberError> {
+/// The namespace, created when missing with our label and `pod_security` (the hub namespace's Pod
+/// Security labels); one that exists is left as the member's platform team made it.
+async fn ensure_namespace(
+    client: &Client,
+    namespace: &str,
+    pod_security: &BTreeMap<String, String>,
+) -> Result<(), MemberError> {
     let api: Api<Namespace> = Api::all(client.clone());
     if bounded("reading the namespace", api.get_opt(namespace))
         .await?
@@ -103,10 +109,13 @@ async fn ensure_namespace(client: &Client, namespace: &str) -> Result<(), Member
     let ns = Namespace {
         metadata: kube::api::ObjectMeta {
             name: Some(namespace.into()),
-            labels: Some(BTreeMap::from([(
-                labels::MANAGED_BY.to_string(),
-                FIELD_MANAGER.to_string(),
-            )])),
+            labels: Some(
+                pod_security
+                    .clone()
+                    .into_iter()
+                    .chain([(labels::MANAGED_BY.to_string(), FIELD_MANAGER.to_string())])
+                    .collect(),
+            ),
             ..Default::default()
         },
         ..Default::default()
@@ -123,10 +132,10 @@ pub async fn apply(
     client: &Client,
     namespace: &str,
     name: &str,
-    object: &serde_json::Value,
+    (object, pod_security): (&serde_json::Value, &BTreeMap<String, String>),
     ca: Option<&Secret>,
 ) -> Result<ProxyDeployment, MemberError> {
-    ensure_namespace(client, namespace).await?;
+    ensure_namespace(client, namespace, pod_security).await?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     if let Some(ca) = ca {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);
@@ -281,6 +290,43 @@ mod tests {
             "{silent}"
         );
         server.await.expect("mock server");
+    }
+
+    /// A namespace the fleet's copy needs is created with the hub namespace's Pod Security
+    /// labels, so the team's apps sent with it get no more rights there; one that exists is
+    /// left as it is.
+    #[tokio::test]
+    async fn a_member_namespace_is_created_with_the_hubs_pod_security_labels() {
+        use kube::client::Body;
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let client = Client::new(mock, "default");
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("a read");
+            assert_eq!(request.method(), http::Method::GET);
+            let missing = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "reason": "NotFound", "code": 404});
+            let body = Body::from(serde_json::to_vec(&missing).expect("json"));
+            send.send_response(http::Response::builder().status(404).body(body).expect("response"));
+            let (request, send) = handle.next_request().await.expect("a create");
+            let (parts, body) = request.into_parts();
+            assert_eq!(parts.method, http::Method::POST);
+            let sent = http_body_util::BodyExt::collect(body).await.expect("body").to_bytes();
+            let ns: serde_json::Value = serde_json::from_slice(&sent).expect("json");
+            let body = Body::from(sent);
+            send.send_response(http::Response::builder().status(201).body(body).expect("response"));
+            ns
+        });
+        let labels = BTreeMap::from([(
+            "pod-security.kubernetes.io/enforce".to_string(),
+            "restricted".to_string(),
+        )]);
+        ensure_namespace(&client, "team-a", &labels).await.expect("created");
+        let ns = server.await.expect("mock server");
+        assert_eq!(
+            ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"], "restricted",
+            "{ns}"
+        );
+        assert_eq!(ns["metadata"]["labels"][labels::MANAGED_BY], FIELD_MANAGER);
     }
 
     #[test]

@@ -207,6 +207,9 @@ pub struct MemberObject {
     pub hash: String,
     /// The spec the cluster gets, overrides applied: what the platform's policy must allow.
     pub spec: ProxyDeploymentSpec,
+    /// The hub namespace's Pod Security labels, given to the namespace when it is created in
+    /// the member (set once the hub's policy allowed the object, `reconcile::allowed_for`).
+    pub namespace_labels: std::collections::BTreeMap<String, String>,
 }
 
 /// The hub's object for `cluster`: placement stripped, matching overrides applied in order (all of
@@ -270,6 +273,7 @@ pub fn member_object(
         object,
         hash,
         spec: patched,
+        namespace_labels: Default::default(),
     })
 }
 

@@ -435,9 +435,11 @@ fn member_objects(
 }
 
 /// The member's spec (overrides applied) checked against the hub's policies as the fleet's own
-/// spec is: an override may not give a cluster what the fleet could not ask for itself.
-fn allowed_for(
-    object: MemberObject,
+/// spec is: an override may not give a cluster what the fleet could not ask for itself. The
+/// namespace it goes to, when created there, gets the hub namespace's Pod Security labels: the
+/// team's apps travel with the fleet, and must not run with more rights there than here.
+pub(super) fn allowed_for(
+    mut object: MemberObject,
     cluster: &MemberCluster,
     owner: &Owner,
     ctx: &Context,
@@ -450,13 +452,29 @@ fn allowed_for(
         &ctx.settings.default_proxy_image,
     );
     match refused {
-        None => Ok(object),
+        None => {
+            object.namespace_labels = pod_security_labels(ctx, &owner.namespace);
+            Ok(object)
+        }
         Some((_, message)) => Err(placement::OverrideError {
             index: None,
             cluster: cluster.name.clone(),
             problem: format!("the spec they make is not allowed: {message}"),
         }),
     }
+}
+
+/// The `pod-security.kubernetes.io/*` labels of the hub namespace.
+fn pod_security_labels(ctx: &Context, namespace: &str) -> std::collections::BTreeMap<String, String> {
+    let ns = ctx
+        .stores
+        .namespaces
+        .get(&kube::runtime::reflector::ObjectRef::new(namespace));
+    ns.and_then(|n| n.metadata.labels.clone())
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|(k, _)| k.starts_with("pod-security.kubernetes.io/"))
+        .collect()
 }
 
 async fn not_applied(

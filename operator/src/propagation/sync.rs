@@ -119,7 +119,8 @@ async fn bring_fleet(
         }
         tracing::info!(cluster = %cluster.name, drift = hash_matches, "applying to member");
     }
-    member::apply(client, &owner.namespace, &owner.name, &desired.object, ca).await
+    let object = (&desired.object, &desired.namespace_labels);
+    member::apply(client, &owner.namespace, &owner.name, object, ca).await
 }
 
 #[cfg(test)]

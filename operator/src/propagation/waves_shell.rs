@@ -121,18 +121,19 @@ fn observed(
 }
 
 /// The member object and app copies of the last completed spec for `cluster` (the placement
-/// of today).
-fn stable_object(
-    status: &WaveStatus,
-    placement: &Placement,
-    owner: &Owner,
-    cluster: &MemberCluster,
-) -> Option<(MemberObject, Vec<AppCopy>)> {
-    let (fleet, stable_apps) = apps::split_bundle(status.stable_spec.clone()?);
-    let mut spec: ProxyDeploymentSpec = serde_json::from_value(fleet).ok()?;
-    spec.placement = Some(placement.clone());
-    let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster).ok()?;
-    Some((object, stable_apps))
+/// of today), allowed by today's policy as any spec sent to a member is; else why not.
+fn stable_object(to: &Target<'_>, cluster: &MemberCluster) -> Result<(MemberObject, Vec<AppCopy>), String> {
+    let unbuildable = "not rolled back: the last completed spec cannot be rebuilt for this cluster (it no longer \
+                       parses, or an override of this cluster fails); held as it is";
+    let (fleet, stable_apps) = apps::split_bundle(to.stable.stable_spec.clone().ok_or(unbuildable)?);
+    let mut spec: ProxyDeploymentSpec = serde_json::from_value(fleet).map_err(|_| unbuildable)?;
+    spec.placement = Some(to.placement.clone());
+    let owner = to.owner;
+    let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster)
+        .map_err(|_| unbuildable)?;
+    let object = super::reconcile::allowed_for(object, cluster, owner, to.ctx)
+        .map_err(|e| format!("not rolled back: {}; held as it is", e.problem))?;
+    Ok((object, stable_apps))
 }
 
 /// One pass over the waves of `placement`.
@@ -162,6 +163,7 @@ pub async fn roll<'a>(
         .clone()
         .unwrap_or_else(|| "waiting for its wave".into());
     let to = Target {
+        ctx,
         owner,
         ca,
         hub_apps,
@@ -194,6 +196,7 @@ pub async fn roll<'a>(
 
 /// What every member of one pass is sent from.
 struct Target<'a> {
+    ctx: &'a Context,
     owner: &'a Owner,
     ca: Option<&'a Secret>,
     hub_apps: &'a super::hub_apps::HubApps,
@@ -217,10 +220,8 @@ async fn send_one(
         Err(e) => return Observation::Failed(e),
     };
     let held = &to.hub_apps.held;
-    let stable = (send == Send::Stable)
-        .then(|| stable_object(to.stable, to.placement, to.owner, c))
-        .flatten();
-    let why = match (send, &stable) {
+    let stable = (send == Send::Stable).then(|| stable_object(to, c));
+    let why = match (send, stable) {
         (Send::Revision, _) => {
             let current = Desired {
                 fleet: desired,
@@ -229,14 +230,16 @@ async fn send_one(
             };
             return sync::bring(&client, found, c, to.owner, current, to.ca).await;
         }
-        (Send::Stable, Some((fleet, apps))) => {
-            let back = Desired { fleet, apps, held };
+        (Send::Stable, Some(Ok((fleet, apps)))) => {
+            let back = Desired {
+                fleet: &fleet,
+                apps: &apps,
+                held,
+            };
             return sync::bring(&client, found, c, to.owner, back, to.ca).await;
         }
         // Said, not left at "waiting for its wave": the rollback did not happen.
-        (Send::Stable, None) => "not rolled back: the last completed spec cannot be rebuilt for this cluster (it no \
-                                 longer parses, or an override of this cluster fails); held as it is"
-            .to_string(),
+        (Send::Stable, Some(Err(not_back))) => not_back,
         _ => why.to_string(),
     };
     Observation::Held {
