@@ -287,7 +287,13 @@ mod tests {
             ));
         }
         assert_eq!(
-            judge_builtin(&metric(None, Some(5.0), Some(50.0)), &failing, None, 20, OnNoData::Inconclusive),
+            judge_builtin(
+                &metric(None, Some(5.0), Some(50.0)),
+                &failing,
+                None,
+                20,
+                OnNoData::Inconclusive
+            ),
             Verdict::Failure(100.0)
         );
     }

@@ -128,12 +128,10 @@ async fn read_secret(namespace: &str, ctx: &Context) -> Result<Option<Secret>, C
 async fn create(namespace: &str, ctx: &Context) -> Result<Secret, CaError> {
     let now = now();
     let name = format!("proxyfleet CA {namespace} {}", issue::rfc3339(now));
-    let ca = issue::new_ca(&name, now, ctx.settings.ca_duration).map_err(|source| {
-            CaError::Generate {
-                namespace: namespace.into(),
-                source,
-            }
-        })?;
+    let ca = issue::new_ca(&name, now, ctx.settings.ca_duration).map_err(|source| CaError::Generate {
+        namespace: namespace.into(),
+        source,
+    })?;
     let secret = Secret {
         metadata: kube::api::ObjectMeta {
             name: Some(CA_SECRET.into()),
@@ -607,8 +605,12 @@ mod create_tests {
     async fn a_ca_created_meanwhile_is_taken_not_replaced() {
         let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let ctx = test_context(kube::Client::new(mock, "default"));
-        let theirs = issue::new_ca("proxyfleet CA team-a 2026-12-07T00:00:00Z", now(), Duration::from_secs(86_400))
-            .expect("a CA");
+        let theirs = issue::new_ca(
+            "proxyfleet CA team-a 2026-12-07T00:00:00Z",
+            now(),
+            Duration::from_secs(86_400),
+        )
+        .expect("a CA");
         let existing = serde_json::json!({"apiVersion": "v1", "kind": "Secret",
             "metadata": {"name": CA_SECRET, "namespace": "team-a", "uid": "ca-uid",
                 "labels": {CA_LABEL: "true", labels::MANAGED_BY: labels::MANAGER}},
@@ -622,7 +624,10 @@ mod create_tests {
             for (code, body) in [(404, not_found), (409, conflict), (200, existing)] {
                 let (request, send) = handle.next_request().await.expect("a request");
                 let (parts, body_in) = request.into_parts();
-                let sent = http_body_util::BodyExt::collect(body_in).await.expect("body").to_bytes();
+                let sent = http_body_util::BodyExt::collect(body_in)
+                    .await
+                    .expect("body")
+                    .to_bytes();
                 let named = String::from_utf8_lossy(&sent).contains("proxyfleet CA team-a 20");
                 calls.push(format!("{} {named}", parts.method));
                 answer(send, code, body);
@@ -630,7 +635,10 @@ mod create_tests {
             calls
         });
         let material = ensure("team-a", &ctx).await.expect("the CA created meanwhile");
-        assert_eq!(material.info.subject, issue::parse_pem(&theirs.cert_pem).expect("parses").subject);
+        assert_eq!(
+            material.info.subject,
+            issue::parse_pem(&theirs.cert_pem).expect("parses").subject
+        );
         let calls = server.await.expect("mock server");
         assert_eq!(calls[0], "GET false");
         assert!(calls[1].starts_with("POST "), "a create, never an apply: {calls:?}");

@@ -386,7 +386,13 @@ mod tests {
         assert_eq!(o.write, None);
         assert_eq!(o.requeue, Duration::from_secs(50));
         // Its message names a time, the same at every look (it is written only when it changes).
-        let later = decide(&state(OVERLAP, 990), &Observations { now: obs().now + 7, ..obs() });
+        let later = decide(
+            &state(OVERLAP, 990),
+            &Observations {
+                now: obs().now + 7,
+                ..obs()
+            },
+        );
         assert_eq!(o.message, later.message);
         assert!(o.message.contains("1970-01-01T00:17:30Z"), "{}", o.message);
         let o = decide(&state(OVERLAP, 900), &obs());
