@@ -425,6 +425,7 @@ pub fn decide(
         return settle(run, &stable_rev, total, obs);
     }
     start_or_supersede(&mut run, &stable_rev, obs);
+    restart_on_new_strategy(&mut run, &strategy_hash(strategy), &stable_rev, obs);
     apply_command(&mut run, command, &stable_rev, obs);
     if run.status.phase == ABORTED {
         return run.into_aborted(total);
@@ -504,6 +505,32 @@ fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
     }
     let msg = format!("canary revision {} (stable {stable_rev})", obs.desired_revision);
     run.event(false, "RolloutStarted", msg);
+}
+
+/// A short hash of the strategy as written (steps, analyses, thresholds, limits).
+pub fn strategy_hash(strategy: &CanaryStrategy) -> String {
+    use sha2::{Digest, Sha256};
+    let bytes = serde_json::to_vec(strategy).unwrap_or_default();
+    Sha256::digest(&bytes).iter().take(6).map(|b| format!("{b:02x}")).collect()
+}
+
+/// A strategy edited during a rollout starts it again from its first step, with fresh counts:
+/// steps, thresholds and limits judged under another strategy say nothing of this one (a step
+/// index kept across an edit could land past a blocking analysis). An aborted rollout stays
+/// aborted; a status written before the hash existed adopts it without a restart.
+fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Observations) {
+    let known = run.status.strategy_hash.replace(hash.to_string());
+    let running = run.status.phase.in_rollout() && run.status.phase != ABORTED;
+    if !running || known.is_none_or(|k| k == hash) {
+        return;
+    }
+    run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
+    run.status.strategy_hash = Some(hash.to_string());
+    run.event(
+        false,
+        "RolloutRestarted",
+        "the canary strategy changed during the rollout; it starts again from its first step".into(),
+    );
 }
 
 fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs: &Observations) {

@@ -446,3 +446,37 @@ fn a_resume_after_a_long_pause_restarts_the_steps_clock() {
     let late = decide(&s, Some(&next.status), 5, &at(5700, 0), None);
     assert_eq!(late.status.phase, ABORTED, "the deadline still holds after the resume");
 }
+
+/// Steps edited mid-rollout (the first weight step removed, so the kept index would land past
+/// the blocking analysis): the rollout starts again from its first step with fresh counts. An
+/// aborted rollout stays aborted; a status from before the hash adopts it.
+#[test]
+fn a_strategy_edited_mid_rollout_restarts_from_the_first_step() {
+    let before = ungated();
+    let mut d = decide(&before, None, 5, &obs(0, 0), None);
+    for t in 1..40 {
+        d = decide(&before, Some(&d.status), 5, &obs(t, 3), Some(Command::Promote).filter(|_| t == 3));
+        if d.status.current_step_index >= 3 {
+            break;
+        }
+    }
+    assert!(d.status.current_step_index >= 2, "{:?}", d.status);
+    let mut after = before.clone();
+    after.steps.remove(0);
+    let restarted = decide(&after, Some(&d.status), 5, &obs(100, 3), None);
+    assert_eq!(restarted.status.current_step_index, 0, "{:?}", restarted.status);
+    assert!(restarted.events.iter().any(|e| e.reason == "RolloutRestarted"));
+    assert_eq!(restarted.status.strategy_hash, Some(strategy_hash(&after)));
+    let again = decide(&after, Some(&restarted.status), 5, &obs(101, 3), None);
+    assert!(!again.events.iter().any(|e| e.reason == "RolloutRestarted"), "once");
+
+    let aborted = decide(&before, Some(&d.status), 5, &obs(101, 3), Some(Command::Abort));
+    let still = decide(&after, Some(&aborted.status), 5, &obs(102, 3), None);
+    assert_eq!(still.status.phase, ABORTED);
+
+    let mut old = d.status.clone();
+    old.strategy_hash = None;
+    let adopted = decide(&after, Some(&old), 5, &obs(103, 3), None);
+    assert!(!adopted.events.iter().any(|e| e.reason == "RolloutRestarted"));
+    assert_eq!(adopted.status.strategy_hash, Some(strategy_hash(&after)));
+}

@@ -273,6 +273,10 @@ pub struct CanaryStatus {
     pub message: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub abort_reason: Option<String>,
+    /// A hash of the strategy this rollout runs under: edited mid-rollout, the rollout starts
+    /// again from its first step (as Argo Rollouts' `currentStepHash`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub strategy_hash: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
