@@ -405,6 +405,9 @@ async fn direct_windows(
     };
     let mut scraped = 0;
     for pod in list.items {
+        if pod.metadata.deletion_timestamp.is_some() {
+            continue;
+        }
         let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
             continue;
         };
@@ -426,6 +429,13 @@ async fn direct_windows(
                     snap.stable.insert(name, counters);
                 }
             }
+            Err(e) if track == "canary" && pod_ready(&pod) => {
+                return Err(source::MeasureError::CanaryPodNotScraped {
+                    namespace: owner.namespace.clone(),
+                    pod: name,
+                    problem: e.to_string(),
+                })
+            }
             Err(e) => tracing::debug!(pod = %name, error = %e, "scrape failed"),
         }
     }
@@ -438,6 +448,13 @@ async fn direct_windows(
     Ok(ctx
         .snapshots
         .push(&format!("{}/{}", owner.namespace, owner.name), snap, window_secs))
+}
+
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The command annotation, if any.

@@ -50,6 +50,14 @@ pub enum MeasureError {
     Prometheus { address: String, problem: String },
     #[error("no proxy pod of {namespace}/{fleet} could be scraped")]
     NoPodScraped { namespace: String, fleet: String },
+    /// A Ready canary pod whose figures are missing: the window would judge the canary on the
+    /// pods that answered, which may be the healthy ones.
+    #[error("canary pod {namespace}/{pod} is Ready but could not be scraped: {problem}")]
+    CanaryPodNotScraped {
+        namespace: String,
+        pod: String,
+        problem: String,
+    },
 }
 
 /// Counters of one pod, as scraped.
