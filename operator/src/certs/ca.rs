@@ -299,25 +299,36 @@ fn state_of(secret: &Secret) -> RotationState {
     }
 }
 
-/// Leaf Secrets of the namespace issued by the managed CA: (total, with `bundle`, issued by
-/// `issuer`), and the serials of those issued by `issuer`.
-fn leaves(on_ca: &ManagedFleets, bundle: &str, issuer: &str, ctx: &Context) -> ((usize, usize, usize), Vec<String>) {
-    let mut counts = (0, 0, 0);
-    let mut current_serials = Vec::new();
+/// Leaf Secrets of the namespace issued by the managed CA, as a rotation waits for them.
+#[derive(Default)]
+struct Leaves {
+    total: usize,
+    /// Names of those without the wanted bundle, and of those not issued by the signing CA.
+    without_bundle: Vec<String>,
+    not_reissued: Vec<String>,
+    /// Serials of those issued by the signing CA.
+    current_serials: Vec<String>,
+}
+
+fn leaves(on_ca: &ManagedFleets, bundle: &str, issuer: &str, ctx: &Context) -> Leaves {
+    let mut out = Leaves::default();
     for s in ctx.stores.secrets.state() {
         let Some(cert) = text(&s, "tls.crt").filter(|_| on_ca.has_leaf(&s)) else {
             continue;
         };
-        counts.0 += 1;
-        if text(&s, "ca.crt").as_deref() == Some(bundle) {
-            counts.1 += 1;
+        out.total += 1;
+        let name = s.metadata.name.clone().unwrap_or_default();
+        if text(&s, "ca.crt").as_deref() != Some(bundle) {
+            out.without_bundle.push(name.clone());
         }
-        if let Some(info) = issue::parse_pem(&cert).filter(|i| i.issuer == issuer) {
-            counts.2 += 1;
-            current_serials.push(info.serial);
+        match issue::parse_pem(&cert).filter(|i| i.issuer == issuer) {
+            Some(info) => out.current_serials.push(info.serial),
+            None => out.not_reissued.push(name),
         }
     }
-    (counts, current_serials)
+    out.without_bundle.sort();
+    out.not_reissued.sort();
+    out
 }
 
 /// What one proxy pod reports on /config.
@@ -424,12 +435,15 @@ async fn rotate(namespace: &str, secret: &Secret, ctx: &Context) -> Result<Optio
     .contains(&phase)
     {
         let on_ca = ManagedFleets::of(namespace, &ctx.stores.fleets);
-        let (counts, current_serials) = leaves(&on_ca, &bundle, &info.subject, ctx);
-        (o.leaves_total, o.leaves_with_bundle, o.leaves_on_current_ca) = counts;
+        let found = leaves(&on_ca, &bundle, &info.subject, ctx);
+        o.leaves_total = found.total;
+        o.leaves_with_bundle = found.total - found.without_bundle.len();
+        o.leaves_on_current_ca = found.total - found.not_reissued.len();
         if phase != ca_rotation::PUBLISHING_BUNDLE {
             (o.pods_total, o.pods_with_bundle, o.pods_on_current_ca) =
-                pods_with_bundle((namespace, &on_ca), &sha256_hex(&bundle), &current_serials, ctx).await?;
+                pods_with_bundle((namespace, &on_ca), &sha256_hex(&bundle), &found.current_serials, ctx).await?;
         }
+        (o.leaves_without_bundle, o.leaves_not_reissued) = (found.without_bundle, found.not_reissued);
     }
     let step = ca_rotation::decide(&state, &o);
     let Some(write) = step.write.clone() else {

@@ -68,6 +68,19 @@ pub struct Observations {
     pub pods_with_bundle: usize,
     /// Proxy pods serving only leaves issued by the current signing CA.
     pub pods_on_current_ca: usize,
+    /// The leaf Secrets a phase waits for, named in its message (a fleet the platform policy
+    /// holds, or whose apply keeps failing, holds the namespace's rotation: say which).
+    pub leaves_without_bundle: Vec<String>,
+    pub leaves_not_reissued: Vec<String>,
+}
+
+/// "; waiting for a-tls, b-tls" (at most five named), or nothing.
+fn waiting_for(names: &[String]) -> String {
+    match names.len() {
+        0 => String::new(),
+        n if n <= 5 => format!("; waiting for {}", names.join(", ")),
+        n => format!("; waiting for {} and {} more", names[..5].join(", "), n - 5),
+    }
 }
 
 /// What the shell writes to the CA Secret (one compare-and-swap write).
@@ -152,7 +165,12 @@ fn publishing_bundle(state: &RotationState, o: &Observations) -> Step {
     } else {
         stay(
             state,
-            format!("bundle in {}/{} leaf Secret(s)", o.leaves_with_bundle, o.leaves_total),
+            format!(
+                "bundle in {}/{} leaf Secret(s){}",
+                o.leaves_with_bundle,
+                o.leaves_total,
+                waiting_for(&o.leaves_without_bundle)
+            ),
             WAITING,
         )
     }
@@ -200,8 +218,12 @@ fn reissuing(state: &RotationState, o: &Observations) -> Step {
         stay(
             state,
             format!(
-                "{}/{} leaf Secret(s) reissued, {}/{} proxy pod(s) serving them",
-                o.leaves_on_current_ca, o.leaves_total, o.pods_on_current_ca, o.pods_total
+                "{}/{} leaf Secret(s) reissued, {}/{} proxy pod(s) serving them{}",
+                o.leaves_on_current_ca,
+                o.leaves_total,
+                o.pods_on_current_ca,
+                o.pods_total,
+                waiting_for(&o.leaves_not_reissued)
             ),
             WAITING,
         )
@@ -398,6 +420,21 @@ mod tests {
         let o = decide(&state(OVERLAP, 900), &obs());
         assert_eq!((o.write, o.state.phase), (Some(Write::DropPrevious), STABLE));
         assert!(!o.state.has_previous);
+    }
+
+    /// A phase that waits names the leaf Secrets it waits for (a fleet held by the platform
+    /// policy keeps its leaf as it is and would hold the rotation without a word).
+    #[test]
+    fn a_waiting_phase_names_the_leaves_it_waits_for() {
+        let o = Observations {
+            leaves_with_bundle: 1,
+            leaves_without_bundle: vec!["held-tls".into()],
+            ..obs()
+        };
+        let step = decide(&state(PUBLISHING_BUNDLE, 990), &o);
+        assert_eq!(step.message, "bundle in 1/2 leaf Secret(s); waiting for held-tls");
+        let many: Vec<String> = (0..7).map(|i| format!("f{i}-tls")).collect();
+        assert!(waiting_for(&many).ends_with("f4-tls and 2 more"));
     }
 
     #[test]
