@@ -511,7 +511,11 @@ fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
 pub fn strategy_hash(strategy: &CanaryStrategy) -> String {
     use sha2::{Digest, Sha256};
     let bytes = serde_json::to_vec(strategy).unwrap_or_default();
-    Sha256::digest(&bytes).iter().take(6).map(|b| format!("{b:02x}")).collect()
+    Sha256::digest(&bytes)
+        .iter()
+        .take(6)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// A strategy edited during a rollout starts it again from its first step, with fresh counts:

@@ -455,7 +455,13 @@ fn a_strategy_edited_mid_rollout_restarts_from_the_first_step() {
     let before = ungated();
     let mut d = decide(&before, None, 5, &obs(0, 0), None);
     for t in 1..40 {
-        d = decide(&before, Some(&d.status), 5, &obs(t, 3), Some(Command::Promote).filter(|_| t == 3));
+        d = decide(
+            &before,
+            Some(&d.status),
+            5,
+            &obs(t, 3),
+            Some(Command::Promote).filter(|_| t == 3),
+        );
         if d.status.current_step_index >= 3 {
             break;
         }

@@ -184,7 +184,10 @@ pub fn issue_leaf(
     };
     // A little backdating tolerates clock skew between the operator and clients.
     params.not_before = at(now - 60);
-    params.not_after = at(now + lifetime.as_secs() as i64);
+    // Never past the CA's own end: a chain is no longer valid than its CA, and a leaf capped so
+    // is renewed (a third of its shorter life before) while its CA still stands.
+    let ca_end = parse_pem(&ca.cert_pem).map_or(i64::MAX, |c| c.not_after);
+    params.not_after = at((now + lifetime.as_secs() as i64).min(ca_end));
     params.serial_number = Some(random_serial());
     let cert = params
         .signed_by(&key, &issuer)
@@ -225,6 +228,24 @@ mod tests {
     use super::*;
 
     const DAY: u64 = 86400;
+
+    /// A leaf asked for longer than its CA has left ends with the CA.
+    #[test]
+    fn a_leaf_never_outlives_its_ca() {
+        let now = 1_000_000;
+        let ca = new_ca("short", now, Duration::from_secs(DAY)).unwrap();
+        let ca_end = parse_pem(&ca.cert_pem).unwrap().not_after;
+        let leaf = issue_leaf(
+            &ca,
+            &["a.example".into()],
+            now,
+            Duration::from_secs(90 * DAY),
+            KeyAlgorithm::ECDSAP256,
+            false,
+        )
+        .unwrap();
+        assert_eq!(parse_pem(&leaf.cert_pem).unwrap().not_after, ca_end);
+    }
 
     #[test]
     fn renewal_defaults_to_two_thirds_of_lifetime() {
