@@ -453,7 +453,10 @@ fn settle(mut run: Run, stable_rev: &str, total: i32, obs: &Observations) -> Dec
     if in_rollout && run.status.phase != ABORTED && run.status.canary_revision.as_deref() == Some(stable_rev) {
         run.status.phase = PROMOTING;
     }
-    if in_rollout && run.status.phase != PROMOTING {
+    // A promotion of another revision than stable now runs (the spec went back while stable
+    // was still rolling to the canary's) is cancelled too, not reported as promoting this one.
+    let promoting_this = run.status.phase == PROMOTING && run.status.canary_revision.as_deref() == Some(stable_rev);
+    if in_rollout && !promoting_this {
         let s = idle(
             Some(stable_rev.to_string()),
             "spec returned to the stable revision; rollout cancelled",
@@ -491,7 +494,10 @@ fn settle(mut run: Run, stable_rev: &str, total: i32, obs: &Observations) -> Dec
 
 /// A new revision: start, or supersede a rollout of another revision.
 fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
-    if run.status.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) {
+    // The same revision's rollout goes on; one that ended (completed, then the spec went
+    // elsewhere and came back) starts again from its first step, never at its last.
+    let ongoing = run.status.phase.in_rollout();
+    if ongoing && run.status.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) {
         return;
     }
     let superseded = run.status.phase.in_rollout() && run.status.phase != ABORTED;

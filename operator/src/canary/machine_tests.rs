@@ -486,3 +486,27 @@ fn a_strategy_edited_mid_rollout_restarts_from_the_first_step() {
     assert!(!adopted.events.iter().any(|e| e.reason == "RolloutRestarted"));
     assert_eq!(adopted.status.strategy_hash, Some(strategy_hash(&after)));
 }
+
+/// Promoting "new" while stable still runs "old", the spec goes back to "old": the promotion is
+/// cancelled, not reported as promoting "old"; when the spec comes back to "new", its rollout
+/// starts again from the first step instead of promoting at once.
+#[test]
+fn a_spec_reverted_during_a_promotion_cancels_it_and_a_return_starts_over() {
+    let s = ungated();
+    let d = decide(&s, None, 5, &obs(0, 0), None);
+    let promoting = decide(&s, Some(&d.status), 5, &obs(1, 1), Some(Command::PromoteFull));
+    assert_eq!(promoting.status.phase, PROMOTING);
+    let mut back = obs(2, 1);
+    back.desired_revision = "old".into();
+    back.stable_rolled_out = false;
+    let cancelled = decide(&s, Some(&promoting.status), 5, &back, None);
+    assert_eq!(cancelled.status.phase, IDLE, "{:?}", cancelled.status);
+    assert!(cancelled.events.iter().any(|e| e.reason == "RolloutCancelled"));
+    // A completed status naming "new" while stable runs "old" (as the old machine left it).
+    let mut stale = promoting.status.clone();
+    stale.phase = COMPLETED;
+    let again = decide(&s, Some(&stale), 5, &obs(3, 0), None);
+    assert_eq!(again.status.phase, PROGRESSING);
+    assert_eq!(again.status.current_step_index, 0);
+    assert_eq!(again.canary_replicas, Some(1));
+}
