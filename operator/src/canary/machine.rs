@@ -554,8 +554,11 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
         // progress deadline would otherwise abort a step resumed after a long pause).
         Some(Command::Resume) if run.status.phase == PAUSED => {
             run.status.step_started_at = Some(rfc(obs.now));
+            run.status.paused_by_request = false;
         }
+        Some(Command::Promote | Command::PromoteFull) => run.status.paused_by_request = false,
         Some(Command::Pause) if run.status.phase != ABORTED => {
+            run.status.paused_by_request = true;
             run.status.phase = PAUSED;
             run.status.pause_started_at.get_or_insert_with(|| rfc(obs.now));
             run.status.message = Some("paused by request".into());
@@ -608,12 +611,13 @@ fn walk_steps(
     obs: &Observations,
     command: Option<Command>,
 ) -> Decision {
+    let on_pause_step = strategy
+        .steps
+        .get(run.status.current_step_index as usize)
+        .is_some_and(|s| s.pause.is_some());
     let manual_pause = run.status.phase == PAUSED
-        && !matches!(command, Some(Command::Resume | Command::Promote | Command::PromoteFull))
-        && strategy
-            .steps
-            .get(run.status.current_step_index as usize)
-            .is_none_or(|s| s.pause.is_none());
+        && (run.status.paused_by_request || !on_pause_step)
+        && !matches!(command, Some(Command::Resume | Command::Promote | Command::PromoteFull));
     if command == Some(Command::PromoteFull) {
         run.status.current_step_index = strategy.steps.len() as i32;
         run.event(false, "PromotedFull", "all remaining steps skipped by request".into());

@@ -510,3 +510,25 @@ fn a_spec_reverted_during_a_promotion_cancels_it_and_a_return_starts_over() {
     assert_eq!(again.status.current_step_index, 0);
     assert_eq!(again.canary_replicas, Some(1));
 }
+
+/// Paused by request during a timed pause step: the step's end does not move the rollout on;
+/// a resume does.
+#[test]
+fn a_pause_by_request_holds_a_timed_pause_step_too() {
+    let s = ungated();
+    let mut d = decide(&s, None, 5, &obs(0, 0), None);
+    for t in 1..5 {
+        d = decide(&s, Some(&d.status), 5, &obs(t, 1), None);
+    }
+    assert_eq!((d.status.phase, d.status.current_step_index), (PAUSED, 1));
+    let held = decide(&s, Some(&d.status), 5, &obs(10, 1), Some(Command::Pause));
+    assert!(held.status.paused_by_request);
+    let later = decide(&s, Some(&held.status), 5, &obs(100, 1), None);
+    assert_eq!(
+        later.status.current_step_index, 1,
+        "the 30 s pause is over, but paused by request"
+    );
+    let resumed = decide(&s, Some(&later.status), 5, &obs(101, 1), Some(Command::Resume));
+    assert!(!resumed.status.paused_by_request);
+    assert!(resumed.status.current_step_index >= 2, "{:?}", resumed.status);
+}

@@ -277,6 +277,10 @@ pub struct CanaryStatus {
     /// again from its first step (as Argo Rollouts' `currentStepHash`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub strategy_hash: Option<String>,
+    /// Paused by `kubectl proxyfleet pause` (not by a pause step): held until resumed or
+    /// promoted, even on a timed pause step.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub paused_by_request: bool,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]
