@@ -422,20 +422,21 @@ pub fn decide(
         aborted: None,
     };
     if stable_rev == obs.desired_revision {
+        if run.status.phase == PROMOTING {
+            refuse_while_promoting(&mut run, command);
+        }
         return settle(run, &stable_rev, total, obs);
     }
     start_or_supersede(&mut run, &stable_rev, obs);
     restart_on_new_strategy(&mut run, &strategy_hash(strategy), &stable_rev, obs);
-    apply_command(&mut run, command, &stable_rev, obs);
-    if run.status.phase == ABORTED {
-        return run.into_aborted(total);
-    }
-    // Every measurement is counted before anything moves, whatever the step or a command does.
+    // Every measurement is counted before anything moves, whatever the step or a command does
+    // (an abort by request in the same pass included).
     match (active_analysis(strategy, &run.status), &obs.measurement) {
         (Some((analysis, AnalysisKind::Background)), Some(m)) => run.record_background(analysis, m, obs.now),
         (Some((analysis, AnalysisKind::Step)), Some(m)) => run.record_step(analysis, m, obs.now),
         _ => {}
     }
+    apply_command(&mut run, command, &stable_rev, obs);
     if run.status.phase != ABORTED {
         check_progress_deadline(&mut run, strategy, total, obs);
     }
@@ -543,7 +544,23 @@ fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Ob
     );
 }
 
+/// Stable already takes the canary's revision: an abort or a pause can no longer stop it (the
+/// old template is gone from the stable Deployment). Said, not swallowed; `kubectl proxyfleet
+/// undo` is the way back.
+fn refuse_while_promoting(run: &mut Run, command: Option<Command>) {
+    if let Some(c @ (Command::Abort | Command::Pause)) = command {
+        let message = format!(
+            "{c:?} not done: revision {} is already being promoted to stable; use `kubectl proxyfleet undo` to go back",
+            run.status.canary_revision.as_deref().unwrap_or("?")
+        );
+        run.event(true, "CommandIgnored", message);
+    }
+}
+
 fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs: &Observations) {
+    if run.status.phase == PROMOTING {
+        return refuse_while_promoting(run, command);
+    }
     match command {
         Some(Command::Abort) if run.status.phase != ABORTED => run.abort("ManualAbort", "aborted by request".into()),
         Some(Command::Retry) if run.status.phase == ABORTED => {

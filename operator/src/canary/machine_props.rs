@@ -140,6 +140,18 @@ struct Tick {
     window_skew: i64,
     measured: bool,
     persisted: bool,
+    /// A user's command with this tick (`kubectl proxyfleet pause|resume|abort`).
+    command: Option<Command>,
+}
+
+/// Commands that never promote: the invariants hold whatever the user does with them.
+fn command() -> impl Strategy<Value = Option<Command>> {
+    prop_oneof![
+        100 => Just(None),
+        3 => Just(Some(Command::Pause)),
+        3 => Just(Some(Command::Resume)),
+        1 => Just(Some(Command::Abort)),
+    ]
 }
 
 fn tick(bad_world: bool) -> impl Strategy<Value = Tick> {
@@ -156,15 +168,19 @@ fn tick(bad_world: bool) -> impl Strategy<Value = Tick> {
         -10i64..10,
         prop::bool::weighted(0.9),
         prop::bool::weighted(0.85),
+        command(),
     )
-        .prop_map(|(dt, ready, verdicts, window_skew, measured, persisted)| Tick {
-            dt,
-            ready,
-            verdicts,
-            window_skew,
-            measured,
-            persisted,
-        })
+        .prop_map(
+            |(dt, ready, verdicts, window_skew, measured, persisted, command)| Tick {
+                dt,
+                ready,
+                verdicts,
+                window_skew,
+                measured,
+                persisted,
+                command,
+            },
+        )
 }
 
 fn verdict(code: u8) -> Verdict {
@@ -269,12 +285,13 @@ impl Sim<'_> {
             let window_start = self.now - a.window.get().as_secs() as i64 + t.window_skew;
             o.measurement = Some(Measurement { window_start, verdicts });
         }
-        let d = decide(self.strategy, prev.as_ref(), TOTAL, &o, None);
+        let d = decide(self.strategy, prev.as_ref(), TOTAL, &o, t.command);
         if !t.persisted {
             return Ok(()); // a restart: this decision never reached the API server
         }
         if let Some(prev) = &prev {
             self.check(prev, &d, active, o.measurement.as_ref())?;
+            commands_act(prev, &d.status, t.command)?;
         }
         // The weight's start, from the first persisted decision on (the one that starts the
         // canary sets its first weight too).
@@ -351,6 +368,37 @@ impl Sim<'_> {
         }
         Ok(())
     }
+}
+
+/// A command acts in the decision that sees it: an abort aborts; a pause holds the rollout
+/// where it is (timed pause steps included) until a resume.
+fn commands_act(prev: &CanaryStatus, next: &CanaryStatus, command: Option<Command>) -> Result<(), TestCaseError> {
+    if prev.phase == ABORTED || !prev.phase.in_rollout() {
+        return Ok(());
+    }
+    if prev.phase == PROMOTING {
+        // Stable already takes the revision: refused, and said (`CommandIgnored`).
+        return Ok(());
+    }
+    match command {
+        Some(Command::Abort) => prop_assert_eq!(next.phase, ABORTED, "an abort did not abort"),
+        Some(Command::Pause) if next.phase != ABORTED => {
+            prop_assert!(next.phase == PAUSED && next.paused_by_request, "a pause did not pause");
+        }
+        None if prev.paused_by_request && next.phase != ABORTED => {
+            prop_assert_eq!(
+                next.current_step_index,
+                prev.current_step_index,
+                "a paused rollout moved on"
+            );
+            prop_assert!(
+                next.paused_by_request && next.weight <= prev.weight,
+                "a paused rollout moved on"
+            );
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn run<'a>(strategy: &'a CanaryStrategy, ticks: &[Tick]) -> Result<Sim<'a>, TestCaseError> {
