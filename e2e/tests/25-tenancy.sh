@@ -66,6 +66,7 @@ spec:
   allowPodOverrides: false
   allowSecretReferences: false
   allowedAcmeDirectories: [https://acme.example.com/directory]
+  allowedPrometheusAddresses: [http://prometheus.monitoring:9090]
   maxReplicas: 2
 EOF
 kubectl get proxyfleetpolicy default -o jsonpath='{.spec.allowedImageRepositories}' | grep -q proxyfleet.local/proxy \
@@ -93,6 +94,9 @@ refused spec.pod e2e-tenants '.spec.pod = {priorityClassName: "system-cluster-cr
 refused spec.replicas e2e-tenants '.spec.replicas = 5'
 refused "naming Secrets" e2e-tenants '.spec.tls = {secretName: "someone-elses-certificate"}'
 refused spec.tls.acme.directory e2e-tenants '.spec.tls = {acme: {directory: "https://acme.elsewhere.example.net/dir"}} | .spec.listeners += [{name: "http", port: 8080, servicePort: 80, protocol: "HTTP"}]'
+# The operator would query it from its own namespace, which every fleet's NetworkPolicy admits
+# to the admin port: another team's proxy is not the tenant's to ask.
+refused spec.strategy.canary e2e-tenants '.spec.strategy = {canary: {steps: [{setWeight: 10}], analysis: {interval: "10s", metrics: [{name: "theirs", prometheus: {address: "http://other.team-b:9901", query: "up", successCondition: "result > 0"}}]}}}'
 kubectl apply -n "$ns" --as="$tenant" -f /tmp/e2e-tenant-pxd.json >/dev/null || fail "an allowed fleet was refused"
 kubectl wait -n "$ns" pxd/demo --for=condition=Ready --timeout=180s >/dev/null || fail "the tenant's fleet did not become Ready"
 retry 60 https_get "$ns" demo /   # the echo upstream starts beside it

@@ -146,6 +146,18 @@ async fn read_inputs(ar: &AppRollout, owner: &AppOwner, ctx: &Context) -> Result
         name: owner.name.clone(),
         source,
     };
+    // The platform's policy first: the operator queries the analyses' Prometheus for the team.
+    let policies = (&ctx.stores.policies, &ctx.stores.namespaces);
+    if let Some((reason, message)) =
+        crate::policy::app_refusal(policies.0, policies.1, &owner.namespace, &ar.spec.strategy)
+    {
+        let reason = if reason == "PolicyUnavailable" {
+            "PolicyUnavailable"
+        } else {
+            "PolicyViolation"
+        };
+        return Ok(Err((reason, message)));
+    }
     let deployments: Api<Deployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let Some(target) = deployments
         .get_opt(&ar.spec.workload_ref.name)

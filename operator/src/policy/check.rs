@@ -6,6 +6,7 @@ use kube::core::{Selector, SelectorExt};
 use kube::ResourceExt;
 
 use super::spec::{ProxyFleetPolicy, ProxyFleetPolicySpec};
+use crate::canary::spec::CanaryStrategy;
 use crate::certs::spec::IssuerKind;
 use crate::crd::ProxyDeploymentSpec;
 
@@ -30,12 +31,17 @@ pub fn governing<'a>(
 ) -> Vec<&'a ProxyFleetPolicy> {
     policies
         .iter()
-        .filter(|p| match &p.spec.namespace_selector {
-            None => true,
-            Some(s) => Selector::try_from(s.clone()).map_or(true, |s| s.matches(labels)),
-        })
+        .filter(|p| governs(p, labels))
         .map(|p| p.as_ref())
         .collect()
+}
+
+/// Whether `policy` governs a namespace with `labels`.
+pub fn governs(policy: &ProxyFleetPolicy, labels: &BTreeMap<String, String>) -> bool {
+    match &policy.spec.namespace_selector {
+        None => true,
+        Some(s) => Selector::try_from(s.clone()).map_or(true, |s| s.matches(labels)),
+    }
 }
 
 /// Every violation of `spec` against every governing policy, in field order.
@@ -67,6 +73,9 @@ fn check(
         );
     }
     check_image(spec, p, default_image, &mut deny);
+    if let Some(canary) = spec.strategy.as_ref().and_then(|s| s.canary.as_ref()) {
+        check_prometheus((canary, "spec.strategy.canary"), p, &mut deny);
+    }
     check_service(spec, p, &mut deny);
     check_certificates(spec, p, &mut deny);
     if p.allow_pod_overrides == Some(false) && spec.pod.is_some() {
@@ -159,6 +168,65 @@ fn under(name: &str, suffix: &str) -> bool {
         suffix.trim_start_matches('.').to_ascii_lowercase(),
     );
     name == suffix || name.ends_with(&format!(".{suffix}"))
+}
+
+/// Every Prometheus address a canary strategy's analyses would query, with its field (under
+/// `prefix`: `spec.strategy.canary` for a fleet, `spec.strategy` for an AppRollout).
+fn prometheus_addresses<'a>(canary: &'a CanaryStrategy, prefix: &str) -> Vec<(String, &'a str)> {
+    let background = canary.analysis.iter().map(|a| (format!("{prefix}.analysis"), a));
+    let steps = canary
+        .steps
+        .iter()
+        .enumerate()
+        .filter_map(|(i, s)| Some((format!("{prefix}.steps[{i}].analysis"), s.analysis.as_ref()?)));
+    let mut out = Vec::new();
+    for (field, a) in background.chain(steps) {
+        if let Some(source) = &a.source.prometheus {
+            out.push((format!("{field}.source.prometheus.address"), source.address.as_str()));
+        }
+        for (j, m) in a.metrics.iter().enumerate() {
+            if let Some(q) = &m.prometheus {
+                out.push((format!("{field}.metrics[{j}].prometheus.address"), q.address.as_str()));
+            }
+        }
+    }
+    out
+}
+
+fn check_prometheus(
+    (canary, prefix): (&CanaryStrategy, &str),
+    p: &ProxyFleetPolicySpec,
+    deny: &mut impl FnMut(String, String),
+) {
+    let Some(allowed) = &p.allowed_prometheus_addresses else {
+        return;
+    };
+    // As written, as admission compares them.
+    for (field, address) in prometheus_addresses(canary, prefix) {
+        if !allowed.iter().any(|a| a == address) {
+            deny(
+                field,
+                format!("Prometheus {address:?} is not allowed ({})", allowed.join(", ")),
+            );
+        }
+    }
+}
+
+/// What governing policies do not allow of an AppRollout's canary strategy (the Prometheus its
+/// analyses query).
+pub fn strategy_violations(canary: &CanaryStrategy, policies: &[&ProxyFleetPolicy]) -> Vec<Violation> {
+    let mut out = Vec::new();
+    for p in policies {
+        let name = p.name_any();
+        let mut deny = |field: String, what: String| {
+            out.push(Violation {
+                field,
+                message: format!("{what} (ProxyFleetPolicy {name})"),
+            })
+        };
+        check_prometheus((canary, "spec.strategy"), &p.spec, &mut deny);
+    }
+    out
 }
 
 fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny: &mut impl FnMut(String, String)) {
@@ -332,6 +400,38 @@ mod tests {
         assert!(
             fields(&default_image, &p).is_empty(),
             "the operator's own image is always allowed"
+        );
+    }
+
+    /// A canary analysis queries only the platform's Prometheus: the operator makes the request.
+    #[test]
+    fn prometheus_addresses_are_the_platform_teams_choice() {
+        let p = policy(
+            "prom",
+            serde_json::json!({"allowedPrometheusAddresses": ["http://prometheus.monitoring:9090"]}),
+        );
+        let analysis = |source: &str, query: &str| {
+            serde_json::json!({"interval": "10s", "source": {"prometheus": {"address": source}},
+                "metrics": [{"name": "q", "prometheus": {"address": query, "query": "up", "successCondition": "result > 0"}}]})
+        };
+        let canary = |a: serde_json::Value| {
+            fleet(
+                serde_json::json!({"strategy": {"canary": {"steps": [{"setWeight": 10}, {"analysis": a.clone()}],
+                "analysis": a}}}),
+            )
+        };
+        let ours = "http://prometheus.monitoring:9090";
+        assert!(fields(&canary(analysis(ours, ours)), &p).is_empty());
+        assert_eq!(
+            fields(&canary(analysis(ours, "http://team-b-proxy.team-b:9901")), &p),
+            vec![
+                "spec.strategy.canary.analysis.metrics[0].prometheus.address",
+                "spec.strategy.canary.steps[1].analysis.metrics[0].prometheus.address"
+            ]
+        );
+        assert_eq!(
+            fields(&canary(analysis("http://10.0.0.1:8080", ours)), &p)[0],
+            "spec.strategy.canary.analysis.source.prometheus.address"
         );
     }
 

@@ -8,6 +8,9 @@ use std::collections::BTreeMap;
 
 use kube::runtime::reflector::{ObjectRef, Store};
 
+use std::sync::Arc;
+
+use crate::canary::spec::CanaryStrategy;
 use crate::crd::ProxyDeploymentSpec;
 use check::Violation;
 use spec::ProxyFleetPolicy;
@@ -15,28 +18,62 @@ use spec::ProxyFleetPolicy;
 /// Why a fleet may not be applied as written, as (reason, message) for its status.
 pub fn refusal(
     policies: &Store<ProxyFleetPolicy>,
-    namespaces: &Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>,
+    namespaces: &Namespaces,
     namespace: &str,
     spec: &ProxyDeploymentSpec,
     default_image: &str,
 ) -> Option<(String, String)> {
+    let governing = match governing_in(policies, namespaces, namespace) {
+        Ok(g) => g,
+        Err(unknown) => return Some(unknown),
+    };
+    let governing: Vec<&ProxyFleetPolicy> = governing.iter().map(|p| p.as_ref()).collect();
+    as_refusal(check::violations(spec, &governing, default_image))
+}
+
+/// Why an AppRollout's canary strategy may not run as written (the Prometheus its analyses
+/// would have the operator query), as (reason, message) for its status.
+pub fn app_refusal(
+    policies: &Store<ProxyFleetPolicy>,
+    namespaces: &Namespaces,
+    namespace: &str,
+    strategy: &CanaryStrategy,
+) -> Option<(String, String)> {
+    let governing = match governing_in(policies, namespaces, namespace) {
+        Ok(g) => g,
+        Err(unknown) => return Some(unknown),
+    };
+    let governing: Vec<&ProxyFleetPolicy> = governing.iter().map(|p| p.as_ref()).collect();
+    as_refusal(check::strategy_violations(strategy, &governing))
+}
+
+type Namespaces = Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>;
+
+/// The policies governing `namespace`; without its labels, when some policy selects by them,
+/// they are unknown (fail closed).
+fn governing_in(
+    policies: &Store<ProxyFleetPolicy>,
+    namespaces: &Namespaces,
+    namespace: &str,
+) -> Result<Vec<Arc<ProxyFleetPolicy>>, (String, String)> {
     let all = policies.state();
     if all.is_empty() {
-        return None;
+        return Ok(Vec::new());
     }
     let labels: BTreeMap<String, String> = match namespaces.get(&ObjectRef::new(namespace)) {
         Some(ns) => ns.metadata.labels.clone().unwrap_or_default(),
-        // Without its labels the governing policies are unknown: fail closed.
         None if all.iter().any(|p| p.spec.namespace_selector.is_some()) => {
-            return Some((
+            return Err((
                 "PolicyUnavailable".into(),
                 format!("namespace {namespace} is not in the cache yet; its policies cannot be evaluated"),
             ))
         }
         None => BTreeMap::new(),
     };
-    let governing = check::governing(&all, &labels);
-    let violations = check::violations(spec, &governing, default_image);
+    Ok(all.into_iter().filter(|p| check::governs(p, &labels)).collect())
+}
+
+fn as_refusal(violations: Vec<Violation>) -> Option<(String, String)> {
     if violations.is_empty() {
         return None;
     }

@@ -70,4 +70,11 @@ pub struct ProxyFleetPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0))]
     pub max_replicas: Option<i32>,
+    /// Prometheus base URLs a canary analysis may query (an analysis' `source.prometheus.address`
+    /// and a metric's `prometheus.address`; absent: any). The operator sends those queries from
+    /// its own namespace, which every fleet's NetworkPolicy admits to the proxies' admin port, and
+    /// quotes the answer in the fleet's status: an address the tenant chooses is a request the
+    /// operator makes on the tenant's behalf.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allowed_prometheus_addresses: Option<Vec<String>>,
 }
