@@ -76,7 +76,9 @@ pub async fn ensure(
     let previous = pxd.status.as_ref().and_then(|s| s.acme.as_ref());
     let mut record = AcmeRecord::from_status(previous);
     let mut account = previous.and_then(|s| s.account.clone());
-    if let Some(outcome) = ctx.acme_orders.take_finished(&uid) {
+    let finished = ctx.acme_orders.take_finished(&uid);
+    let just_collected = finished.is_some();
+    if let Some(outcome) = finished {
         let (r, a) = collect(outcome, owner, record, ctx).await;
         (record, account) = (r, a.or(account));
     }
@@ -101,6 +103,9 @@ pub async fn ensure(
         record = AcmeRecord::default();
     }
     let requeue = match &step {
+        // The certificate just stored may not be in the cache yet: look again before ordering
+        // another (a second order for the same names spends the CA's duplicate limit).
+        Step::Order { .. } if just_collected => Duration::from_secs(2),
         Step::Order { reason } => {
             if let Err(e) = start_order(pxd, owner, acme, names.clone(), reason, ctx).await {
                 record = record.failed(now(), e, None);
