@@ -96,10 +96,11 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     }
     // The platform policy first: a refused spec gets nothing applied on its behalf.
     let refused = policy_refusal(&pxd, &owner, &ctx);
-    let certs = match refused {
+    let mut certs = match refused {
         None => certs::reconcile::ensure(&pxd, &ctx).await,
         Some(_) => certs::reconcile::held(&pxd),
     };
+    cert_retry(&ctx, &pxd, &owner, &mut certs).await;
     let token = match refused {
         None => crate::app::token::ensure(&ctx, &owner).await,
         Some(_) => Ok(()),
@@ -118,6 +119,9 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
         Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
         Ok(rev) => roll_out(&shaped, &owner, &ctx, &certs, rev, &mut pass).await?,
     }
+    if let Some(e) = pass.transient.take() {
+        return Err(keep_canary_decision(&pxd, &owner, &ctx, &mut pass, e).await);
+    }
     let (stable, canary) = (
         cached_track(&ctx, &owner, Track::Stable),
         cached_track(&ctx, &owner, Track::Canary),
@@ -128,12 +132,62 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     let new_status = new_status(&pxd, &certs, stable, canary.as_deref(), &mut pass);
     record_history(&pxd, &owner, &ctx, &new_status, stable, &mut pass).await;
     write_status(&pxd, &owner, &ctx, &new_status).await?;
-    // A transient apply error is retried on the reconcile's backoff, after the status above
-    // kept the canary's decision.
-    if let Some(e) = pass.transient.take() {
-        return Err(e);
-    }
     Ok(pass.finish(&ctx, &owner, &new_status))
+}
+
+/// Reasons of a certificate source that fails, as opposed to one waiting for cert-manager or an
+/// ACME order.
+const CERT_FAILURES: &[&str] = &[
+    "SecretNotFound",
+    "InvalidSecret",
+    "SecretNotOurs",
+    "SecretUnreadable",
+    "UnsupportedKeyAlgorithm",
+    "Invalid",
+    "IssuanceFailed",
+    "CAUnavailable",
+    "AcmeUnavailable",
+    "CertManagerUnavailable",
+];
+
+/// A certificate source that fails is retried on a backoff (5 s doubling, at most a minute: a
+/// Secret the user creates does not wake the fleet), and a failure the fleet keeps serving
+/// through (a renewal that failed, the old leaf still valid) is told once as a Warning event; a
+/// blocking one is told by `Pass::block`.
+async fn cert_retry(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, certs: &mut certs::reconcile::CertOutcome) {
+    let key = format!("certs:{}", owner.reference.uid);
+    let c = &certs.condition;
+    if c.status || !CERT_FAILURES.contains(&c.reason.as_str()) {
+        ctx.backoff.succeeded(&key);
+        return;
+    }
+    certs.requeue_after = Some(ctx.backoff.failed(&key).min(Duration::from_secs(60)));
+    let told = pxd
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|k| k.type_ == c.type_))
+        .is_some_and(|k| k.status == "False" && k.message == c.message);
+    if certs.blocking.is_none() && !told {
+        ctx.warn(owner, &c.reason, &c.message).await;
+    }
+}
+
+/// An apply that failed for a reason not the spec's: the status stays as it was (nothing new
+/// runs, so nothing new is reported), except the canary's decision, which must not be lost (a
+/// measured failure, a command already cleared). The pass then fails with `e`, on the backoff.
+async fn keep_canary_decision(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, pass: &mut Pass, e: Error) -> Error {
+    let Some(canary) = pass.canary_status.take() else {
+        return e;
+    };
+    let mut kept = own_part(pxd.status.clone().unwrap_or_default());
+    kept.canary = Some(canary);
+    match write_status(pxd, owner, ctx, &kept).await {
+        Ok(()) => e,
+        Err(status) => {
+            tracing::warn!(error = %status, "the canary's decision could not be written either");
+            e
+        }
+    }
 }
 
 /// What one reconcile pass learned on its way through the steps.
@@ -148,7 +202,7 @@ struct Pass {
     /// 2 s look would retry the refused apply every 2 s).
     apply_failed: Option<Duration>,
     /// An apply that failed for a reason not the spec's (a conflict, a 5xx, a timeout): the
-    /// pass still writes its status, then fails with it.
+    /// pass keeps the canary's decision in the status, then fails with it.
     transient: Option<Error>,
 }
 
@@ -318,8 +372,8 @@ async fn roll_out(
         // Refused objects are the user's to fix: say so in status, retry with backoff (while
         // a canary runs, at least every 30 s, so its analysis can still abort it).
         Err(e) => {
-            // Not the spec's fault: the status still keeps the canary's decision (a measured
-            // failure, a cleared command), and the pass fails after writing it.
+            // Not the spec's fault: the status keeps the canary's decision (a measured failure,
+            // a cleared command), and the pass fails after writing it (`keep_canary_decision`).
             let Some(message) = e.refusal() else {
                 pass.transient = Some(e.into());
                 return Ok(());

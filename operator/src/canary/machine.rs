@@ -427,11 +427,13 @@ pub fn decide(
         }
         return settle(run, &stable_rev, total, obs);
     }
-    start_or_supersede(&mut run, &stable_rev, obs);
-    restart_on_new_strategy(&mut run, &strategy_hash(strategy), &stable_rev, obs);
+    let started = start_or_supersede(&mut run, &stable_rev, obs);
+    let restarted = restart_on_new_strategy(&mut run, &strategy_hash(strategy), &stable_rev, obs);
     // Every measurement is counted before anything moves, whatever the step or a command does
-    // (an abort by request in the same pass included).
-    match (active_analysis(strategy, &run.status), &obs.measurement) {
+    // (an abort by request in the same pass included); one taken for a rollout that just
+    // started over belongs to no step of it.
+    let measurement = obs.measurement.as_ref().filter(|_| !started && !restarted);
+    match (active_analysis(strategy, &run.status), measurement) {
         (Some((analysis, AnalysisKind::Background)), Some(m)) => run.record_background(analysis, m, obs.now),
         (Some((analysis, AnalysisKind::Step)), Some(m)) => run.record_step(analysis, m, obs.now),
         _ => {}
@@ -493,13 +495,13 @@ fn settle(mut run: Run, stable_rev: &str, total: i32, obs: &Observations) -> Dec
     plain(run.status, run.events, total)
 }
 
-/// A new revision: start, or supersede a rollout of another revision.
-fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
+/// A new revision: start, or supersede a rollout of another revision. Whether it started.
+fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) -> bool {
     // The same revision's rollout goes on; one that ended (completed, then the spec went
     // elsewhere and came back) starts again from its first step, never at its last.
     let ongoing = run.status.phase.in_rollout();
     if ongoing && run.status.canary_revision.as_deref() == Some(obs.desired_revision.as_str()) {
-        return;
+        return false;
     }
     let superseded = run.status.phase.in_rollout() && run.status.phase != ABORTED;
     run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
@@ -512,6 +514,7 @@ fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) {
     }
     let msg = format!("canary revision {} (stable {stable_rev})", obs.desired_revision);
     run.event(false, "RolloutStarted", msg);
+    true
 }
 
 /// A short hash of the strategy as written (steps, analyses, thresholds, limits).
@@ -529,19 +532,28 @@ pub fn strategy_hash(strategy: &CanaryStrategy) -> String {
 /// steps, thresholds and limits judged under another strategy say nothing of this one (a step
 /// index kept across an edit could land past a blocking analysis). An aborted rollout stays
 /// aborted; a status written before the hash existed adopts it without a restart.
-fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Observations) {
+fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Observations) -> bool {
     let known = run.status.strategy_hash.replace(hash.to_string());
     let running = run.status.phase.in_rollout() && run.status.phase != ABORTED;
     if !running || known.is_none_or(|k| k == hash) {
-        return;
+        return false;
     }
+    let paused = run.status.paused_by_request;
     run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
     run.status.strategy_hash = Some(hash.to_string());
+    if paused {
+        // Paused by request it stays, at its first step, until resumed.
+        run.status.phase = PAUSED;
+        run.status.paused_by_request = true;
+        run.status.pause_started_at = Some(rfc(obs.now));
+        run.status.message = Some("paused by request".into());
+    }
     run.event(
         false,
         "RolloutRestarted",
         "the canary strategy changed during the rollout; it starts again from its first step".into(),
     );
+    true
 }
 
 /// Stable already takes the canary's revision: an abort or a pause can no longer stop it (the

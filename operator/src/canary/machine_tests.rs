@@ -532,3 +532,35 @@ fn a_pause_by_request_holds_a_timed_pause_step_too() {
     assert!(!resumed.status.paused_by_request);
     assert!(resumed.status.current_step_index >= 2, "{:?}", resumed.status);
 }
+
+/// The strategy edited while paused by request: the rollout starts over at its first step and
+/// stays paused; a measurement taken for the old step is not counted into the new rollout.
+#[test]
+fn a_strategy_edited_while_paused_by_request_stays_paused() {
+    let before = ungated();
+    let d = decide(&before, None, 5, &obs(0, 0), None);
+    let paused = decide(&before, Some(&d.status), 5, &obs(1, 1), Some(Command::Pause));
+    assert!(paused.status.paused_by_request);
+    let mut after = before.clone();
+    after.steps.insert(
+        0,
+        CanaryStep {
+            set_weight: Some(5),
+            pause: None,
+            analysis: None,
+        },
+    );
+    let mut o = obs(2, 1);
+    o.measurement = bad();
+    let restarted = decide(&after, Some(&paused.status), 5, &o, None);
+    assert_eq!(restarted.status.phase, PAUSED);
+    assert!(restarted.status.paused_by_request);
+    assert_eq!(restarted.status.current_step_index, 0);
+    assert!(
+        restarted.status.metrics.iter().all(|m| m.failures == 0),
+        "{:?}",
+        restarted.status.metrics
+    );
+    let still = decide(&after, Some(&restarted.status), 5, &obs(100, 1), None);
+    assert_eq!((still.status.phase, still.status.current_step_index), (PAUSED, 0));
+}

@@ -168,9 +168,10 @@ pub struct Metric {
 /// A limit: absolute (`max`), or relative to stable (`maxPercentWorseThanStable`).
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, KubeSchema)]
 #[serde(rename_all = "camelCase")]
-#[x_kube(validation = Rule::new("has(self.max) || has(self.relativeToStable)").message("give max, relativeToStable, or both"))]
+#[x_kube(validation = Rule::new("has(self.max)").message("give max (relativeToStable, optional beside it, has nothing to compare with while stable serves no traffic, as at setWeight: 100)"))]
 pub struct Threshold {
-    /// Absolute maximum (milliseconds for latency, percent for error rate).
+    /// Absolute maximum (milliseconds for latency, percent for error rate). Required: it judges
+    /// the windows in which stable has no figure to compare with.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0.0))]
     pub max: Option<f64>,

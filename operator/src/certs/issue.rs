@@ -99,7 +99,9 @@ pub fn reissue_reason(
     if have != want {
         return Some("DNS names changed".into());
     }
-    if now >= renewal_time(c, renew_before) {
+    // A leaf that already ends with its CA (capped at issuance) gains nothing from another of
+    // the same CA; the CA's rotation reissues it. Renewing it would loop, every pass.
+    if now >= renewal_time(c, renew_before) && c.not_after < ca.not_after {
         return Some("renewal time reached".into());
     }
     None
@@ -244,7 +246,17 @@ mod tests {
             false,
         )
         .unwrap();
-        assert_eq!(parse_pem(&leaf.cert_pem).unwrap().not_after, ca_end);
+        let leaf = parse_pem(&leaf.cert_pem).unwrap();
+        assert_eq!(leaf.not_after, ca_end);
+        // Past its renewal time (and with a renewBefore longer than it lives) it is not reissued
+        // from the same CA over and over: the CA's rotation does that.
+        let ca_info = parse_pem(&ca.cert_pem).unwrap();
+        let names = ["a.example".to_string()];
+        assert_eq!(
+            reissue_reason(Some(&leaf), &names, &ca_info, Some(Duration::from_secs(30 * DAY)), now),
+            None
+        );
+        assert_eq!(reissue_reason(Some(&leaf), &names, &ca_info, None, ca_end - 10), None);
     }
 
     #[test]

@@ -52,25 +52,24 @@ pub fn progress(member: &ProxyDeployment) -> super::waves::Progress {
     if status.observed_generation.unwrap_or(0) < member.metadata.generation.unwrap_or(0) {
         return Progress::Running;
     }
-    match status.canary.as_ref().map(|c| c.phase) {
-        Some(CanaryPhase::Aborted) => {
-            let why = status
-                .canary
-                .as_ref()
-                .map(abort_words)
-                .unwrap_or_else(|| "no reason given".into());
-            return Progress::Failed(format!("its canary aborted: {why}"));
-        }
-        Some(CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting) => {
-            return Progress::Running;
-        }
-        _ => {}
+    if let Some(c) = status.canary.as_ref().filter(|c| c.phase == CanaryPhase::Aborted) {
+        return Progress::Failed(format!("its canary aborted: {}", abort_words(c)));
     }
     let condition = |t: &str| status.conditions.iter().find(|c| c.type_ == t && c.status == "True");
     // A member that refuses or cannot run the spec (a missing Secret, pods that never become
-    // ready) failed it, even while its old pods still serve.
+    // ready) failed it, even while its old pods still serve, and even mid-canary (a blocked
+    // pass keeps the canary's status as it stood).
     if let Some(d) = condition(crate::conditions::DEGRADED) {
         return Progress::Failed(format!("its fleet is degraded: {}: {}", d.reason, d.message));
+    }
+    let in_canary = status.canary.as_ref().is_some_and(|c| {
+        matches!(
+            c.phase,
+            CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting
+        )
+    });
+    if in_canary {
+        return Progress::Running;
     }
     if condition(crate::conditions::READY).is_some() {
         Progress::Done
@@ -343,6 +342,12 @@ mod tests {
             "message": "spec.tls.secretName: Secret x not found", "lastTransitionTime": "2026-01-01T00:00:00Z"}))
             .unwrap();
         m.status.as_mut().unwrap().conditions.push(degraded);
+        assert!(matches!(progress(&m), Progress::Failed(w) if w.contains("SecretNotFound")));
+        // Blocked mid-canary: the canary's status stands as it was, and the member failed.
+        m.status.as_mut().unwrap().canary = Some(crate::canary::spec::CanaryStatus {
+            phase: crate::canary::spec::CanaryPhase::Progressing,
+            ..Default::default()
+        });
         assert!(matches!(progress(&m), Progress::Failed(w) if w.contains("SecretNotFound")));
         m.metadata.generation = Some(4);
         assert_eq!(
