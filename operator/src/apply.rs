@@ -12,7 +12,6 @@ use kube::runtime::reflector::{ObjectRef, Store};
 use kube::{Client, Resource, ResourceExt};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
-use sha2::{Digest, Sha256};
 
 use crate::labels;
 use crate::metrics::Metrics;
@@ -107,12 +106,7 @@ pub struct Applier {
 }
 
 fn desired_hash<K: Serialize>(obj: &K) -> String {
-    let bytes = serde_json::to_vec(obj).unwrap_or_default();
-    Sha256::digest(&bytes)
-        .iter()
-        .take(8)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::desired::short_hash(obj, 8)
 }
 
 fn version_token<K: Resource>(obj: &K) -> Option<String> {

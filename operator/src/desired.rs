@@ -36,13 +36,19 @@ struct RevisionInputs<'a> {
 impl RevisionInputs<'_> {
     /// The short revision hash shown in status and on the pods.
     fn revision(&self) -> String {
-        let bytes = serde_json::to_vec(self).unwrap_or_default();
-        Sha256::digest(&bytes)
-            .iter()
-            .take(4)
-            .map(|b| format!("{b:02x}"))
-            .collect()
+        short_hash(self, 4)
     }
+}
+
+/// The first `bytes` bytes of the SHA-256 of `value`'s JSON, in hex: revision, desired-object
+/// and strategy hashes (changing it changes every running fleet's revision).
+pub fn short_hash<T: serde::Serialize + ?Sized>(value: &T, bytes: usize) -> String {
+    let json = serde_json::to_vec(value).unwrap_or_default();
+    Sha256::digest(&json)
+        .iter()
+        .take(bytes)
+        .map(|b| format!("{b:02x}"))
+        .collect()
 }
 
 /// One revision of the fleet's pods with its ConfigMap.

@@ -519,13 +519,7 @@ fn start_or_supersede(run: &mut Run, stable_rev: &str, obs: &Observations) -> bo
 
 /// A short hash of the strategy as written (steps, analyses, thresholds, limits).
 pub fn strategy_hash(strategy: &CanaryStrategy) -> String {
-    use sha2::{Digest, Sha256};
-    let bytes = serde_json::to_vec(strategy).unwrap_or_default();
-    Sha256::digest(&bytes)
-        .iter()
-        .take(6)
-        .map(|b| format!("{b:02x}"))
-        .collect()
+    crate::desired::short_hash(strategy, 6)
 }
 
 /// A strategy edited during a rollout starts it again from its first step, with fresh counts:

@@ -23,12 +23,9 @@ pub fn refusal(
     spec: &ProxyDeploymentSpec,
     default_image: &str,
 ) -> Option<(String, String)> {
-    let governing = match governing_in(policies, namespaces, namespace) {
-        Ok(g) => g,
-        Err(unknown) => return Some(unknown),
-    };
-    let governing: Vec<&ProxyFleetPolicy> = governing.iter().map(|p| p.as_ref()).collect();
-    as_refusal(check::violations(spec, &governing, default_image))
+    judged(policies, namespaces, namespace, |governing| {
+        check::violations(spec, governing, default_image)
+    })
 }
 
 /// Why an AppRollout's canary strategy may not run as written (the Prometheus its analyses
@@ -39,12 +36,24 @@ pub fn app_refusal(
     namespace: &str,
     strategy: &CanaryStrategy,
 ) -> Option<(String, String)> {
+    judged(policies, namespaces, namespace, |governing| {
+        check::strategy_violations(strategy, governing)
+    })
+}
+
+/// What `judge` finds against the policies governing `namespace`, as a refusal.
+fn judged(
+    policies: &Store<ProxyFleetPolicy>,
+    namespaces: &Namespaces,
+    namespace: &str,
+    judge: impl FnOnce(&[&ProxyFleetPolicy]) -> Vec<Violation>,
+) -> Option<(String, String)> {
     let governing = match governing_in(policies, namespaces, namespace) {
         Ok(g) => g,
         Err(unknown) => return Some(unknown),
     };
     let governing: Vec<&ProxyFleetPolicy> = governing.iter().map(|p| p.as_ref()).collect();
-    as_refusal(check::strategy_violations(strategy, &governing))
+    as_refusal(judge(&governing))
 }
 
 type Namespaces = Store<kube::core::PartialObjectMeta<k8s_openapi::api::core::v1::Namespace>>;
