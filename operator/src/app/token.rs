@@ -25,6 +25,11 @@ fn random_token() -> Option<String> {
 pub enum TokenError {
     #[error("creating the admin token Secret {namespace}/{name}: the system has no randomness")]
     NoRandomness { namespace: String, name: String },
+    #[error(
+        "the admin token Secret {namespace}/{name} exists and is not this fleet's (it is not controlled by it): \
+         it is never used; remove or rename it"
+    )]
+    Foreign { namespace: String, name: String },
     #[error("creating the admin token Secret {namespace}/{name}: {source}")]
     Create {
         namespace: String,
@@ -66,7 +71,20 @@ pub async fn ensure(ctx: &Context, owner: &Owner) -> Result<(), TokenError> {
             ctx.metrics.api_write("Secret", "create");
             Ok(())
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(()),
+        // Not in our cache (it holds only our objects) yet there: ours and the cache lags, or
+        // someone else's of that name, which is never taken for the fleet's token.
+        Err(kube::Error::Api(e)) if e.code == 409 => match api.get_metadata_opt(&name).await {
+            Ok(Some(found)) if ours(&found.metadata, owner) => Ok(()),
+            Ok(_) => Err(TokenError::Foreign {
+                namespace: owner.namespace.clone(),
+                name,
+            }),
+            Err(source) => Err(TokenError::Create {
+                namespace: owner.namespace.clone(),
+                name,
+                source,
+            }),
+        },
         Err(source) => Err(TokenError::Create {
             namespace: owner.namespace.clone(),
             name,
@@ -75,11 +93,28 @@ pub async fn ensure(ctx: &Context, owner: &Owner) -> Result<(), TokenError> {
     }
 }
 
+/// Whether the token Secret is the fleet's own: controlled by it and labelled by us.
+fn ours(meta: &kube::api::ObjectMeta, owner: &Owner) -> bool {
+    let labelled = meta
+        .labels
+        .as_ref()
+        .and_then(|l| l.get(crate::labels::MANAGED_BY))
+        .is_some_and(|v| v == crate::labels::MANAGER);
+    labelled && crate::owner_index::meta_controller_uid(meta) == Some(owner.reference.uid.as_str())
+}
+
 /// The fleet's admin token, read from the API server (the pods' mounted copy is what counts,
 /// and it is never rewritten, so any read is current).
 pub async fn read(ctx: &Context, namespace: &str, fleet: &str) -> Option<String> {
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let s = secrets.get_opt(&token_secret_name(fleet)).await.ok()??;
+    // Only the Secret we made for this fleet is a token (never one someone else named so).
+    let labels = s.metadata.labels.as_ref()?;
+    let ours = labels.get(crate::labels::MANAGED_BY).map(String::as_str) == Some(crate::labels::MANAGER)
+        && labels.get(crate::labels::INSTANCE).map(String::as_str) == Some(fleet);
+    if !ours {
+        return None;
+    }
     let bytes = s.data?.get(TOKEN_KEY)?.0.clone();
     String::from_utf8(bytes).ok().map(|t| t.trim().to_string())
 }
@@ -103,19 +138,38 @@ mod tests {
     }
 
     /// A refused creation is an error naming the Secret (the reconcile tells it and retries);
-    /// one that already exists is not; the token's value is in neither.
+    /// one that already exists is not, if it is the fleet's; someone else's of that name is an
+    /// error and never the token. The token's value is in none of them.
     #[tokio::test]
     async fn a_refused_token_creation_is_an_error_naming_the_secret() {
         let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let ctx = test_context(kube::Client::new(mock, "default"));
         let server = tokio::spawn(async move {
-            for (code, reason) in [(403, "Forbidden"), (409, "AlreadyExists")] {
+            let mut seen = 0;
+            for (code, reason) in [(403, "Forbidden"), (409, "AlreadyExists"), (409, "AlreadyExists")] {
                 let (request, send) = handle.next_request().await.expect("a create");
                 assert_eq!(request.method(), http::Method::POST);
                 let body = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
                     "message": format!("secrets is {reason}"), "reason": reason, "code": code});
                 let body = Body::from(serde_json::to_vec(&body).expect("json"));
                 send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+                if code != 409 {
+                    continue;
+                }
+                // The existing one is read: first ours (the cache lagged), then someone else's.
+                let (request, send) = handle.next_request().await.expect("a read");
+                assert_eq!(request.method(), http::Method::GET);
+                let mine = reason_seen(&mut seen);
+                let meta = if mine {
+                    serde_json::json!({"name": "edge-admin-token", "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGER},
+                        "ownerReferences": [{"apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+                            "name": "edge", "uid": "u1", "controller": true}]})
+                } else {
+                    serde_json::json!({"name": "edge-admin-token", "labels": {"team": "theirs"}})
+                };
+                let body = serde_json::json!({"apiVersion": "meta.k8s.io/v1", "kind": "PartialObjectMetadata", "metadata": meta});
+                let body = Body::from(serde_json::to_vec(&body).expect("json"));
+                send.send_response(http::Response::builder().status(200).body(body).expect("response"));
             }
         });
         let refused = ensure(&ctx, &owner()).await.expect_err("refused");
@@ -124,7 +178,15 @@ mod tests {
             said.contains("team-a/edge-admin-token") && said.contains("Forbidden"),
             "{said}"
         );
-        ensure(&ctx, &owner()).await.expect("already there is fine");
+        ensure(&ctx, &owner()).await.expect("already there, ours, is fine");
+        let foreign = ensure(&ctx, &owner()).await.expect_err("someone else's");
+        assert!(matches!(foreign, TokenError::Foreign { .. }), "{foreign}");
         server.await.expect("mock server");
+    }
+
+    /// The first 409 answered is ours, the next someone else's.
+    fn reason_seen(seen: &mut u32) -> bool {
+        *seen += 1;
+        *seen == 1
     }
 }

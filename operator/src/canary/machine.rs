@@ -393,6 +393,27 @@ fn plain(status: CanaryStatus, events: Vec<Event>, total: i32) -> Decision {
     }
 }
 
+/// No stable Deployment: a first deployment, or one deleted (by hand) during a rollout. The
+/// spec's revision is deployed as stable either way (nothing else is known to run), but the
+/// latter is said loudly: a rollout in progress or aborted ends there, its revision unjudged.
+fn no_stable(previous: Option<&CanaryStatus>, total: i32, obs: &Observations) -> Decision {
+    let Some(p) = previous.filter(|p| p.phase.in_rollout()) else {
+        return plain(idle(None, "first deployment"), vec![], total);
+    };
+    let message = format!(
+        "the stable Deployment is gone during the {} rollout of {}: revision {} is deployed as stable, unjudged",
+        p.phase,
+        p.canary_revision.as_deref().unwrap_or("?"),
+        obs.desired_revision
+    );
+    let event = Event {
+        warning: true,
+        reason: "StableMissing",
+        message: message.clone(),
+    };
+    plain(idle(None, &message), vec![event], total)
+}
+
 fn idle(stable: Option<String>, message: &str) -> CanaryStatus {
     CanaryStatus {
         phase: IDLE,
@@ -412,7 +433,7 @@ pub fn decide(
 ) -> Decision {
     // First deploy: nothing to compare against.
     let Some(stable_rev) = obs.stable_revision.clone() else {
-        return plain(idle(None, "first deployment"), vec![], total);
+        return no_stable(previous, total, obs);
     };
     let mut run = Run {
         status: previous

@@ -564,3 +564,19 @@ fn a_strategy_edited_while_paused_by_request_stays_paused() {
     let still = decide(&after, Some(&restarted.status), 5, &obs(100, 1), None);
     assert_eq!((still.status.phase, still.status.current_step_index), (PAUSED, 0));
 }
+
+/// The stable Deployment deleted during a rollout: the spec's revision is deployed as stable
+/// (nothing else is known), and that is said, not reported as a first deployment.
+#[test]
+fn a_stable_deployment_gone_mid_rollout_is_said() {
+    let s = ungated();
+    let d = decide(&s, None, 5, &obs(0, 0), None);
+    let aborted = decide(&s, Some(&d.status), 5, &obs(1, 1), Some(Command::Abort));
+    let mut gone = obs(2, 0);
+    gone.stable_revision = None;
+    let after = decide(&s, Some(&aborted.status), 5, &gone, None);
+    assert_eq!(after.stable_template, StableTemplate::Desired);
+    assert!(after.events.iter().any(|e| e.warning && e.reason == "StableMissing"));
+    let first = decide(&s, None, 5, &gone, None);
+    assert!(first.events.is_empty());
+}
