@@ -124,12 +124,18 @@ cut_short() {
   done
   echo "$n"
 }
+# The stalled client PID is stopped and its report OUT shown; N of its streams were cut (CUT)
+# and it saw N heads, no data, its connection open — else fail with WHAT.
+end_stalled() {
+  local pid=$1 out=$2 n=$3 cut=$4 what=$5
+  kill -TERM "$pid" 2>/dev/null || true
+  wait "$pid" 2>/dev/null || true
+  sed 's/^/  /' "$out" >&2
+  [ "$cut" -ge "$n" ] || { sort up.log | uniq -c >&2; fail "only $cut of the $n $what"; }
+  grep -q "response heads: $n, data bytes: 0, .* connection open" "$out" || fail "the stalled client saw something else"
+}
 cut=$(cut_short /big/8m 64 25)
-kill -TERM "$stalled" 2>/dev/null || true
-wait "$stalled" 2>/dev/null || true
-sed 's/^/  /' stalled.txt >&2
-[ "$cut" -ge 64 ] || { sort up.log | uniq -c >&2; fail "only $cut of the 64 stalled streams were reset upstream"; }
-grep -q 'response heads: 64, data bytes: 0, .* connection open' stalled.txt || fail "the stalled client saw something else"
+end_stalled "$stalled" stalled.txt 64 "$cut" "stalled streams were reset upstream"
 say "all 64 stalled streams were reset upstream at the send timeout; the proxy still serves"
 curl -fsS --cacert ca.crt --resolve conformance.example.com:18443:127.0.0.1 https://conformance.example.com:18443/ready >/dev/null
 
@@ -141,11 +147,7 @@ python3 "$root/bench/stalled_streams.py" 127.0.0.1 18443 ca.crt conformance.exam
 t0=$(date +%s)
 cut=$(cut_short /big1/8m 16 35)
 released=$(( $(date +%s) - t0 ))
-kill -TERM "$stalled" 2>/dev/null || true
-wait "$stalled" 2>/dev/null || true
-sed 's/^/  /' stalled1.txt >&2
-[ "$cut" -ge 16 ] || { sort up.log | uniq -c >&2; fail "only $cut of the 16 stalled streams' upstream connections were released"; }
-grep -q 'response heads: 16, data bytes: 0, .* connection open' stalled1.txt || fail "the stalled client saw something else"
+end_stalled "$stalled" stalled1.txt 16 "$cut" "stalled streams' upstream connections were released"
 say "all 16 upstream connections released, cut short, within ${released}s while their client held its connection"
 
 say "tracing: a span exported over OTLP to Jaeger, child of the caller's span"

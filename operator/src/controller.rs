@@ -117,10 +117,11 @@ async fn reconcile_inner(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result
     };
     match revision {
         Err(problem) => pass.block(&ctx, &pxd, &owner, problem).await,
-        Ok(rev) => roll_out(&shaped, &owner, &ctx, &certs, rev, &mut pass).await?,
-    }
-    if let Some(e) = pass.transient.take() {
-        return Err(keep_canary_decision(&pxd, &owner, &ctx, &mut pass, e).await);
+        Ok(rev) => {
+            if let Err(e) = roll_out(&shaped, &owner, &ctx, &certs, rev, &mut pass).await {
+                return Err(keep_canary_decision(&pxd, &owner, &ctx, &mut pass, e).await);
+            }
+        }
     }
     let (stable, canary) = (
         cached_track(&ctx, &owner, Track::Stable),
@@ -172,22 +173,20 @@ async fn cert_retry(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, certs: 
     }
 }
 
-/// An apply that failed for a reason not the spec's: the status stays as it was (nothing new
-/// runs, so nothing new is reported), except the canary's decision, which must not be lost (a
-/// measured failure, a command already cleared). The pass then fails with `e`, on the backoff.
+/// A pass that failed for a reason not the spec's (an apply's conflict, 5xx or timeout): the
+/// status stays as it was (nothing new runs, so nothing new is reported), except the canary's
+/// decision if one was made, which must not be lost (a measured failure, a command already
+/// cleared). The pass then fails with `e`, on the backoff.
 async fn keep_canary_decision(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, pass: &mut Pass, e: Error) -> Error {
     let Some(canary) = pass.canary_status.take() else {
         return e;
     };
     let mut kept = own_part(pxd.status.clone().unwrap_or_default());
     kept.canary = Some(canary);
-    match write_status(pxd, owner, ctx, &kept).await {
-        Ok(()) => e,
-        Err(status) => {
-            tracing::warn!(error = %status, "the canary's decision could not be written either");
-            e
-        }
+    if let Err(status) = write_status(pxd, owner, ctx, &kept).await {
+        tracing::warn!(error = %status, "the canary's decision could not be written either");
     }
+    e
 }
 
 /// What one reconcile pass learned on its way through the steps.
@@ -201,9 +200,6 @@ struct Pass {
     /// Set when the apply was refused: the backoff's delay, the pass's only requeue (a canary's
     /// 2 s look would retry the refused apply every 2 s).
     apply_failed: Option<Duration>,
-    /// An apply that failed for a reason not the spec's (a conflict, a 5xx, a timeout): the
-    /// pass keeps the canary's decision in the status, then fails with it.
-    transient: Option<Error>,
 }
 
 impl Pass {
@@ -216,7 +212,6 @@ impl Pass {
             revision: None,
             image: None,
             apply_failed: None,
-            transient: None,
         }
     }
 
@@ -372,11 +367,10 @@ async fn roll_out(
         // Refused objects are the user's to fix: say so in status, retry with backoff (while
         // a canary runs, at least every 30 s, so its analysis can still abort it).
         Err(e) => {
-            // Not the spec's fault: the status keeps the canary's decision (a measured failure,
-            // a cleared command), and the pass fails after writing it (`keep_canary_decision`).
+            // Not the spec's fault: the pass fails, keeping the canary's decision
+            // (`keep_canary_decision`).
             let Some(message) = e.refusal() else {
-                pass.transient = Some(e.into());
-                return Ok(());
+                return Err(e.into());
             };
             warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
             let mut retry = ctx.backoff.failed(&owner.reference.uid);

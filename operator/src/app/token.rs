@@ -95,12 +95,12 @@ pub async fn ensure(ctx: &Context, owner: &Owner) -> Result<(), TokenError> {
 
 /// Whether the token Secret is the fleet's own: controlled by it and labelled by us.
 fn ours(meta: &kube::api::ObjectMeta, owner: &Owner) -> bool {
-    let labelled = meta
-        .labels
-        .as_ref()
-        .and_then(|l| l.get(crate::labels::MANAGED_BY))
-        .is_some_and(|v| v == crate::labels::MANAGER);
-    labelled && crate::owner_index::meta_controller_uid(meta) == Some(owner.reference.uid.as_str())
+    label(meta, crate::labels::MANAGED_BY) == Some(crate::labels::MANAGER)
+        && crate::owner_index::meta_controller_uid(meta) == Some(owner.reference.uid.as_str())
+}
+
+fn label<'a>(meta: &'a kube::api::ObjectMeta, key: &str) -> Option<&'a str> {
+    meta.labels.as_ref()?.get(key).map(String::as_str)
 }
 
 /// The fleet's admin token, read from the API server (the pods' mounted copy is what counts,
@@ -109,10 +109,10 @@ pub async fn read(ctx: &Context, namespace: &str, fleet: &str) -> Option<String>
     let secrets: Api<Secret> = Api::namespaced(ctx.client.clone(), namespace);
     let s = secrets.get_opt(&token_secret_name(fleet)).await.ok()??;
     // Only the Secret we made for this fleet is a token (never one someone else named so).
-    let labels = s.metadata.labels.as_ref()?;
-    let ours = labels.get(crate::labels::MANAGED_BY).map(String::as_str) == Some(crate::labels::MANAGER)
-        && labels.get(crate::labels::INSTANCE).map(String::as_str) == Some(fleet);
-    if !ours {
+    let meta = &s.metadata;
+    if label(meta, crate::labels::MANAGED_BY) != Some(crate::labels::MANAGER)
+        || label(meta, crate::labels::INSTANCE) != Some(fleet)
+    {
         return None;
     }
     let bytes = s.data?.get(TOKEN_KEY)?.0.clone();
@@ -145,7 +145,7 @@ mod tests {
         let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
         let ctx = test_context(kube::Client::new(mock, "default"));
         let server = tokio::spawn(async move {
-            let mut seen = 0;
+            let mut first = true;
             for (code, reason) in [(403, "Forbidden"), (409, "AlreadyExists"), (409, "AlreadyExists")] {
                 let (request, send) = handle.next_request().await.expect("a create");
                 assert_eq!(request.method(), http::Method::POST);
@@ -159,7 +159,7 @@ mod tests {
                 // The existing one is read: first ours (the cache lagged), then someone else's.
                 let (request, send) = handle.next_request().await.expect("a read");
                 assert_eq!(request.method(), http::Method::GET);
-                let mine = reason_seen(&mut seen);
+                let mine = std::mem::replace(&mut first, false);
                 let meta = if mine {
                     serde_json::json!({"name": "edge-admin-token", "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGER},
                         "ownerReferences": [{"apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
@@ -182,11 +182,5 @@ mod tests {
         let foreign = ensure(&ctx, &owner()).await.expect_err("someone else's");
         assert!(matches!(foreign, TokenError::Foreign { .. }), "{foreign}");
         server.await.expect("mock server");
-    }
-
-    /// The first 409 answered is ours, the next someone else's.
-    fn reason_seen(seen: &mut u32) -> bool {
-        *seen += 1;
-        *seen == 1
     }
 }

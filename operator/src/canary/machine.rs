@@ -558,10 +558,7 @@ fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Ob
     run.status.strategy_hash = Some(hash.to_string());
     if paused {
         // Paused by request it stays, at its first step, until resumed.
-        run.status.phase = PAUSED;
-        run.status.paused_by_request = true;
-        run.status.pause_started_at = Some(rfc(obs.now));
-        run.status.message = Some("paused by request".into());
+        pause_by_request(&mut run.status, obs.now);
     }
     run.event(
         false,
@@ -569,6 +566,14 @@ fn restart_on_new_strategy(run: &mut Run, hash: &str, stable_rev: &str, obs: &Ob
         "the canary strategy changed during the rollout; it starts again from its first step".into(),
     );
     true
+}
+
+/// Held by `kubectl proxyfleet pause` until resumed or promoted (a pause step's start kept).
+fn pause_by_request(status: &mut CanaryStatus, now: i64) {
+    status.paused_by_request = true;
+    status.phase = PAUSED;
+    status.pause_started_at.get_or_insert_with(|| rfc(now));
+    status.message = Some("paused by request".into());
 }
 
 /// Stable already takes the canary's revision: an abort or a pause can no longer stop it (the
@@ -601,12 +606,7 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
             run.status.paused_by_request = false;
         }
         Some(Command::Promote | Command::PromoteFull) => run.status.paused_by_request = false,
-        Some(Command::Pause) if run.status.phase != ABORTED => {
-            run.status.paused_by_request = true;
-            run.status.phase = PAUSED;
-            run.status.pause_started_at.get_or_insert_with(|| rfc(obs.now));
-            run.status.message = Some("paused by request".into());
-        }
+        Some(Command::Pause) if run.status.phase != ABORTED => pause_by_request(&mut run.status, obs.now),
         _ => {}
     }
 }

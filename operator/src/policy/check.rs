@@ -25,17 +25,6 @@ impl std::fmt::Display for Violation {
 
 /// The policies whose namespace selector matches `labels` (a selector that does not parse
 /// governs every namespace: a broken policy fails closed).
-pub fn governing<'a>(
-    policies: &'a [std::sync::Arc<ProxyFleetPolicy>],
-    labels: &BTreeMap<String, String>,
-) -> Vec<&'a ProxyFleetPolicy> {
-    policies
-        .iter()
-        .filter(|p| governs(p, labels))
-        .map(|p| p.as_ref())
-        .collect()
-}
-
 /// Whether `policy` governs a namespace with `labels`.
 pub fn governs(policy: &ProxyFleetPolicy, labels: &BTreeMap<String, String>) -> bool {
     match &policy.spec.namespace_selector {
@@ -471,7 +460,7 @@ mod tests {
 
     #[test]
     fn selectors_choose_the_governed_namespaces_and_a_broken_one_fails_closed() {
-        let policies = vec![
+        let policies = [
             policy("all", serde_json::json!({})),
             policy(
                 "tenants",
@@ -484,7 +473,11 @@ mod tests {
         ];
         let names = |labels: &[(&str, &str)]| -> Vec<String> {
             let labels = labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect();
-            governing(&policies, &labels).iter().map(|p| p.name_any()).collect()
+            policies
+                .iter()
+                .filter(|p| governs(p, &labels))
+                .map(|p| p.name_any())
+                .collect()
         };
         assert_eq!(names(&[("tenant", "true")]), ["all", "tenants", "broken"]);
         assert_eq!(names(&[]), ["all", "broken"]);
