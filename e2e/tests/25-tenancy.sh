@@ -51,7 +51,7 @@ say "a tenant bound to $ns (a ServiceAccount with a Role on ProxyDeployments onl
 kubectl label ns "$ns" proxyfleet.io/e2e-tenant=true >/dev/null
 kubectl create serviceaccount -n "$ns" tenant >/dev/null
 kubectl create role -n "$ns" pxd-editor --verb=get,list,watch,create,update,patch,delete \
-  --resource=proxydeployments.proxyfleet.io >/dev/null
+  --resource=proxydeployments.proxyfleet.io,approllouts.proxyfleet.io >/dev/null
 kubectl create rolebinding -n "$ns" tenant-pxd --role=pxd-editor --serviceaccount="$ns:tenant" >/dev/null
 tenant=system:serviceaccount:$ns:tenant
 expect no "$tenant" get secrets -n "$ns"
@@ -97,6 +97,23 @@ refused spec.tls.acme.directory e2e-tenants '.spec.tls = {acme: {directory: "htt
 # The operator would query it from its own namespace, which every fleet's NetworkPolicy admits
 # to the admin port: another team's proxy is not the tenant's to ask.
 refused spec.strategy.canary e2e-tenants '.spec.strategy = {canary: {steps: [{setWeight: 10}], analysis: {interval: "10s", metrics: [{name: "theirs", prometheus: {address: "http://other.team-b:9901", query: "up", successCondition: "result > 0"}}]}}}'
+# The same address in an AppRollout's analysis (the operator queries it the same way).
+out=$(kubectl apply -n "$ns" --as="$tenant" -f - 2>&1 <<EOF
+apiVersion: proxyfleet.io/v1alpha1
+kind: AppRollout
+metadata: {name: theirs}
+spec:
+  workloadRef: {name: shop}
+  port: 8080
+  route: {proxyDeployment: demo, name: default}
+  strategy:
+    steps: [{setWeight: 10}]
+    analysis: {interval: 10s, metrics: [{name: theirs, prometheus: {address: "http://other.team-b:9901", query: up, successCondition: "result > 0"}}]}
+EOF
+) && fail "an AppRollout querying another team's address was admitted"
+<<<"$out" grep -q "spec.strategy: an analysis queries a Prometheus address not in allowedPrometheusAddresses (ProxyFleetPolicy e2e-tenants)" \
+  || fail "the AppRollout's refusal does not name the field and policy: $out"
+say "refused at admission: an AppRollout's spec.strategy querying http://other.team-b:9901"
 kubectl apply -n "$ns" --as="$tenant" -f /tmp/e2e-tenant-pxd.json >/dev/null || fail "an allowed fleet was refused"
 kubectl wait -n "$ns" pxd/demo --for=condition=Ready --timeout=180s >/dev/null || fail "the tenant's fleet did not become Ready"
 retry 60 https_get "$ns" demo /   # the echo upstream starts beside it

@@ -11,3 +11,40 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 {{- define "proxyfleet.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "proxyfleet.proxyImage" -}}{{ .Values.proxyImage.repository }}:{{ .Values.proxyImage.tag | default .Chart.AppVersion }}{{- end -}}
+{{- /* The admission policies' shared variables: is the object's namespace governed by the
+ProxyFleetPolicy given as a parameter (its namespaceSelector), and the policy's name for messages. */ -}}
+{{- define "proxyfleet.policyVariables" -}}
+- name: labels
+  expression: "namespaceObject.metadata.?labels.orValue({})"
+- name: governed
+  expression: >-
+    !has(params.spec.namespaceSelector)
+    || ((!has(params.spec.namespaceSelector.matchLabels) || params.spec.namespaceSelector.matchLabels.all(k,
+          k in variables.labels && variables.labels[k] == params.spec.namespaceSelector.matchLabels[k]))
+        && (!has(params.spec.namespaceSelector.matchExpressions) || params.spec.namespaceSelector.matchExpressions.all(e,
+          (e.operator == 'In' && e.key in variables.labels && variables.labels[e.key] in e.values)
+          || (e.operator == 'NotIn' && !(e.key in variables.labels && variables.labels[e.key] in e.values))
+          || (e.operator == 'Exists' && e.key in variables.labels)
+          || (e.operator == 'DoesNotExist' && !(e.key in variables.labels)))))
+- name: where
+  expression: "' (ProxyFleetPolicy ' + params.metadata.name + ')'"
+{{- end -}}
+{{- /* allowedPrometheusAddresses over a canary strategy at .at (a CEL path), named .field in
+the message; .absent is true when there is no strategy there. */ -}}
+{{- define "proxyfleet.prometheusRule" -}}
+- expression: >-
+    !variables.governed || !has(params.spec.allowedPrometheusAddresses)
+    || {{ .absent }}
+    || ((!has({{ .at }}.analysis)
+         || ((!has({{ .at }}.analysis.source) || !has({{ .at }}.analysis.source.prometheus)
+              || {{ .at }}.analysis.source.prometheus.address in params.spec.allowedPrometheusAddresses)
+             && (!has({{ .at }}.analysis.metrics) || {{ .at }}.analysis.metrics.all(m,
+                  !has(m.prometheus) || m.prometheus.address in params.spec.allowedPrometheusAddresses))))
+        && (!has({{ .at }}.steps) || {{ .at }}.steps.all(s, !has(s.analysis)
+            || ((!has(s.analysis.source) || !has(s.analysis.source.prometheus)
+                 || s.analysis.source.prometheus.address in params.spec.allowedPrometheusAddresses)
+                && (!has(s.analysis.metrics) || s.analysis.metrics.all(m,
+                     !has(m.prometheus) || m.prometheus.address in params.spec.allowedPrometheusAddresses))))))
+  messageExpression: "'{{ .field }}: an analysis queries a Prometheus address not in allowedPrometheusAddresses' + variables.where"
+  reason: Forbidden
+{{- end -}}
