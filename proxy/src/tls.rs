@@ -351,19 +351,44 @@ impl ResolvesServerCert for SniCertificates {
     }
 }
 
-/// State shared by every rebuild of a listener's ServerConfig, so a reload keeps client
-/// sessions resumable.
+/// A listener's session-resumption stores, shared by every rebuild of its ServerConfig so a
+/// reload keeps client sessions resumable, as long as the client CA it trusts is the same: a
+/// resumed session is not verified again, so a session from before a change of trust must not
+/// resume after it (nginx and BoringSSL key their session context on the CA list likewise).
 pub struct ServerResumption {
+    current: std::sync::Mutex<(Option<[u8; 32]>, Arc<ResumptionStores>)>,
+}
+
+/// The session cache (TLS 1.2 IDs, TLS 1.3 stateful tickets) and the ticket keys.
+pub struct ResumptionStores {
     pub cache: Arc<dyn StoresServerSessions>,
     pub ticketer: Option<Arc<dyn rustls::server::ProducesTickets>>,
+}
+
+impl ResumptionStores {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            cache: rustls::server::ServerSessionMemoryCache::new(16 * 1024),
+            ticketer: rustls::crypto::aws_lc_rs::Ticketer::new().ok(),
+        })
+    }
 }
 
 impl ServerResumption {
     pub fn new() -> Self {
         Self {
-            cache: rustls::server::ServerSessionMemoryCache::new(16 * 1024),
-            ticketer: rustls::crypto::aws_lc_rs::Ticketer::new().ok(),
+            current: std::sync::Mutex::new((None, ResumptionStores::new())),
         }
+    }
+
+    /// The stores for a config trusting the client CA whose fingerprint is `client_ca`: the
+    /// current ones, or new ones when the trust changed (every earlier session is forgotten).
+    pub fn stores_for(&self, client_ca: Option<[u8; 32]>) -> Arc<ResumptionStores> {
+        let mut current = self.current.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if current.0 != client_ca {
+            *current = (client_ca, ResumptionStores::new());
+        }
+        current.1.clone()
     }
 }
 
@@ -390,10 +415,13 @@ pub fn server_config(
             what: listener.to_string(),
             source,
         })?;
+    let mut client_ca = None;
     let builder = match &tls.client_ca_file {
         Some(path) => {
             let mut roots = RootCertStore::empty();
+            let mut fingerprint = Sha256::new();
             for c in load_certs("client CA", path)? {
+                fingerprint.update(c.as_ref());
                 roots.add(c).map_err(|e| TlsError::ClientCa {
                     path: path.clone(),
                     message: e.to_string(),
@@ -405,6 +433,7 @@ pub fn server_config(
                     path: path.clone(),
                     message: e.to_string(),
                 })?;
+            client_ca = Some(fingerprint.finalize().into());
             builder.with_client_cert_verifier(verifier)
         }
         None => builder.with_no_client_auth(),
@@ -414,8 +443,9 @@ pub fn server_config(
     // fatal no_application_protocol alert, where nginx and HAProxy serve it.
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec(), b"http/1.0".to_vec()];
     if tls.session_resumption {
-        config.session_storage = resumption.cache.clone();
-        if let Some(t) = &resumption.ticketer {
+        let stores = resumption.stores_for(client_ca);
+        config.session_storage = stores.cache.clone();
+        if let Some(t) = &stores.ticketer {
             config.ticketer = t.clone();
             config.send_tls13_tickets = 2;
         }

@@ -752,6 +752,73 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     proxy.running.drain();
 }
 
+/// A resumed TLS session is not verified again, so a session from before the client CA changed
+/// must not resume after it; a reload that keeps the CA keeps sessions resumable.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_from_before_a_client_ca_change_do_not_resume() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
+    init();
+    let ca = TestCa::new("server ca");
+    let client_ca = TestCa::new("client ca");
+    let dir = tempdir("mtls-resume");
+    let (c, k) = ca.leaf(&["api.example.com"]);
+    write(&dir, "c", &c);
+    write(&dir, "k", &k);
+    let client_ca_file = write(&dir, "client-ca.pem", &client_ca.cert_pem);
+    let up = within("upstream", upstream("up", None, false)).await;
+    let yaml = format!(
+        "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      clientCaFile: {client_ca_file}\n      certificates:\n        - {{certFile: {}, keyFile: {}, default: true}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\"]\n",
+        dir.join("c").display(),
+        dir.join("k").display(),
+        up.addr
+    );
+    let proxy = within("start", start_proxy(&dir, &yaml)).await;
+    let a = proxy.addr("https");
+    // One client config, so one session store, for every connection.
+    let (cert, key) = client_ca.leaf(&["client.example.com"]);
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).map(|c| c.unwrap()).collect();
+    let mut cfg = rustls::ClientConfig::builder()
+        .with_root_certificates(ca.roots())
+        .with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap())
+        .unwrap();
+    cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
+    let connector = tokio_rustls::TlsConnector::from(Arc::new(cfg));
+    let visit = |step: &'static str| {
+        let connector = connector.clone();
+        async move {
+            let name = ServerName::try_from("api.example.com").unwrap();
+            let tcp = tokio::net::TcpStream::connect(a).await.unwrap();
+            let s = within(step, connector.connect(name, tcp)).await.unwrap();
+            let kind = s.get_ref().1.handshake_kind();
+            // The response is read after the tickets, so the store holds them afterwards.
+            let status = within(step, h1_get(s, "api.example.com", "/")).await.map(|r| r.0).ok();
+            (kind, status)
+        }
+    };
+    assert_eq!(visit("first").await.1, Some(200));
+    assert_eq!(visit("resumed").await, (Some(rustls::HandshakeKind::Resumed), Some(200)));
+
+    let reloads = |m: &str| metric_sum(m, "proxyfleet_config_reloads_total", &["result=\"success\""]);
+    let reloaded_past = |n: f64| move |m: &str| reloads(m) > n;
+    // The same CA written again: a reload, and sessions still resume.
+    let before = reloads(&metrics(&proxy).await);
+    write(&dir, "client-ca.pem", &format!("{}\n", client_ca.cert_pem));
+    let before = reloads(&metrics_when(&proxy, reloaded_past(before)).await);
+    assert!(before >= 1.0, "the rewritten client CA was not reloaded");
+    assert_eq!(visit("same CA").await, (Some(rustls::HandshakeKind::Resumed), Some(200)));
+
+    // Another CA: the client's certificate is no longer trusted, and its session is forgotten.
+    let stranger_ca = TestCa::new("stranger ca");
+    write(&dir, "client-ca.pem", &stranger_ca.cert_pem);
+    let after = reloads(&metrics_when(&proxy, reloaded_past(before)).await);
+    assert!(after > before, "the new client CA was not reloaded");
+    let (kind, status) = visit("new CA").await;
+    assert_ne!(kind, Some(rustls::HandshakeKind::Resumed), "a session from before the CA change resumed");
+    assert_eq!(status, None, "a client the new CA does not trust was served");
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn upstream_client_certificate_is_presented_to_an_upstream_that_requires_one() {
     init();
