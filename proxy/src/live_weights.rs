@@ -40,6 +40,9 @@ pub enum Refused {
 
 /// Checks `doc` against the running configuration and applies it.
 pub fn apply(shared: &Shared, doc: LiveWeights) -> Result<Outcome, Refused> {
+    // Locked before the state is read: a reload publishes its state under this lock, so the
+    // document lands in the state that serves, or is carried over into the next one.
+    let mut latest = shared.live_weights.lock().unwrap_or_else(|p| p.into_inner());
     let state = shared.state.load();
     let Some((config, split)) = state
         .config
@@ -62,7 +65,6 @@ pub fn apply(shared: &Shared, doc: LiveWeights) -> Result<Outcome, Refused> {
         route: doc.route.clone(),
         reason,
     })?;
-    let mut latest = shared.live_weights.lock().unwrap_or_else(|p| p.into_inner());
     if let Some(applied) = latest.get(&doc.route) {
         if doc.generation < applied.generation {
             return Err(Refused::Stale {
@@ -73,6 +75,7 @@ pub fn apply(shared: &Shared, doc: LiveWeights) -> Result<Outcome, Refused> {
         }
         if doc.generation == applied.generation {
             return if applied.weights == doc.weights && applied.overrides == doc.overrides {
+                split.apply(&doc); // idempotent; the answer then holds of the state serving
                 Ok(Outcome::Unchanged)
             } else {
                 Err(Refused::Conflict {

@@ -131,13 +131,17 @@ pub fn reload(shared: &Shared) -> bool {
     match ProxyState::build(config, Some(&current), &shared.metrics, &shared.resumption) {
         Ok(next) => {
             next.publish_metrics(&shared.metrics);
-            crate::live_weights::carry_over(&shared.live_weights.lock().unwrap_or_else(|p| p.into_inner()), &next);
             let serials: Vec<_> = next
                 .certificates
                 .iter()
                 .map(|(l, c)| format!("{l}:{}", c.serial))
                 .collect();
+            // Carried over and published under one lock: a weights push in between would
+            // land in the state being replaced and be lost.
+            let latest = shared.live_weights.lock().unwrap_or_else(|p| p.into_inner());
+            crate::live_weights::carry_over(&latest, &next);
             shared.state.store(Arc::new(next));
+            drop(latest);
             shared
                 .metrics
                 .reloads

@@ -300,6 +300,42 @@ async fn live_weights_are_authenticated_ordered_reported_and_drop_nothing_under_
     proxy.running.drain();
 }
 
+/// A push that races a reload lands in the state that serves: the reload publishes its state
+/// under the weights' lock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn weights_pushed_during_reloads_are_the_ones_served() {
+    init();
+    let (stable, canary) = (
+        upstream("stable", None, false).await,
+        upstream("canary", None, false).await,
+    );
+    let dir = tempdir("split-reload-race");
+    let proxy = start_proxy(&dir, &split_config(stable.addr, canary.addr, 0, &dir)).await;
+    let shared = proxy.running.shared.clone();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let reloads = {
+        let (shared, stop) = (shared.clone(), stop.clone());
+        tokio::task::spawn_blocking(move || {
+            let mut n = 0;
+            while !stop.load(Ordering::Relaxed) {
+                assert!(proxyfleet_proxy::reload::reload(&shared));
+                n += 1;
+            }
+            n
+        })
+    };
+    for generation in 1..=150u64 {
+        let w = [0, 30, 100][generation as usize % 3];
+        assert_eq!(put_weights(&proxy, "s3cret", &doc(generation, w)).await.0, 200);
+        let served = proxyfleet_proxy::live_weights::report(&shared);
+        assert_eq!(served.len(), 1);
+        assert_eq!(served[0].generation, generation, "a push racing a reload was lost");
+    }
+    stop.store(true, Ordering::Relaxed);
+    assert!(reloads.await.unwrap() > 10, "too few reloads to race with");
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restarted_proxy_starts_with_the_weights_in_its_directory() {
     init();
