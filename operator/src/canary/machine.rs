@@ -454,6 +454,7 @@ pub fn decide(
     // (an abort by request in the same pass included); one taken for a rollout that just
     // started over belongs to no step of it.
     let measurement = obs.measurement.as_ref().filter(|_| !started && !restarted);
+    let command = for_this_rollout(&mut run, command, started || restarted);
     match (active_analysis(strategy, &run.status), measurement) {
         (Some((analysis, AnalysisKind::Background)), Some(m)) => run.record_background(analysis, m, obs.now),
         (Some((analysis, AnalysisKind::Step)), Some(m)) => run.record_step(analysis, m, obs.now),
@@ -586,6 +587,24 @@ fn refuse_while_promoting(run: &mut Run, command: Option<Command>) {
             run.status.canary_revision.as_deref().unwrap_or("?")
         );
         run.event(true, "CommandIgnored", message);
+    }
+}
+
+/// A command that moves a rollout forward (promote, promote-full, resume, retry), read in the
+/// pass its rollout started over (a new revision, a new strategy), was meant for the rollout
+/// before: it is not applied to this one, which nobody has looked at yet. Abort and pause still
+/// are (they only hold traffic back).
+fn for_this_rollout(run: &mut Run, command: Option<Command>, started_over: bool) -> Option<Command> {
+    match command {
+        Some(c @ (Command::Promote | Command::PromoteFull | Command::Resume | Command::Retry)) if started_over => {
+            let message = format!(
+                "{c:?} not done: it was sent before the rollout of revision {} started over; send it again if it is meant for this one",
+                run.status.canary_revision.as_deref().unwrap_or("?")
+            );
+            run.event(true, "CommandIgnored", message);
+            None
+        }
+        other => other,
     }
 }
 

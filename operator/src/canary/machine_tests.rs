@@ -580,3 +580,40 @@ fn a_stable_deployment_gone_mid_rollout_is_said() {
     let first = decide(&s, None, 5, &gone, None);
     assert!(first.events.is_empty());
 }
+
+/// A promote sent while revision "new" waited at a pause, read in the pass the spec moved on to
+/// "newer": that rollout starts at its first step, judged like any other; an abort still acts.
+#[test]
+fn a_promote_meant_for_the_rollout_before_a_new_revision_is_not_applied_to_it() {
+    let s = ungated();
+    let mut d = decide(&s, None, 5, &obs(0, 0), None);
+    for now in 10..13 {
+        d = decide(&s, Some(&d.status), 5, &obs(now, 1), None);
+    }
+    assert_eq!(d.status.current_step_index, 1, "waiting at the pause: {:?}", d.status);
+    let newer = obs_at(13, 1, "newer");
+    let uncommanded = decide(&s, Some(&d.status), 5, &newer, None);
+    for command in [Command::Promote, Command::PromoteFull, Command::Resume, Command::Retry] {
+        let n = decide(&s, Some(&d.status), 5, &newer, Some(command));
+        assert_eq!(n.status.canary_revision.as_deref(), Some("newer"));
+        assert_eq!(n.status, uncommanded.status, "{command:?}");
+        assert!(
+            n.events.iter().any(|e| e.reason == "CommandIgnored" && e.warning),
+            "{command:?}: {:?}",
+            n.events
+        );
+    }
+    let aborted = decide(&s, Some(&d.status), 5, &newer, Some(Command::Abort));
+    assert_eq!(aborted.status.phase, ABORTED);
+    // Sent again once the new rollout runs, it acts.
+    let n = decide(&s, Some(&d.status), 5, &newer, None);
+    let n = decide(&s, Some(&n.status), 5, &obs_at(14, 1, "newer"), Some(Command::PromoteFull));
+    assert_eq!(n.status.phase, PROMOTING);
+}
+
+fn obs_at(now: i64, canary_ready: i32, desired: &str) -> Observations {
+    Observations {
+        desired_revision: desired.into(),
+        ..obs(now, canary_ready)
+    }
+}
