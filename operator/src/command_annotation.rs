@@ -9,15 +9,52 @@ use serde::de::DeserializeOwned;
 
 use crate::latest_object::LatestObject;
 
-/// Removes `annotation` from `name`, recording the object as written in `latest`.
-pub async fn clear<K>(api: &Api<K>, name: &str, annotation: &str, latest: &LatestObject<K>) -> Result<(), kube::Error>
+/// Removes `annotation` from `object`, if it still holds the command `object` carries, recording
+/// the object as written in `latest`. A command sent since (an `abort` over the `pause` this pass
+/// read) is not removed unseen: the API server refuses the patch (422) and the caller, acting on
+/// nothing, decides again on the next pass. Without a command there is nothing to remove.
+pub async fn clear<K>(api: &Api<K>, object: &K, annotation: &str, latest: &LatestObject<K>) -> Result<(), kube::Error>
 where
     K: Resource + Clone + DeserializeOwned + std::fmt::Debug,
 {
-    let patch = serde_json::json!({"metadata": {"annotations": {annotation: null}}});
-    let cleared = api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await?;
+    let Some(seen) = object.meta().annotations.as_ref().and_then(|a| a.get(annotation)) else {
+        return Ok(());
+    };
+    let name = object.meta().name.as_deref().unwrap_or_default();
+    let patch = removal(annotation, seen).map_err(kube::Error::SerdeError)?;
+    let cleared = api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
     latest.record(cleared);
     Ok(())
+}
+
+/// A JSON patch removing `annotation` only while its value is `seen`.
+fn removal(annotation: &str, seen: &str) -> Result<json_patch::Patch, serde_json::Error> {
+    let path = format!("/metadata/annotations/{}", annotation.replace('~', "~0").replace('/', "~1"));
+    let ops = serde_json::json!([
+        {"op": "test", "path": path, "value": seen},
+        {"op": "remove", "path": path},
+    ]);
+    serde_json::from_value(ops)
+}
+
+/// The patch the kubectl plugin sends to give `verb` to an object it read as `meta`: it applies
+/// only to that version (a 409 if the object changed since), and never replaces a pending
+/// `abort` with another command, which would lose the one command that must not be lost.
+pub fn send_patch(
+    meta: &k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta,
+    annotation: &str,
+    verb: &str,
+) -> Result<serde_json::Value, String> {
+    let pending = meta.annotations.as_ref().and_then(|a| a.get(annotation));
+    if pending.is_some_and(|p| p == "abort") && verb != "abort" {
+        return Err(format!(
+            "an abort is pending (annotation {annotation}); it acts first: send {verb} once it is gone"
+        ));
+    }
+    Ok(serde_json::json!({"metadata": {
+        "resourceVersion": meta.resource_version,
+        "annotations": {annotation: verb},
+    }}))
 }
 
 #[cfg(test)]
@@ -48,12 +85,22 @@ mod tests {
             let (request, send) = handle.next_request().await.expect("the patch");
             assert_eq!(request.method(), http::Method::PATCH);
             assert!(request.uri().path().ends_with("/namespaces/team-a/configmaps/demo"));
+            // Only while the annotation still holds the command read.
+            let body = request.into_body().collect_bytes().await.expect("body");
+            let ops: serde_json::Value = serde_json::from_slice(&body).expect("json patch");
+            assert_eq!(
+                ops,
+                serde_json::json!([
+                    {"op": "test", "path": "/metadata/annotations/proxyfleet.io~1command", "value": "promote"},
+                    {"op": "remove", "path": "/metadata/annotations/proxyfleet.io~1command"},
+                ])
+            );
             let body = serde_json::to_vec(&object("8", None)).expect("json");
             send.send_response(http::Response::builder().body(Body::from(body)).expect("response"));
         });
         let api: Api<ConfigMap> = Api::namespaced(Client::new(mock, "default"), "team-a");
         let latest = LatestObject::default();
-        clear(&api, "demo", "proxyfleet.io/command", &latest)
+        clear(&api, &object("7", Some("promote")), "proxyfleet.io/command", &latest)
             .await
             .expect("cleared");
         server.await.expect("mock server");
@@ -81,7 +128,7 @@ mod tests {
         });
         let api: Api<ConfigMap> = Api::namespaced(Client::new(mock, "default"), "team-a");
         let latest = LatestObject::default();
-        let err = clear(&api, "demo", "proxyfleet.io/command", &latest).await;
+        let err = clear(&api, &object("7", Some("promote")), "proxyfleet.io/command", &latest).await;
         server.await.expect("mock server");
         assert!(matches!(err, Err(kube::Error::Api(ref e)) if e.code == 500), "{err:?}");
         let seen = latest.newest(Arc::new(object("7", Some("promote"))));
@@ -89,5 +136,17 @@ mod tests {
             seen.metadata.annotations.is_some(),
             "the command is still there: {seen:?}"
         );
+    }
+
+    #[test]
+    fn the_plugin_does_not_replace_a_pending_abort_and_sends_to_the_version_it_read() {
+        let mut meta = object("7", Some("abort")).metadata;
+        let refused = send_patch(&meta, "proxyfleet.io/command", "promote").expect_err("refused");
+        assert!(refused.contains("an abort is pending"), "{refused}");
+        let again = send_patch(&meta, "proxyfleet.io/command", "abort").expect("abort again");
+        assert_eq!(again["metadata"]["resourceVersion"], "7");
+        meta.annotations = Some([("proxyfleet.io/command".to_string(), "pause".to_string())].into());
+        let over_pause = send_patch(&meta, "proxyfleet.io/command", "abort").expect("abort over pause");
+        assert_eq!(over_pause["metadata"]["annotations"]["proxyfleet.io/command"], "abort");
     }
 }

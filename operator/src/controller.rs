@@ -349,7 +349,7 @@ async fn roll_out(
         .collect();
     keep_config_maps.extend(rollout.kept_config_map.clone());
     if command.is_some() {
-        clear_command(ctx, owner).await?;
+        clear_command(ctx, owner, pxd).await?;
     }
     // The decision is recorded whatever the apply does: the machine moves only on what it
     // observes (ready canary pods, a rolled-out stable), so a step not applied is not taken,
@@ -544,10 +544,10 @@ async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: 
 
 /// Removes the handled command annotation, so it acts once; the pass acts on it only if this
 /// succeeded (else it fails and is retried with backoff, deciding again on the same status).
-async fn clear_command(ctx: &Context, owner: &Owner) -> Result<(), Error> {
+async fn clear_command(ctx: &Context, owner: &Owner, pxd: &ProxyDeployment) -> Result<(), Error> {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let annotation = canary::rollout::COMMAND_ANNOTATION;
-    crate::command_annotation::clear(&api, &owner.name, annotation, &ctx.latest_fleets)
+    crate::command_annotation::clear(&api, pxd, annotation, &ctx.latest_fleets)
         .await
         .map_err(|source| Error::Command {
             namespace: owner.namespace.clone(),

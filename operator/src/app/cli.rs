@@ -18,7 +18,9 @@ pub fn app_name(arg: &str) -> Option<&str> {
 }
 
 pub async fn command(api: &Api<AppRollout>, name: &str, cmd: &str) -> Result<(), String> {
-    let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: cmd}}});
+    let ar = api.get(name).await.map_err(|e| format!("approllout/{name}: {e}"))?;
+    let patch = crate::command_annotation::send_patch(&ar.metadata, COMMAND_ANNOTATION, cmd)
+        .map_err(|e| format!("approllout/{name}: {e}"))?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| format!("approllout/{name}: {e}"))?;

@@ -90,7 +90,7 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     let command = ar.annotations().get(COMMAND_ANNOTATION).and_then(|c| Command::parse(c));
     let decision = decide(&ar, &owner, &ctx, &inputs, &revision, command).await;
     if command.is_some() {
-        clear_command(&ctx, &owner).await?;
+        clear_command(&ctx, &owner, &ar).await?;
     }
     let previous = ar.status.clone().unwrap_or_default();
     let moved = push::move_weights(&ar, &owner, &ctx, &previous, &decision).await;
@@ -387,9 +387,9 @@ async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
 }
 
 /// Removes the command annotation before the pass acts on the decision it made.
-async fn clear_command(ctx: &Context, owner: &AppOwner) -> Result<(), AppError> {
+async fn clear_command(ctx: &Context, owner: &AppOwner, ar: &AppRollout) -> Result<(), AppError> {
     let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    crate::command_annotation::clear(&api, &owner.name, COMMAND_ANNOTATION, &ctx.latest_apps)
+    crate::command_annotation::clear(&api, ar, COMMAND_ANNOTATION, &ctx.latest_apps)
         .await
         .map_err(|source| AppError::Command {
             namespace: owner.namespace.clone(),

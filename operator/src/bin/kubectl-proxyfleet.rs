@@ -16,6 +16,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
+use proxyfleet_operator::command_annotation::send_patch;
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
 use proxyfleet_operator::canary::spec::CanaryPhase;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
@@ -126,14 +127,14 @@ async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<()
             "promote-full" => "promote",
             other => other,
         };
-        let patch = serde_json::json!({"metadata": {"annotations": {WAVE_COMMAND: verb}}});
+        let patch = send_patch(&pxd.metadata, WAVE_COMMAND, verb).map_err(|e| format!("{name}: {e}"))?;
         api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map_err(|e| format!("{name}: {e}"))?;
         println!("proxydeployment/{name}: {verb} requested for the rollout across waves");
         return Ok(());
     }
-    let patch = serde_json::json!({"metadata": {"annotations": {COMMAND_ANNOTATION: cmd}}});
+    let patch = send_patch(&pxd.metadata, COMMAND_ANNOTATION, cmd).map_err(|e| format!("{name}: {e}"))?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
         .map_err(|e| format!("{name}: {e}"))?;

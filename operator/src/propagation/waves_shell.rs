@@ -277,7 +277,7 @@ async fn decide(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, o: &mut Obs
 /// went.
 async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> bool {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
-    match crate::command_annotation::clear(&api, &pxd.name_any(), WAVE_COMMAND, &ctx.latest_fleets).await {
+    match crate::command_annotation::clear(&api, pxd, WAVE_COMMAND, &ctx.latest_fleets).await {
         Ok(()) => {
             ctx.metrics.api_write("ProxyDeployment", "patch");
             true
