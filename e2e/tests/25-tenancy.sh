@@ -51,7 +51,7 @@ say "a tenant bound to $ns (a ServiceAccount with a Role on ProxyDeployments onl
 kubectl label ns "$ns" proxyfleet.io/e2e-tenant=true >/dev/null
 kubectl create serviceaccount -n "$ns" tenant >/dev/null
 kubectl create role -n "$ns" pxd-editor --verb=get,list,watch,create,update,patch,delete \
-  --resource=proxydeployments.proxyfleet.io,approllouts.proxyfleet.io >/dev/null
+  --resource=proxydeployments.proxyfleet.io,proxydeployments.proxyfleet.io/scale,approllouts.proxyfleet.io >/dev/null
 kubectl create rolebinding -n "$ns" tenant-pxd --role=pxd-editor --serviceaccount="$ns:tenant" >/dev/null
 tenant=system:serviceaccount:$ns:tenant
 expect no "$tenant" get secrets -n "$ns"
@@ -118,6 +118,10 @@ kubectl apply -n "$ns" --as="$tenant" -f /tmp/e2e-tenant-pxd.json >/dev/null || 
 kubectl wait -n "$ns" pxd/demo --for=condition=Ready --timeout=180s >/dev/null || fail "the tenant's fleet did not become Ready"
 retry 60 https_get "$ns" demo /   # the echo upstream starts beside it
 say "the allowed fleet is Ready and serving"
+out=$(kubectl scale -n "$ns" --as="$tenant" pxd/demo --replicas=5 2>&1) && fail "scaled past maxReplicas: $out"
+<<<"$out" grep -q "spec.replicas: 5 is more than the 2 allowed (ProxyFleetPolicy e2e-tenants)" \
+  || fail "the scale refusal does not name the field and policy: $out"
+say "refused at admission: kubectl scale past maxReplicas"
 
 say "the platform tightens the policy: the operator holds the fleet, deletes nothing, says why"
 deployment_uid=$(kubectl get deploy -n "$ns" demo -o jsonpath='{.metadata.uid}')
@@ -129,6 +133,10 @@ message=$(kubectl get pxd -n "$ns" demo -o jsonpath='{.status.conditions[?(@.typ
 [ "$(kubectl get deploy -n "$ns" demo -o jsonpath='{.metadata.uid}')" = "$deployment_uid" ] || fail "the running Deployment was replaced"
 https_get "$ns" demo / >/dev/null || fail "the held fleet stopped serving"
 say "held: $message; still serving"
+# A command for a held fleet (abort is how its canary is stopped) is metadata only: admitted.
+kubectl annotate -n "$ns" --as="$tenant" pxd/demo e2e.proxyfleet.io/note=held >/dev/null \
+  || fail "an annotation on the held fleet was refused at admission"
+say "an annotation on the held fleet is admitted (the spec is what the policy judges)"
 kubectl patch proxyfleetpolicy e2e-tenants --type=merge -p '{"spec":{"maxReplicas":2}}' >/dev/null
 retry 60 bash -c "kubectl get pxd -n $ns demo -o jsonpath='{.status.conditions[?(@.type==\"Degraded\")].status}' | grep -qx False"
 say "policy relaxed: Degraded cleared"

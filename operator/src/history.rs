@@ -34,6 +34,8 @@ pub const TEMPLATE_FIELDS: &[&str] = &[
     "limits",
     "drain",
     "connect",
+    "forwarding",
+    "tracing",
     "tls",
     "pod",
     "tuning",
@@ -154,11 +156,13 @@ pub enum UndoError {
     NoSpecData(i64),
 }
 
-/// Pure: which record an undo goes back to. Without `to`, the newest record of a revision
-/// other than `current_hash` (the previous stable revision); with `to`, that record number.
+/// Pure: which record an undo goes back to. Without `to`, the newest record whose template is
+/// not `current` (the spec's template, `template_of`): the revision before the one the spec
+/// asks for, whether or not the operator has acted on the spec yet (a blocked or not yet seen
+/// spec leaves the status naming the revision before it); with `to`, that record number.
 pub fn undo_target<'a>(
     kept: &'a [ControllerRevision],
-    current_hash: Option<&str>,
+    current: &Value,
     to: Option<i64>,
 ) -> Result<&'a ControllerRevision, UndoError> {
     if let Some(n) = to {
@@ -171,27 +175,34 @@ pub fn undo_target<'a>(
     sorted.sort_by_key(|c| std::cmp::Reverse(c.revision));
     sorted
         .into_iter()
-        .find(|c| Kept::of(c).map(|k| k.revision_hash).as_deref() != current_hash)
+        .find(|c| c.data.as_ref().and_then(|d| d.0.get("spec")) != Some(current))
         .ok_or(UndoError::NoEarlier)
 }
 
-/// Pure: the JSON merge patch that writes `target`'s template fields back into the spec;
-/// fields the target did not set are removed, so the result equals that revision.
-pub fn undo_patch(target: &ControllerRevision) -> Result<Value, UndoError> {
+/// Pure: the JSON patch that writes `target`'s template fields back into `current` (the fleet
+/// as read): each field the target set replaces the current one whole (a merge patch would keep
+/// nested keys the target lacks, say a memory limit it never had), each it did not set is
+/// removed, so the template equals that revision. It applies only to the version read.
+pub fn undo_patch(target: &ControllerRevision, current: &Value) -> Result<json_patch::Patch, UndoError> {
     let template = target
         .data
         .as_ref()
         .and_then(|d| d.0.get("spec"))
         .and_then(Value::as_object)
         .ok_or(UndoError::NoSpecData(target.revision))?;
-    let mut spec = serde_json::Map::new();
-    for field in TEMPLATE_FIELDS {
-        spec.insert(
-            (*field).to_string(),
-            template.get(*field).cloned().unwrap_or(Value::Null),
-        );
+    let mut ops = Vec::new();
+    if let Some(rv) = current.pointer("/metadata/resourceVersion") {
+        ops.push(serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}));
     }
-    Ok(serde_json::json!({ "spec": spec }))
+    for field in TEMPLATE_FIELDS {
+        let path = format!("/spec/{field}");
+        match template.get(*field) {
+            Some(v) => ops.push(serde_json::json!({"op": "add", "path": path, "value": v})),
+            None if current.pointer(&path).is_some() => ops.push(serde_json::json!({"op": "remove", "path": path})),
+            None => {}
+        }
+    }
+    serde_json::from_value(Value::Array(ops)).map_err(|_| UndoError::NoSpecData(target.revision))
 }
 
 /// Records `stable_hash` as the newest stable revision of the fleet, and prunes beyond the
@@ -324,28 +335,67 @@ mod tests {
     #[test]
     fn undo_goes_to_the_newest_other_revision_or_the_one_asked_for() {
         let kept = [cr("aaaa", 1, Some("a")), cr("bbbb", 2, Some("b")), cr("cccc", 3, None)];
-        assert_eq!(undo_target(&kept, Some("cccc"), None).unwrap().revision, 2);
-        // After an abort the spec's revision is not stable; undo still goes to the newest
-        // record that differs from what the spec asks for.
-        assert_eq!(undo_target(&kept, Some("dddd"), None).unwrap().revision, 3);
-        assert_eq!(undo_target(&kept, Some("cccc"), Some(1)).unwrap().revision, 1);
+        let template = |image: Option<&str>| {
+            let data = cr("x", 0, image).data.unwrap().0;
+            data["spec"].clone()
+        };
+        assert_eq!(undo_target(&kept, &template(None), None).unwrap().revision, 2);
+        // A spec not yet stable (aborted, blocked, or not acted on yet): undo goes to the
+        // newest record, the revision before it, whatever the status names.
+        assert_eq!(undo_target(&kept, &template(Some("d")), None).unwrap().revision, 3);
+        assert_eq!(undo_target(&kept, &template(None), Some(1)).unwrap().revision, 1);
         assert_eq!(
-            undo_target(&kept, Some("cccc"), Some(9)).unwrap_err(),
+            undo_target(&kept, &template(None), Some(9)).unwrap_err(),
             UndoError::NoSuchRevision(9)
         );
-        assert!(undo_target(&kept[..1], Some("aaaa"), None).is_err());
+        assert!(undo_target(&kept[..1], &template(Some("a")), None).is_err());
     }
 
     #[test]
-    fn undo_patch_restores_the_template_and_clears_what_it_did_not_set() {
-        let patch = undo_patch(&cr("aaaa", 1, None)).unwrap();
-        assert_eq!(patch["spec"]["image"], Value::Null);
-        assert!(patch["spec"].as_object().unwrap().contains_key("image"));
-        assert_eq!(patch["spec"]["routes"], serde_json::json!([]));
-        assert!(patch["spec"].get("replicas").is_none());
-        assert!(patch["spec"].get("strategy").is_none());
-        let patch = undo_patch(&cr("bbbb", 2, Some("b"))).unwrap();
-        assert_eq!(patch["spec"]["image"], "b");
+    fn undo_restores_the_template_exactly_and_clears_what_it_did_not_set() {
+        // The fleet now: an image, a memory limit and tracing the kept revision never had.
+        let current = serde_json::json!({
+            "metadata": {"name": "web", "resourceVersion": "42"},
+            "spec": {"replicas": 3, "image": "b", "routes": [{"name": "r"}],
+                     "resources": {"limits": {"memory": "128Mi"}}, "tracing": {"sampleRatio": 1.0},
+                     "strategy": {"canary": {"steps": []}}},
+        });
+        let mut target = cr("aaaa", 1, None);
+        target.data.as_mut().unwrap().0["spec"]["resources"] = serde_json::json!({"requests": {"cpu": "100m"}});
+        let patch = undo_patch(&target, &current).unwrap();
+        let mut undone = current.clone();
+        json_patch::patch(&mut undone, &patch).unwrap();
+        assert_eq!(
+            undone["spec"],
+            serde_json::json!({"replicas": 3, "routes": [], "resources": {"requests": {"cpu": "100m"}},
+                               "strategy": {"canary": {"steps": []}}}),
+            "only the template changed, and it is the kept revision's"
+        );
+        // Only to the version read.
+        let mut moved_on = current.clone();
+        moved_on["metadata"]["resourceVersion"] = "43".into();
+        assert!(json_patch::patch(&mut moved_on, &patch).is_err());
+        let patch = undo_patch(&cr("bbbb", 2, Some("b2")), &current).unwrap();
+        let mut undone = current.clone();
+        json_patch::patch(&mut undone, &patch).unwrap();
+        assert_eq!(undone["spec"]["image"], "b2");
+    }
+
+    /// Every spec field is either part of a revision (so undo restores it) or named here as not:
+    /// a new field cannot be left out of undo by forgetting this list.
+    #[test]
+    fn every_spec_field_is_in_the_template_or_known_not_to_be() {
+        use kube::CustomResourceExt;
+        let crd = crate::crd::ProxyDeployment::crd();
+        let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
+        let fields = schema["openAPIV3Schema"]["properties"]["spec"]["properties"].as_object().unwrap();
+        let not_template = ["replicas", "service", "strategy", "progressDeadline", "placement"];
+        for f in fields.keys() {
+            assert!(
+                TEMPLATE_FIELDS.contains(&f.as_str()) != not_template.contains(&f.as_str()),
+                "spec.{f}: in TEMPLATE_FIELDS or the list of fields a revision is not made of, exactly one"
+            );
+        }
     }
 
     #[test]

@@ -48,3 +48,12 @@ the message; .absent is true when there is no strategy there. */ -}}
   messageExpression: "'{{ .field }}: an analysis queries a Prometheus address not in allowedPrometheusAddresses' + variables.where"
   reason: Forbidden
 {{- end -}}
+{{- /* Requests the admission policies leave alone: the operator's own writes (finalizers,
+clearing a command), and updates that leave the spec as it was (a command annotation on a fleet
+the operator holds for a policy must still get through: abort is how its canary is stopped). */ -}}
+{{- define "proxyfleet.policyMatchConditions" -}}
+- name: not-the-operator
+  expression: "request.userInfo.username != 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "proxyfleet.name" . }}'"
+- name: spec-written
+  expression: "request.operation != 'UPDATE' || object.spec != oldObject.spec"
+{{- end -}}

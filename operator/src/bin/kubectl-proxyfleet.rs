@@ -20,7 +20,7 @@ use proxyfleet_operator::command_annotation::send_patch;
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
 use proxyfleet_operator::canary::spec::CanaryPhase;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
-use proxyfleet_operator::history::{undo_patch, undo_target, Kept};
+use proxyfleet_operator::history::{template_of, undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;
 use proxyfleet_operator::propagation::waves_shell::WAVE_COMMAND;
 
@@ -186,10 +186,10 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
 
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
     let (pxd, kept) = with_revisions(api, name).await?;
-    let current = pxd.status.and_then(|s| s.revision);
-    let target = undo_target(&kept, current.as_deref(), to).map_err(|e| e.to_string())?;
-    let patch = undo_patch(target).map_err(|e| e.to_string())?;
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+    let target = undo_target(&kept, &template_of(&pxd.spec), to).map_err(|e| e.to_string())?;
+    let current = serde_json::to_value(&pxd).map_err(|e| format!("{name}: {e}"))?;
+    let patch = undo_patch(target, &current).map_err(|e| e.to_string())?;
+    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
         .await
         .map_err(|e| format!("{name}: {e}"))?;
     println!(
