@@ -152,16 +152,18 @@ fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition
         Some(p) => (p.stable_revision.clone(), p.stable_spec.clone()),
         None => (None, None),
     };
+    // A pause holds whatever comes next: a revision merged during an incident waits too.
+    let paused = previous.is_some_and(|p| p.phase == WavePhase::Paused);
     let status = WaveStatus {
         revision: o.revision.clone(),
         stable_revision,
-        phase: WavePhase::Progressing,
+        phase: if paused { WavePhase::Paused } else { WavePhase::Progressing },
         current_wave: 0,
         waves: entries(o),
         wave_started_at: Some(rfc3339(o.now)),
         soak_started_at: None,
         attempt: 0,
-        message: None,
+        message: paused.then(|| format!("paused: revision {} waits for resume", o.revision)),
         abort_reason: None,
         stable_spec,
     };
@@ -203,7 +205,6 @@ fn command(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
             Some(abort(s, "aborted by kubectl proxyfleet abort".into()))
         }
         (Command::Pause, WavePhase::Progressing | WavePhase::Soaking) => {
-            // A soak's clock is kept: resuming goes back to it.
             s.phase = WavePhase::Paused;
             say(
                 "WaveRolloutPaused",
@@ -211,10 +212,14 @@ fn command(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
             )
         }
         (Command::Resume | Command::Promote, WavePhase::Paused) => {
-            s.phase = match s.soak_started_at {
-                Some(_) => WavePhase::Soaking,
-                None => WavePhase::Progressing,
-            };
+            // A soak starts over (nobody watched the wave while it was paused), unless told to
+            // promote: then it is over, and the wave moves on once it is done.
+            s.phase = WavePhase::Progressing;
+            s.soak_started_at = None;
+            if o.command == Some(Command::Promote) {
+                s.phase = WavePhase::Soaking;
+                s.soak_started_at = Some(rfc3339(o.now - o.soak_secs - 1));
+            }
             s.wave_started_at = Some(rfc3339(o.now));
             say("WaveRolloutResumed", format!("resumed in wave {}", s.current_wave))
         }
@@ -271,8 +276,19 @@ fn progress(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
     let wave = s.current_wave as usize;
     let started = secs(&s.wave_started_at).unwrap_or(o.now);
     if !wave_done(o, wave) || (0..wave).any(|w| !wave_done(o, w)) {
-        // A soak that loses a member keeps its clock; the next wave still waits for all.
         s.message = Some(hold_reason(o, wave));
+        if s.phase == WavePhase::Soaking {
+            // A soak is time the whole wave ran well: one that loses a cluster (a blip, a new
+            // cluster in the wave, a copy deleted) goes back to progressing, with a full
+            // waveTimeout to be whole again and a new soak after.
+            s.phase = WavePhase::Progressing;
+            s.soak_started_at = None;
+            s.wave_started_at = Some(rfc3339(o.now));
+            return Some(Transition {
+                reason: "WaveSoakInterrupted",
+                message: format!("wave {} soaked no more: {}", wave_name(o, wave), hold_reason(o, wave)),
+            });
+        }
         if o.now - started >= o.timeout_secs {
             let why = format!(
                 "wave {} did not finish within {}s: {}",

@@ -15,6 +15,8 @@ enum Op {
     /// Time passes; members move on.
     Tick(i64),
     Flip(usize),
+    /// A member's fleet stops being Ready for a while (a pod evicted).
+    Regress(usize),
     Command(u8),
     NewRevision,
     Restart,
@@ -24,6 +26,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         6 => (1i64..40).prop_map(Op::Tick),
         2 => (0usize..6).prop_map(Op::Flip),
+        1 => (0usize..6).prop_map(Op::Regress),
         1 => (0u8..4).prop_map(Op::Command),
         1 => Just(Op::NewRevision),
         1 => Just(Op::Restart),
@@ -106,6 +109,50 @@ fn secs(t: &Option<String>) -> i64 {
         .unwrap_or(i64::MIN)
 }
 
+/// Done, judged here rather than by the machine's own `done`.
+fn truly_done(m: &Member, o: &Observed) -> bool {
+    m.reachable && m.revision.as_deref() == Some(o.revision.as_str()) && m.progress == Progress::Done
+}
+
+/// What the world did to the current wave, kept by the test: since when it has been whole
+/// without a break, and since when it has been given time (its start, or last seen whole).
+#[derive(Debug, Default)]
+struct Clock {
+    key: (String, u32, u32),
+    done_since: Option<i64>,
+    given_since: i64,
+    promoted: bool,
+}
+
+impl Clock {
+    fn observe(&mut self, prev: Option<&WaveStatus>, o: &Observed) {
+        let Some(p) = prev.filter(|p| (p.revision.clone(), p.attempt, p.current_wave) == self.key) else {
+            return;
+        };
+        let wave = p.current_wave as usize;
+        if o.members.iter().filter(|m| m.wave <= wave).all(|m| truly_done(m, o)) {
+            self.done_since.get_or_insert(o.now);
+            self.given_since = o.now;
+        } else {
+            self.done_since = None;
+        }
+        if o.command == Some(Command::Promote) && matches!(p.phase, WavePhase::Soaking | WavePhase::Paused) {
+            self.promoted = true;
+        }
+    }
+
+    fn follow(&mut self, s: &WaveStatus, now: i64) {
+        let key = (s.revision.clone(), s.attempt, s.current_wave);
+        if key != self.key {
+            *self = Clock {
+                key,
+                given_since: now,
+                ..Clock::default()
+            };
+        }
+    }
+}
+
 /// A cluster new to the revision is sent it only where the status allows.
 fn check_sends(o: &Observed, plan: &Plan) -> Result<(), TestCaseError> {
     let s = &plan.status;
@@ -145,11 +192,13 @@ fn check(
     o: &Observed,
     plan: &Plan,
     seen: &mut HashSet<String>,
+    clock: &Clock,
 ) -> Result<(), TestCaseError> {
     let s = &plan.status;
     let same = prev.filter(|p| p.revision == o.revision);
-    let all_done_through = |wave: usize| o.members.iter().filter(|m| m.wave <= wave).all(|m| done(m, o));
+    let all_done_through = |wave: usize| o.members.iter().filter(|m| m.wave <= wave).all(|m| truly_done(m, o));
     check_sends(o, plan)?;
+    check_clock(prev, o, plan, clock)?;
     if let Some(p) = same {
         // A wave starts only when the ones before it are done and the soak passed (or promote).
         if s.current_wave > p.current_wave || (s.phase == WavePhase::Completed && p.phase != WavePhase::Completed) {
@@ -185,8 +234,11 @@ fn check(
     if s.phase == WavePhase::Completed && same.is_none_or(|p| p.phase != WavePhase::Completed) {
         prop_assert!(o.members.iter().all(|m| done(m, o)), "completed with a member not done");
     }
-    // No transition twice (restarts included).
+    // No transition twice (restarts included); a soak starts again only after it broke off.
     if let Some(t) = &plan.transition {
+        if matches!(t.reason, "WaveSoakInterrupted" | "WaveRolloutResumed") {
+            seen.remove(&format!("{}/{}/WaveSoaking/{}", s.revision, s.attempt, s.current_wave));
+        }
         if matches!(
             t.reason,
             "WaveStarted" | "WaveSoaking" | "WaveRolloutCompleted" | "WaveRolloutAborted"
@@ -194,6 +246,38 @@ fn check(
             let key = format!("{}/{}/{}/{}", s.revision, s.attempt, t.reason, s.current_wave);
             prop_assert!(seen.insert(key.clone()), "transition repeated: {}", key);
         }
+    }
+    Ok(())
+}
+
+/// A wave moves on only after its whole soak without a break (or `promote`), and times out
+/// only after a whole waveTimeout without being seen whole.
+fn check_clock(prev: Option<&WaveStatus>, o: &Observed, plan: &Plan, clock: &Clock) -> Result<(), TestCaseError> {
+    let s = &plan.status;
+    let Some(p) = prev.filter(|p| (p.revision.clone(), p.attempt, p.current_wave) == clock.key) else {
+        return Ok(());
+    };
+    let advanced = s.revision == p.revision
+        && (s.current_wave > p.current_wave || (s.phase == WavePhase::Completed && p.phase != WavePhase::Completed));
+    let wave_empty = !o.members.iter().any(|m| m.wave == p.current_wave as usize);
+    if advanced && o.soak_secs > 0 && !wave_empty && !clock.promoted {
+        let since = clock.done_since.unwrap_or(o.now);
+        prop_assert!(
+            o.now - since > o.soak_secs,
+            "wave {} moved on after {}s whole, soak {}s",
+            p.current_wave,
+            o.now - since,
+            o.soak_secs
+        );
+    }
+    let timed_out = s.abort_reason.as_deref().is_some_and(|r| r.contains("did not finish within"));
+    if timed_out && p.phase != WavePhase::Aborted && s.revision == p.revision {
+        prop_assert!(
+            o.now - clock.given_since >= o.timeout_secs,
+            "timed out {}s after the wave was last whole or started, timeout {}s",
+            o.now - clock.given_since,
+            o.timeout_secs
+        );
     }
     Ok(())
 }
@@ -246,6 +330,7 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     let (mut revision, mut n, mut now) = ("r1".to_string(), 1, 1_000_000i64);
     let mut status: Option<WaveStatus> = None;
     let mut seen = HashSet::new();
+    let mut clock = Clock::default();
     for (step, op) in c.ops.iter().enumerate() {
         let mut command = None;
         match op {
@@ -256,6 +341,11 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             Op::Flip(i) => {
                 if let Some(w) = world.get_mut(*i) {
                     w.reachable = !w.reachable;
+                }
+            }
+            Op::Regress(i) => {
+                if let Some(w) = world.get_mut(*i).filter(|w| w.progress == Progress::Done) {
+                    w.progress = Progress::Running;
                 }
             }
             Op::Command(k) => {
@@ -271,8 +361,10 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             }
         }
         let o = observed(c, &world, &revision, now, command);
+        clock.observe(status.as_ref(), &o);
         let plan = decide(status.as_ref(), &o);
-        check(status.as_ref(), &o, &plan, &mut seen)?;
+        check(status.as_ref(), &o, &plan, &mut seen, &clock)?;
+        clock.follow(&plan.status, now);
         // Deciding again from what was written, with nothing new, changes nothing.
         let again = decide(Some(&plan.status), &observed(c, &world, &revision, now, None));
         if plan.transition.is_none() {
@@ -407,4 +499,26 @@ fn an_unreachable_member_holds_its_wave_then_times_out() {
         .as_deref()
         .unwrap_or_default()
         .contains("within 100s"));
+}
+
+#[test]
+fn a_revision_merged_while_paused_waits_for_resume() {
+    let c = Case {
+        waves: vec![None, None],
+        members: vec![(0, false), (1, false)],
+        soak: 0,
+        timeout: 600,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let world = world_on_r0(&c);
+    let started = decide(None, &observed(&c, &world, "r1", 1_000, None));
+    let paused = decide(Some(&started.status), &observed(&c, &world, "r1", 1_001, Some(Command::Pause)));
+    assert_eq!(paused.status.phase, WavePhase::Paused);
+    let merged = decide(Some(&paused.status), &observed(&c, &world, "r2", 1_002, None));
+    assert_eq!(merged.status.phase, WavePhase::Paused, "{:?}", merged.status.message);
+    assert!(!merged.send.contains(&Send::Revision), "sent while paused: {:?}", merged.send);
+    let resumed = decide(Some(&merged.status), &observed(&c, &world, "r2", 1_003, Some(Command::Resume)));
+    assert_eq!(resumed.status.phase, WavePhase::Progressing);
+    assert_eq!(resumed.send[0], Send::Revision);
 }
