@@ -12,7 +12,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 
 use super::clusters::MemberCluster;
-use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_CA, HUB_OBJECT, HUB_UID, PROPAGATED_HASH};
+use super::placement::{DELETION_POLICY, FIELD_MANAGER, HUB_CA, HUB_OBJECT, HUB_REVISION, HUB_UID, PROPAGATED_HASH};
 use crate::crd::ProxyDeployment;
 use crate::labels;
 
@@ -208,7 +208,7 @@ pub async fn release(client: &Client, namespace: &str, name: &str, hub_uid: &str
         // Left running, no longer ours: our labels and annotations go, the spec stays.
         let patch = serde_json::json!({"metadata": {
             "labels": {HUB_UID: null, labels::MANAGED_BY: null},
-            "annotations": {HUB_OBJECT: null, PROPAGATED_HASH: null, DELETION_POLICY: null},
+            "annotations": {HUB_OBJECT: null, HUB_REVISION: null, PROPAGATED_HASH: null, DELETION_POLICY: null},
         }});
         bounded(
             "orphaning the ProxyDeployment",

@@ -44,9 +44,11 @@ fn member_view(
     seen: &Seen,
     wave: usize,
     previous: Option<&ClusterStatus>,
-    held: &[String],
+    (held, hub_uid): (&[String], &str),
 ) -> Member {
     let (reachable, revision, progress) = match seen {
+        // A copy this hub does not own (an orphaned one, another hub's) says nothing of ours.
+        Ok((_, Found { copy: Some(copy), .. })) if !ours(copy, hub_uid) => (true, None, Progress::Running),
         Ok((_, Found { copy: Some(copy), apps })) => {
             let judged: Vec<SeenApp> = apps
                 .iter()
@@ -76,6 +78,11 @@ fn member_view(
     }
 }
 
+fn ours(copy: &ProxyDeployment, hub_uid: &str) -> bool {
+    let labels = copy.metadata.labels.as_ref();
+    labels.and_then(|l| l.get(super::placement::HUB_UID)).map(String::as_str) == Some(hub_uid)
+}
+
 fn observed(
     pxd: &ProxyDeployment,
     placement: &Placement,
@@ -83,6 +90,7 @@ fn observed(
     hub_apps: &super::hub_apps::HubApps,
 ) -> Observed {
     let desired_apps = hub_apps.copies.as_slice();
+    let hub_uid = pxd.metadata.uid.as_deref().unwrap_or_default();
     let (waves, index) = placement::assign_waves(placement, targets);
     let previous = |name: &str| {
         pxd.status
@@ -93,7 +101,7 @@ fn observed(
         .iter()
         .zip(seen)
         .zip(&index)
-        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name), &hub_apps.held))
+        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name), (&hub_apps.held, hub_uid)))
         .collect();
     Observed {
         revision: apps::bundle_revision(
@@ -286,5 +294,44 @@ async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> b
             tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command; not acting on it yet");
             false
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn copy(hub_uid: Option<&str>) -> ProxyDeployment {
+        let spec = serde_json::from_value(serde_json::json!({
+            "replicas": 1, "listeners": [], "routes": [], "upstreams": [],
+        }))
+        .expect("spec");
+        let mut pxd = ProxyDeployment::new("edge", spec);
+        pxd.metadata.labels = hub_uid.map(|u| [(placement::HUB_UID.to_string(), u.to_string())].into());
+        pxd.metadata.annotations = Some([(placement::HUB_REVISION.to_string(), "r1".to_string())].into());
+        pxd
+    }
+
+    /// An orphaned copy (or another hub's) still carrying a revision annotation is not this
+    /// hub's rollout on that cluster: never done, never on the revision.
+    #[tokio::test]
+    async fn a_copy_this_hub_does_not_own_is_on_no_revision() {
+        let (mock, _handle) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = Client::new(mock, "default");
+        let cluster = MemberCluster {
+            name: "member-1".into(),
+            labels: Default::default(),
+            secret: "ns/member-1".into(),
+            secret_version: "1".into(),
+            kubeconfig: Err("unused".into()),
+            allowed_namespaces: vec!["*".into()],
+        };
+        let seen = |c| -> Seen {
+            Ok((client.clone(), Found { copy: Some(c), apps: Vec::new() }))
+        };
+        let theirs = member_view(&cluster, &seen(copy(None)), 0, None, (&[], "hub-1"));
+        assert_eq!((theirs.revision, theirs.progress), (None, Progress::Running));
+        let ours = member_view(&cluster, &seen(copy(Some("hub-1"))), 0, None, (&[], "hub-1"));
+        assert_eq!(ours.revision.as_deref(), Some(apps::member_revision(Some("r1".into()), &[]).unwrap().as_str()));
     }
 }
