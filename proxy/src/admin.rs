@@ -46,12 +46,21 @@ pub fn config_report(shared: &Shared) -> String {
     .to_json()
 }
 
-/// The configuration with the values of header and cookie matches hidden: they can be what
-/// lets a tester reach a canary, and the admin port is reachable from the cluster.
+/// The configuration with the values of header and cookie matches hidden (they can be what
+/// lets a tester reach a canary), and of headers a route sets or adds (they can be an
+/// upstream's credentials: `Authorization`, an API key): the admin port is reachable from the
+/// cluster.
 fn redacted(config: &proxyfleet_config::ProxyConfig) -> proxyfleet_config::ProxyConfig {
     const HIDDEN: &str = "<redacted>";
     let mut c = config.clone();
     for r in &mut c.routes {
+        if let Some(h) = &mut r.headers {
+            for ops in [&mut h.request, &mut h.response] {
+                for v in ops.set.iter_mut().chain(ops.add.iter_mut()) {
+                    v.value = HIDDEN.into();
+                }
+            }
+        }
         if let Some(h) = &mut r.matches.header {
             h.value = HIDDEN.into();
         }
@@ -230,5 +239,21 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
             let _ = tokio::time::timeout(ADMIN_LIFETIME, conn).await;
             drop(slot);
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::redacted;
+
+    #[test]
+    fn header_values_a_route_sends_are_not_reported() {
+        let yaml = "listeners: []\nroutes:\n  - name: all\n    upstream: u\n    headers:\n      request:\n        set: [{name: authorization, value: Bearer s3cret}]\n        add: [{name: x-api-key, value: k3y}]\n      response:\n        set: [{name: x-served-by, value: edge-1}]\nupstreams: [{name: u, endpoints: [\"127.0.0.1:1\"]}]\n";
+        let config: proxyfleet_config::ProxyConfig = serde_yaml::from_str(yaml).expect("config");
+        let shown = serde_json::to_string(&redacted(&config)).expect("json");
+        for secret in ["s3cret", "k3y", "edge-1"] {
+            assert!(!shown.contains(secret), "{secret} shown: {shown}");
+        }
+        assert!(shown.contains("authorization"), "the names stay: {shown}");
     }
 }

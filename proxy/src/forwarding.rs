@@ -20,6 +20,9 @@ pub struct ClientInfo {
     pub access_log: Option<Arc<crate::access_log::ListenerLog>>,
     /// Held until the connection and every tunnel it started are gone.
     pub slot: Option<crate::client_slots::ConnectionSlot>,
+    /// Held likewise: a drain waits for it, so an HTTP/1.1 WebSocket or CONNECT tunnel (which
+    /// outlives the HTTP connection it came from) is given the drain's deadline too.
+    pub drain: Option<tokio::sync::watch::Receiver<bool>>,
 }
 
 /// What the TLS handshake agreed on.
@@ -61,6 +64,7 @@ impl ClientInfo {
             remote_ip,
             access_log: None,
             slot: None,
+            drain: None,
         }
     }
 

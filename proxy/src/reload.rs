@@ -101,6 +101,44 @@ fn count_failure(shared: &Shared) {
         .inc();
 }
 
+/// What a running proxy cannot change in place, the first that differs: its sockets, accept
+/// loops, connection builders and workers are made once, from the configuration it started
+/// with. Taking such a change would half-apply it (a renamed listener dropping every
+/// connection, a limit silently kept), so the reload is refused, saying what, and the rest
+/// waits for a restart.
+pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static str> {
+    let same_shape = |a: &proxyfleet_config::Listener, b: &proxyfleet_config::Listener| {
+        a.name == b.name
+            && a.address == b.address
+            && a.tls.as_ref().map(|t| &t.http3) == b.tls.as_ref().map(|t| &t.http3)
+            && a.https_redirect == b.https_redirect
+            && a.access_log == b.access_log
+            && a.tcp.is_some() == b.tcp.is_some()
+    };
+    let listeners_kept = old.listeners.len() == new.listeners.len()
+        && old.listeners.iter().zip(&new.listeners).all(|(a, b)| same_shape(a, b));
+    let limits = |c: &ProxyConfig| {
+        let l = &c.limits;
+        (
+            l.max_connections,
+            l.header_read_timeout,
+            l.max_header_bytes,
+            l.http2.clone(),
+        )
+    };
+    if !listeners_kept {
+        Some("listeners: name, address, tls on or off, tls.http3, httpsRedirect, accessLog or tcp")
+    } else if limits(old) != limits(new) {
+        Some("limits: maxConnections, headerReadTimeout, maxHeaderBytes or http2")
+    } else if old.admin != new.admin {
+        Some("admin")
+    } else if (old.worker_threads, old.idle_spin_micros) != (new.worker_threads, new.idle_spin_micros) {
+        Some("workerThreads or idleSpinMicros")
+    } else {
+        None
+    }
+}
+
 /// Reloads from disk now. Returns whether the new state was taken.
 pub fn reload(shared: &Shared) -> bool {
     let current = shared.state.load_full();
@@ -115,16 +153,11 @@ pub fn reload(shared: &Shared) -> bool {
         },
         None => current.config.clone(),
     };
-    if config.listeners != current.config.listeners
-        && config
-            .listeners
-            .iter()
-            .map(|l| &l.address)
-            .ne(current.config.listeners.iter().map(|l| &l.address))
-    {
+    if let Some(what) = needs_restart(&current.config, &config) {
         count_failure(shared);
         tracing::error!(
-            "reload refused: listener addresses changed; that needs a restart (the operator rolls pods for it)"
+            changed = what,
+            "reload refused: this change needs a restart (the operator rolls pods for it); keeping the running configuration"
         );
         return false;
     }
@@ -251,5 +284,37 @@ mod tests {
             ),
             &names
         ));
+    }
+}
+
+#[cfg(test)]
+mod restart_tests {
+    use super::needs_restart;
+
+    fn config(extra: &str) -> proxyfleet_config::ProxyConfig {
+        let yaml = format!(
+            "listeners:\n  - {{name: http, address: \"127.0.0.1:8080\"{extra}}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [\"127.0.0.1:1\"]}}]\n"
+        );
+        serde_yaml::from_str(&yaml).expect("config")
+    }
+
+    #[test]
+    fn changes_a_running_proxy_cannot_take_are_named() {
+        let base = config("");
+        assert_eq!(needs_restart(&base, &base), None);
+        let mut routes = base.clone();
+        routes.routes[0].name = "other".into();
+        assert_eq!(needs_restart(&base, &routes), None, "routes reload in place");
+        let mut renamed = base.clone();
+        renamed.listeners[0].name = "web".into();
+        assert!(needs_restart(&base, &renamed).is_some_and(|w| w.starts_with("listeners")));
+        let logged = config(", accessLog: {}");
+        assert!(needs_restart(&base, &logged).is_some_and(|w| w.starts_with("listeners")));
+        let mut limited = base.clone();
+        limited.limits.max_connections += 1;
+        assert!(needs_restart(&base, &limited).is_some_and(|w| w.starts_with("limits")));
+        let mut workers = base.clone();
+        workers.worker_threads = Some(3);
+        assert!(needs_restart(&base, &workers).is_some_and(|w| w.starts_with("workerThreads")));
     }
 }

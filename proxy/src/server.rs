@@ -405,10 +405,16 @@ impl ListenerContext {
         }
     }
 
-    fn client(&self, remote: SocketAddr, tls: Option<TlsFacts>, slot: ConnectionSlot) -> Arc<ClientInfo> {
+    fn client(
+        &self,
+        remote: SocketAddr,
+        tls: Option<TlsFacts>,
+        (slot, drain): (ConnectionSlot, watch::Receiver<bool>),
+    ) -> Arc<ClientInfo> {
         let mut client = ClientInfo::new(remote, tls);
         client.access_log = self.access_log.clone();
         client.slot = Some(slot);
+        client.drain = Some(drain);
         Arc::new(client)
     }
 
@@ -478,6 +484,7 @@ impl ListenerContext {
             limits.max_connection_age.map(|d| d.get()),
             Arc::new(RequestBudget::new(limits.max_requests_per_connection)),
         );
+        let held = (slot, drain.clone());
         let ending = Ending {
             drain,
             max_age,
@@ -489,7 +496,7 @@ impl ListenerContext {
             send: limits.send_timeout(),
         };
         if !self.is_tls {
-            let svc = self.service(self.client(remote, None, slot), budget.clone());
+            let svc = self.service(self.client(remote, None, held), budget.clone());
             serve(&self.builder, false, ending, stream, svc, timers).await;
         } else if let Some((tls_config, certs)) = self.shared.state.load().listener_tls.get(&self.name).cloned() {
             let acceptor = tokio_rustls::TlsAcceptor::from(tls_config);
@@ -509,7 +516,7 @@ impl ListenerContext {
                     };
                     // Serve what ALPN agreed on (RFC 7301): no HTTP/1.1 on an h2 connection.
                     let h2 = conn.alpn_protocol() == Some(b"h2");
-                    let svc = self.service(self.client(remote, Some(facts), slot), budget.clone());
+                    let svc = self.service(self.client(remote, Some(facts), held), budget.clone());
                     serve(&self.builder, h2, ending, tls, svc, timers).await;
                 }
                 _ => {

@@ -212,6 +212,18 @@ fn listeners_quic(config: &ProxyConfig, tls: &ListenerTlsMap) -> Result<Listener
     Ok(out)
 }
 
+/// A DNS upstream rebuilt (its TLS files changed, say) starts from the endpoints its
+/// predecessor resolved, not from none until its first lookup answers (every request would
+/// get 503 until then, longer if DNS fails just then), as Envoy warms a cluster first.
+fn carry_resolved(previous: Option<&ProxyState>, u: &proxyfleet_config::Upstream, next: &UpstreamCluster) {
+    let Some(old) = previous.and_then(|p| p.upstreams.get(&u.name)) else {
+        return;
+    };
+    if u.dns.is_some() && old.config.dns == u.dns {
+        next.set_endpoints(old.endpoints.load().iter().map(|e| e.authority.clone()).collect());
+    }
+}
+
 /// TLS listeners by name: the server config and the certificates it selects from.
 type ListenerTlsMap = HashMap<String, (Arc<ServerConfig>, Arc<SniCertificates>)>;
 /// HTTP/3 listeners by name: the QUIC config, its certificates, and whether 0-RTT is on.
@@ -236,7 +248,11 @@ impl ProxyState {
                 .cloned();
             let cluster = match reused {
                 Some(c) => c,
-                None => UpstreamCluster::build(u, material, metrics.upstream_handles(&u.name))?,
+                None => {
+                    let c = UpstreamCluster::build(u, material, metrics.upstream_handles(&u.name))?;
+                    carry_resolved(previous, u, &c);
+                    c
+                }
             };
             upstreams.insert(u.name.clone(), cluster);
         }

@@ -752,6 +752,38 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
     proxy.running.drain();
 }
 
+/// A DNS upstream rebuilt by a reload (its CA file changed) keeps serving from the endpoints
+/// already resolved, not from none until its first lookup answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dns_upstream_rebuilt_by_a_reload_keeps_its_resolved_endpoints() {
+    init();
+    let ca = TestCa::new("dns upstream ca");
+    let dir = tempdir("dns-reload");
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    let up = upstream("dns-up", Some(ca.leaf(&["localhost"])), false).await;
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    dns: {{name: localhost, port: {}, refreshInterval: 60s}}\n    tls: {{serverName: localhost, caFile: {ca_file}}}\n    protocol: http1\n",
+        up.addr.port()
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let shared = proxy.running.shared.clone();
+    let resolved =
+        |shared: &proxyfleet_proxy::shared::Shared| shared.state.load().upstreams["u"].endpoints.load().len();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while resolved(&shared) == 0 {
+        assert!(tokio::time::Instant::now() < deadline, "localhost never resolved");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let before = Arc::as_ptr(&shared.state.load().upstreams["u"]);
+    write(&dir, "ca.pem", &format!("{}\n", ca.cert_pem));
+    assert!(proxyfleet_proxy::reload::reload(&shared));
+    assert_ne!(Arc::as_ptr(&shared.state.load().upstreams["u"]), before, "rebuilt");
+    assert!(resolved(&shared) > 0, "the rebuilt upstream starts with no endpoints");
+    let (status, body) = get(proxy.addr("http"), "x", "/after").await;
+    assert_eq!(status, 200, "{body}");
+    proxy.running.drain();
+}
+
 /// A resumed TLS session is not verified again, so a session from before the client CA changed
 /// must not resume after it; a reload that keeps the CA keeps sessions resumable.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -777,7 +809,9 @@ async fn sessions_from_before_a_client_ca_change_do_not_resume() {
     let a = proxy.addr("https");
     // One client config, so one session store, for every connection.
     let (cert, key) = client_ca.leaf(&["client.example.com"]);
-    let chain = CertificateDer::pem_slice_iter(cert.as_bytes()).map(|c| c.unwrap()).collect();
+    let chain = CertificateDer::pem_slice_iter(cert.as_bytes())
+        .map(|c| c.unwrap())
+        .collect();
     let mut cfg = rustls::ClientConfig::builder()
         .with_root_certificates(ca.roots())
         .with_client_auth_cert(chain, PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap())
@@ -797,7 +831,10 @@ async fn sessions_from_before_a_client_ca_change_do_not_resume() {
         }
     };
     assert_eq!(visit("first").await.1, Some(200));
-    assert_eq!(visit("resumed").await, (Some(rustls::HandshakeKind::Resumed), Some(200)));
+    assert_eq!(
+        visit("resumed").await,
+        (Some(rustls::HandshakeKind::Resumed), Some(200))
+    );
 
     let reloads = |m: &str| metric_sum(m, "proxyfleet_config_reloads_total", &["result=\"success\""]);
     let reloaded_past = |n: f64| move |m: &str| reloads(m) > n;
@@ -806,7 +843,10 @@ async fn sessions_from_before_a_client_ca_change_do_not_resume() {
     write(&dir, "client-ca.pem", &format!("{}\n", client_ca.cert_pem));
     let before = reloads(&metrics_when(&proxy, reloaded_past(before)).await);
     assert!(before >= 1.0, "the rewritten client CA was not reloaded");
-    assert_eq!(visit("same CA").await, (Some(rustls::HandshakeKind::Resumed), Some(200)));
+    assert_eq!(
+        visit("same CA").await,
+        (Some(rustls::HandshakeKind::Resumed), Some(200))
+    );
 
     // Another CA: the client's certificate is no longer trusted, and its session is forgotten.
     let stranger_ca = TestCa::new("stranger ca");
@@ -814,7 +854,11 @@ async fn sessions_from_before_a_client_ca_change_do_not_resume() {
     let after = reloads(&metrics_when(&proxy, reloaded_past(before)).await);
     assert!(after > before, "the new client CA was not reloaded");
     let (kind, status) = visit("new CA").await;
-    assert_ne!(kind, Some(rustls::HandshakeKind::Resumed), "a session from before the CA change resumed");
+    assert_ne!(
+        kind,
+        Some(rustls::HandshakeKind::Resumed),
+        "a session from before the CA change resumed"
+    );
     assert_eq!(status, None, "a client the new CA does not trust was served");
     proxy.running.drain();
 }

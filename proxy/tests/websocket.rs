@@ -75,6 +75,46 @@ async fn websocket_messages_flow_both_ways_through_the_proxy() {
     proxy.running.drain();
 }
 
+/// An HTTP/1.1 WebSocket outlives the HTTP connection it came from; a drain still waits for it
+/// (up to its deadline), as nginx's worker_shutdown_timeout and Envoy's drain do.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_waits_for_an_open_websocket() {
+    init();
+    let upstream = ws_echo().await;
+    let dir = tempdir("websocket-drain");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\ndrain: {{gracePeriod: 100ms, deadline: 5s}}\nroutes: [{{name: ws, upstream: u, timeout: 2s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"]}}]\n"
+    );
+    let mut proxy = start_proxy(&dir, &yaml).await;
+    let tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let (mut ws, _) = tokio_tungstenite::client_async("ws://chat.example/socket", tcp)
+        .await
+        .expect("WebSocket handshake through the proxy");
+    let mut echo = async |text: &str| {
+        ws.send(Message::text(text)).await.unwrap();
+        ws.next().await.expect("a reply").expect("a message")
+    };
+    assert_eq!(echo("before").await, Message::text("echo: before"));
+    proxy.running.drain();
+    tokio::time::sleep(std::time::Duration::from_millis(800)).await;
+    assert!(
+        !proxy.running.done.is_finished(),
+        "the drain ended with a WebSocket open"
+    );
+    assert_eq!(echo("during").await, Message::text("echo: during"));
+    ws.send(Message::Close(None)).await.unwrap();
+    while let Some(Ok(m)) = ws.next().await {
+        if matches!(m, Message::Close(_)) {
+            break;
+        }
+    }
+    drop(ws);
+    tokio::time::timeout(std::time::Duration::from_secs(3), &mut proxy.running.done)
+        .await
+        .expect("the drain ends once the WebSocket has")
+        .unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2c_upgrade_is_not_passed_on() {
     init();
