@@ -22,14 +22,19 @@ where
     };
     let name = object.meta().name.as_deref().unwrap_or_default();
     let patch = removal(annotation, seen).map_err(kube::Error::SerdeError)?;
-    let cleared = api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch)).await?;
+    let cleared = api
+        .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+        .await?;
     latest.record(cleared);
     Ok(())
 }
 
 /// A JSON patch removing `annotation` only while its value is `seen`.
 fn removal(annotation: &str, seen: &str) -> Result<json_patch::Patch, serde_json::Error> {
-    let path = format!("/metadata/annotations/{}", annotation.replace('~', "~0").replace('/', "~1"));
+    let path = format!(
+        "/metadata/annotations/{}",
+        annotation.replace('~', "~0").replace('/', "~1")
+    );
     let ops = serde_json::json!([
         {"op": "test", "path": path, "value": seen},
         {"op": "remove", "path": path},

@@ -388,7 +388,9 @@ mod tests {
         use kube::CustomResourceExt;
         let crd = crate::crd::ProxyDeployment::crd();
         let schema = serde_json::to_value(&crd.spec.versions[0].schema).unwrap();
-        let fields = schema["openAPIV3Schema"]["properties"]["spec"]["properties"].as_object().unwrap();
+        let fields = schema["openAPIV3Schema"]["properties"]["spec"]["properties"]
+            .as_object()
+            .unwrap();
         let not_template = ["replicas", "service", "strategy", "progressDeadline", "placement"];
         for f in fields.keys() {
             assert!(

@@ -12,7 +12,7 @@ use super::render::{track_name, AppTrack};
 use crate::canary::analysis::Window;
 use crate::canary::machine::Measurement;
 use crate::canary::rollout::{judge, prometheus_pair, Subject};
-use crate::canary::source::{parse_proxy_metrics_of, MeasureError, Snapshot};
+use crate::canary::source::{parse_proxy_metrics_of, MeasureError, PodCounters, Snapshot};
 use crate::canary::spec::Analysis;
 use crate::context::Context;
 use crate::labels;
@@ -39,8 +39,12 @@ pub fn selector(owner: &AppOwner, fleet: &str, track: AppTrack) -> String {
     )
 }
 
-/// The IPs of a fleet's running proxy pods.
-pub async fn proxy_pod_ips(ctx: &Context, namespace: &str, fleet: &str) -> Result<Vec<(String, String)>, MeasureError> {
+/// The names, IPs and start times of a fleet's running proxy pods.
+pub async fn proxy_pods(
+    ctx: &Context,
+    namespace: &str,
+    fleet: &str,
+) -> Result<Vec<(String, String, Option<i64>)>, MeasureError> {
     let pods: Api<Pod> = Api::namespaced(ctx.client.clone(), namespace);
     let list = pods
         .list(&ListParams::default().labels(&format!("{}={fleet}", labels::INSTANCE)))
@@ -54,7 +58,15 @@ pub async fn proxy_pod_ips(ctx: &Context, namespace: &str, fleet: &str) -> Resul
         .items
         .into_iter()
         .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .filter_map(|p| Some((p.metadata.name?, p.status?.pod_ip?)))
+        // An evicted or finished pod keeps its IP in its status; the IP may be another pod's now.
+        .filter(|p| {
+            let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
+            !matches!(phase, Some("Succeeded" | "Failed"))
+        })
+        .filter_map(|p| {
+            let started = crate::canary::rollout::started_at(&p);
+            Some((p.metadata.name?, p.status?.pod_ip?, started))
+        })
         .collect())
 }
 
@@ -74,13 +86,16 @@ async fn direct_windows(
         stable: HashMap::new(),
     };
     let mut scraped = 0;
-    for (pod, ip) in proxy_pod_ips(ctx, &owner.namespace, fleet).await? {
+    for (pod, ip, started_at) in proxy_pods(ctx, &owner.namespace, fleet).await? {
         match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
             Ok(text) => {
                 scraped += 1;
-                snap.canary
-                    .insert(pod.clone(), parse_proxy_metrics_of(&text, Some(&canary)));
-                snap.stable.insert(pod, parse_proxy_metrics_of(&text, Some(&stable)));
+                let of = |upstream: &str| PodCounters {
+                    started_at,
+                    ..parse_proxy_metrics_of(&text, Some(upstream))
+                };
+                snap.canary.insert(pod.clone(), of(&canary));
+                snap.stable.insert(pod, of(&stable));
             }
             Err(e) => tracing::debug!(%pod, error = %e, "scrape failed"),
         }

@@ -85,6 +85,9 @@ pub fn deployment(
     let mut template = template.clone();
     let meta = template.metadata.get_or_insert_with(Default::default);
     let pod_labels = meta.labels.get_or_insert_with(Default::default);
+    // Ours only: a template carrying `proxyfleet.io/proxydeployment` would make the app's pods
+    // look like the fleet's proxies, and be sent its admin token with the weights.
+    pod_labels.retain(|k, _| !k.starts_with("proxyfleet.io/"));
     pod_labels.extend(selector(&owner.name, track));
     pod_labels.insert(labels::REVISION.to_string(), revision.to_string());
     Deployment {
@@ -195,5 +198,18 @@ mod tests {
         assert_eq!(template_revision(&template_of(&d).unwrap()), rev);
         let s = service(&owner(), AppTrack::Canary, 8080);
         assert_eq!(s.spec.unwrap().selector, Some(selector("shop", AppTrack::Canary)));
+    }
+
+    /// A template posing as the fleet's proxy pods (which are sent its admin token) loses the
+    /// fleet's labels.
+    #[test]
+    fn a_template_cannot_label_its_pods_as_the_fleets_proxies() {
+        let mut t = template();
+        let l = t.metadata.as_mut().unwrap().labels.as_mut().unwrap();
+        l.insert(labels::INSTANCE.to_string(), "edge".to_string());
+        let d = deployment(&owner(), AppTrack::Stable, &t, "r1", 1);
+        let pod_labels = d.spec.unwrap().template.metadata.unwrap().labels.unwrap();
+        assert!(!pod_labels.contains_key(labels::INSTANCE), "{pod_labels:?}");
+        assert_eq!(pod_labels["app"], "shop");
     }
 }

@@ -162,12 +162,12 @@ async fn keep(
 
 /// The fleet's proxy pods and what each holds for `route`.
 async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) -> Vec<PodWeights> {
-    let Ok(pods) = measure::proxy_pod_ips(ctx, &owner.namespace, fleet).await else {
+    let Ok(pods) = measure::proxy_pods(ctx, &owner.namespace, fleet).await else {
         return Vec::new();
     };
     let admin = crate::resources::config_map::ADMIN_PORT;
     let mut found = Vec::with_capacity(pods.len());
-    for (pod, ip) in pods {
+    for (pod, ip, _) in pods {
         let report = ctx
             .http
             .get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH))

@@ -94,7 +94,29 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     }
     let previous = ar.status.clone().unwrap_or_default();
     let moved = push::move_weights(&ar, &owner, &ctx, &previous, &decision).await;
-    apply_tracks(&ar, &owner, &ctx, &inputs, (&template, &revision), &decision).await?;
+    let canary_replicas = canary_kept(
+        decision.canary_replicas.unwrap_or(0),
+        inputs
+            .canary
+            .as_ref()
+            .and_then(|d| d.spec.as_ref()?.replicas)
+            .unwrap_or(0),
+        // No proxy pod at all sends the canary anything; a ConfigMap not written would start
+        // new ones on the old weights.
+        moved.problem.is_none() && moved.confirmed == moved.pods,
+    );
+    let tracks = apply_tracks(
+        &ar,
+        &owner,
+        &ctx,
+        &inputs,
+        (&template, &revision),
+        (&decision, canary_replicas),
+    );
+    if let Err(e) = tracks.await {
+        keep_decision(&ctx, &owner, &previous, &decision, &moved).await;
+        return Err(e);
+    }
     publish_events(&ar, &ctx, &decision).await;
     let weight = weights::canary_weight(Some(&decision.status));
     let all_applied = moved.all_applied();
@@ -305,6 +327,7 @@ async fn decide(
             .progress_deadline
             .as_ref()
             .map_or(machine::DEFAULT_PROGRESS_DEADLINE, |d| d.get().as_secs() as i64),
+        weights_confirmed: Some(ar.status.as_ref().is_some_and(weights_confirmed)),
         now: now(),
         ..Default::default()
     };
@@ -337,7 +360,7 @@ async fn apply_tracks(
     ctx: &Context,
     inputs: &Inputs,
     (template, revision): (&k8s_openapi::api::core::v1::PodTemplateSpec, &str),
-    decision: &Decision,
+    (decision, canary_replicas): (&Decision, i32),
 ) -> Result<(), AppError> {
     // The cache keeps no pod spec (cache_trim): a stable kept on its current template is read
     // whole, only then.
@@ -366,7 +389,6 @@ async fn apply_tracks(
     };
     ctx.applier.apply(stable, &ctx.stores.deployments).await?;
     // No canary wanted: keep the object, scaled to zero (its weight is already gone).
-    let canary_replicas = decision.canary_replicas.unwrap_or(0);
     if canary_replicas > 0 || inputs.canary.is_some() {
         let canary = objects::deployment(owner, AppTrack::Canary, template, revision, canary_replicas);
         ctx.applier.apply(canary, &ctx.stores.deployments).await?;
@@ -412,9 +434,55 @@ fn ready(
 }
 
 /// (ready, reason, message) for a decision.
+/// The decision stands when the Deployments could not be written: a command already removed,
+/// a failure counted, an abort, and the weights already pushed are recorded (the rest of the
+/// status as it was), so the next pass goes on from them rather than deciding them again.
+async fn keep_decision(
+    ctx: &Context,
+    owner: &AppOwner,
+    previous: &AppRolloutStatus,
+    decision: &Decision,
+    moved: &push::Moved,
+) {
+    let status = AppRolloutStatus {
+        weight: weights::canary_weight(Some(&decision.status)),
+        weights_generation: moved.generation,
+        weights_applied: Some(format!("{}/{}", moved.confirmed, moved.pods)),
+        canary: Some(decision.status.clone()),
+        ..previous.clone()
+    };
+    if let Err(e) = write_status(ctx, owner, &status).await {
+        tracing::warn!(approllout = %owner.name, error = %e, "could not record the decision of a failed pass");
+    }
+}
+
+/// Whether every proxy pod confirmed the weights the status holds ("n/n", at least one pod;
+/// pushed at the end of the pass that wrote it).
+fn weights_confirmed(status: &AppRolloutStatus) -> bool {
+    let applied = status.weights_applied.as_deref().and_then(|a| a.split_once('/'));
+    applied.is_some_and(|(confirmed, pods)| confirmed == pods && pods.parse::<usize>().is_ok_and(|n| n > 0))
+}
+
+/// The canary's pods: as decided, but never fewer than run now while some proxy pod has not
+/// confirmed the weights pushed this pass (one that missed the abort's 0 % still sends the
+/// canary its share, which an empty Service would answer with errors). They go on a later
+/// pass, once every proxy pod has confirmed.
+fn canary_kept(decided: i32, running: i32, weights_confirmed: bool) -> i32 {
+    if weights_confirmed {
+        decided
+    } else {
+        decided.max(running)
+    }
+}
+
 fn readiness(decision: &Decision, moved: &push::Moved) -> (bool, &'static str, String) {
     let msg = decision.status.message.clone().unwrap_or_default();
     match decision.status.phase {
+        machine::ABORTED if !moved.all_applied() => (
+            false,
+            "RolloutAborted",
+            format!("{msg}; not every proxy pod confirmed weight 0 yet: the canary keeps its pods until they do"),
+        ),
         machine::ABORTED => (false, "RolloutAborted", msg),
         _ if let Some(problem) = &moved.problem => (false, "WeightsPending", format!("{problem}; {msg}")),
         _ if !moved.all_applied() => (
@@ -468,4 +536,30 @@ pub fn error_policy(ar: Arc<AppRollout>, error: &AppError, ctx: Arc<Context>) ->
         })
         .inc();
     Action::requeue(ctx.backoff.failed(&key))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::canary_kept;
+
+    #[test]
+    fn weights_are_confirmed_by_every_proxy_pod_of_at_least_one() {
+        let with = |applied: Option<&str>| super::AppRolloutStatus {
+            weights_applied: applied.map(str::to_string),
+            ..Default::default()
+        };
+        assert!(super::weights_confirmed(&with(Some("3/3"))));
+        assert!(!super::weights_confirmed(&with(Some("2/3"))));
+        assert!(!super::weights_confirmed(&with(Some("0/0"))));
+        assert!(!super::weights_confirmed(&with(None)));
+    }
+
+    #[test]
+    fn the_canary_keeps_its_pods_until_every_proxy_confirmed_the_weights() {
+        // Aborted, weight 0 pushed; one proxy pod did not answer: 3 pods stay.
+        assert_eq!(canary_kept(0, 3, false), 3);
+        assert_eq!(canary_kept(0, 3, true), 0);
+        // Growing is never held back.
+        assert_eq!(canary_kept(4, 3, false), 4);
+    }
 }

@@ -46,6 +46,7 @@ pub fn shaped_fleet(
         .iter()
         .map(|a| a.as_ref())
         .filter(|a| a.metadata.namespace.as_deref() == Some(namespace) && a.spec.route.proxy_deployment == name)
+        .filter(|a| has_run(a))
         .collect();
     if mine.is_empty() {
         return pxd.clone();
@@ -62,6 +63,13 @@ pub fn shaped_fleet(
     let mut shaped = (**pxd).clone();
     shaped.spec = spec;
     std::sync::Arc::new(shaped)
+}
+
+/// Whether an AppRollout has run its tracks (its stable revision is known): only then does its
+/// route go to them. One that never could (a typo in workloadRef, a policy refusal) leaves the
+/// route serving as it did, not sent to Services that do not exist.
+pub fn has_run(ar: &AppRollout) -> bool {
+    ar.status.as_ref().is_some_and(|s| s.stable_revision.is_some())
 }
 
 /// Why an AppRollout cannot shape its route.
@@ -92,7 +100,9 @@ pub fn shape_spec(
         .iter()
         .filter(|r| r.spec.route.proxy_deployment == fleet)
         .collect();
-    sorted.sort_by_key(|r| r.metadata.name.clone());
+    // The oldest of those naming a route takes it: a newcomer (a copy-paste) never takes it
+    // from the one serving it.
+    sorted.sort_by_key(|r| (r.metadata.creation_timestamp.clone(), r.metadata.name.clone()));
     for ar in sorted {
         let name = ar.metadata.name.clone().unwrap_or_default();
         if let Err(reason) = split_route(&mut out, &name, namespace, ar, cluster_ips) {
@@ -233,6 +243,20 @@ pub(crate) mod tests {
         );
         assert_eq!(conflicts.len(), 1);
         assert_eq!(conflicts[0].rollout, "b");
+        // The older one keeps it, whatever the names.
+        let mut older_b = b.clone();
+        older_b.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-01-01T00:00:00Z".parse().unwrap(),
+        ));
+        let mut newer_a = a.clone();
+        newer_a.metadata.creation_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+            "2026-06-01T00:00:00Z".parse().unwrap(),
+        ));
+        let (spec, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&newer_a, &older_b], &|_: &str| None);
+        assert_eq!(spec.routes[0].backends[0].upstream, "b-canary");
+        assert_eq!(conflicts[0].rollout, "a");
+        // One that never ran its tracks shapes nothing.
+        assert!(!has_run(&a));
         let missing = rollout("c", "demo", "nope");
         let (_, conflicts) = shape_spec(&pxd.spec, "demo", "team", &[&missing], &|_: &str| None);
         assert!(conflicts[0].reason.contains("no route \"nope\""), "{conflicts:?}");

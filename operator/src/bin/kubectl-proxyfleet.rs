@@ -16,9 +16,9 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
-use proxyfleet_operator::command_annotation::send_patch;
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
 use proxyfleet_operator::canary::spec::CanaryPhase;
+use proxyfleet_operator::command_annotation::send_patch;
 use proxyfleet_operator::crd::{Phase, ProxyDeployment};
 use proxyfleet_operator::history::{template_of, undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;

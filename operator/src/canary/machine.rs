@@ -77,6 +77,9 @@ pub struct Observations {
     pub progress_deadline: i64,
     /// Why canary pods are not ready (pod reason and the proxy's last words), when known.
     pub canary_problem: Option<String>,
+    /// Where the weights are pushed to the proxies (AppRollouts): whether every proxy pod has
+    /// confirmed the weight the status holds. None where pod counts carry the weight (fleets).
+    pub weights_confirmed: Option<bool>,
     pub now: i64,
 }
 
@@ -90,6 +93,7 @@ impl Default for Observations {
             measurement: None,
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             canary_problem: None,
+            weights_confirmed: None,
             now: 0,
         }
     }
@@ -802,12 +806,22 @@ fn weight_step(
         }
         run.set_weight(w, obs.now);
         run.status.message = Some(format!("step {idx}: weight {w}% reached ({target} canary pod(s))"));
+        if obs.weights_confirmed.is_some() && !promote_now {
+            // Pushed after this decision: the step is done once every proxy pod has taken it.
+            return StepOutcome::Wait(2);
+        }
         if !promote_now && !may_leave(strategy, &run.status) {
             return StepOutcome::Wait(until_judged(strategy, &run.status, obs.now));
         }
         run.event(false, "StepCompleted", format!("step {idx}: weight {w}%"));
         run.next_step(obs.now);
         // Give the new weight time to carry traffic before anything else happens.
+        return StepOutcome::Wait(2);
+    }
+    if obs.weights_confirmed == Some(false) && !promote_now {
+        run.status.message = Some(format!(
+            "step {idx}: weight {w}% set; waiting for every proxy pod to take it"
+        ));
         return StepOutcome::Wait(2);
     }
     if promote_now || may_leave(strategy, &run.status) {

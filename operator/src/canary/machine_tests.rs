@@ -607,7 +607,13 @@ fn a_promote_meant_for_the_rollout_before_a_new_revision_is_not_applied_to_it() 
     assert_eq!(aborted.status.phase, ABORTED);
     // Sent again once the new rollout runs, it acts.
     let n = decide(&s, Some(&d.status), 5, &newer, None);
-    let n = decide(&s, Some(&n.status), 5, &obs_at(14, 1, "newer"), Some(Command::PromoteFull));
+    let n = decide(
+        &s,
+        Some(&n.status),
+        5,
+        &obs_at(14, 1, "newer"),
+        Some(Command::PromoteFull),
+    );
     assert_eq!(n.status.phase, PROMOTING);
 }
 
@@ -616,4 +622,28 @@ fn obs_at(now: i64, canary_ready: i32, desired: &str) -> Observations {
         desired_revision: desired.into(),
         ..obs(now, canary_ready)
     }
+}
+
+/// Where the weights are pushed to the proxies, a weight step is done only once every proxy
+/// pod has taken it: a revision nobody's traffic reached is never walked to promotion.
+#[test]
+fn a_pushed_weight_completes_its_step_only_once_every_proxy_took_it() {
+    let s = strategy("steps: [{setWeight: 20}, {pause: {duration: 10s}}, {setWeight: 100}]");
+    let pushed = |now, confirmed| Observations {
+        weights_confirmed: Some(confirmed),
+        ..obs(now, 1)
+    };
+    let mut d = decide(&s, None, 5, &pushed(0, true), None);
+    assert_eq!(
+        (d.status.weight, d.status.current_step_index),
+        (20, 0),
+        "set, not yet taken"
+    );
+    for now in 1..100 {
+        d = decide(&s, Some(&d.status), 5, &pushed(now, false), None);
+        assert_eq!(d.status.current_step_index, 0, "moved on with the weight not taken");
+        assert_ne!(d.status.phase, PROMOTING);
+    }
+    d = decide(&s, Some(&d.status), 5, &pushed(100, true), None);
+    assert_eq!(d.status.current_step_index, 1, "taken: on to the pause");
 }

@@ -383,6 +383,11 @@ async fn prometheus_windows(
     prometheus_pair(ctx, address, [&canary, &stable], window_secs).await
 }
 
+/// When the pod started (unix seconds), from its status.
+pub fn started_at(pod: &Pod) -> Option<i64> {
+    Some(pod.status.as_ref()?.start_time.as_ref()?.0.as_second())
+}
+
 /// Scrapes every proxy pod's /metrics and returns the windows since about `window_secs` ago.
 async fn direct_windows(
     ctx: &Context,
@@ -422,7 +427,10 @@ async fn direct_windows(
         match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
             Ok(text) => {
                 scraped += 1;
-                let counters = parse_proxy_metrics(&text);
+                let counters = source::PodCounters {
+                    started_at: started_at(&pod),
+                    ..parse_proxy_metrics(&text)
+                };
                 if track == "canary" {
                     snap.canary.insert(name, counters);
                 } else {

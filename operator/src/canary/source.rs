@@ -67,6 +67,8 @@ pub struct PodCounters {
     pub errors_5xx: f64,
     /// (le, cumulative count), summed over routes, sorted by le.
     pub buckets: Vec<(f64, f64)>,
+    /// When the pod started (unix seconds; Pod `status.startTime`), if known.
+    pub started_at: Option<i64>,
 }
 
 fn label<'a>(labels: &'a str, name: &str) -> Option<&'a str> {
@@ -124,6 +126,13 @@ pub fn parse_proxy_metrics_of(text: &str, upstream: Option<&str>) -> PodCounters
     out
 }
 
+/// Which track's pods.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Track {
+    Canary,
+    Stable,
+}
+
 /// Per-pod counters of both tracks at one time.
 #[derive(Clone, Debug, Default)]
 pub struct Snapshot {
@@ -132,11 +141,21 @@ pub struct Snapshot {
     pub stable: HashMap<String, PodCounters>,
 }
 
-fn delta(new: &PodCounters, old: Option<&PodCounters>) -> PodCounters {
-    // A counter that went down means the pod restarted: count from zero.
-    let Some(old) = old.filter(|o| o.requests <= new.requests) else {
-        return new.clone();
+/// What a pod served since `old` (its counters at `base_at`). A pod missing from the base counts
+/// whole only if it started after it: one that was merely not scraped then carries everything
+/// it served before the window (earlier revisions' canaries included), which would drown the
+/// window's own traffic; it sits this window out.
+fn delta(new: &PodCounters, old: Option<&PodCounters>, base_at: i64) -> PodCounters {
+    let Some(old) = old else {
+        return match new.started_at {
+            Some(started) if started >= base_at => new.clone(),
+            _ => PodCounters::default(),
+        };
     };
+    // A counter that went down means the pod restarted: count from zero.
+    if old.requests > new.requests {
+        return new.clone();
+    }
     PodCounters {
         requests: new.requests - old.requests,
         errors_5xx: (new.errors_5xx - old.errors_5xx).max(0.0),
@@ -150,14 +169,19 @@ fn delta(new: &PodCounters, old: Option<&PodCounters>) -> PodCounters {
                 )
             })
             .collect(),
+        started_at: new.started_at,
     }
 }
 
 /// What a track served between two snapshots, summed over its pods.
-pub fn window_between(new: &HashMap<String, PodCounters>, old: &HashMap<String, PodCounters>) -> Window {
+pub fn window_between(new: &HashMap<String, PodCounters>, old: &Snapshot, track: Track) -> Window {
+    let old_pods = match track {
+        Track::Canary => &old.canary,
+        Track::Stable => &old.stable,
+    };
     let mut w = Window::default();
     for (pod, counters) in new {
-        let d = delta(counters, old.get(pod));
+        let d = delta(counters, old_pods.get(pod), old.at);
         w.requests += d.requests;
         w.errors_5xx += d.errors_5xx;
         for (le, c) in d.buckets {
@@ -198,8 +222,8 @@ impl SnapshotHistory {
         }
         let base = base?;
         Some((
-            window_between(&snap.canary, &base.canary),
-            window_between(&snap.stable, &base.stable),
+            window_between(&snap.canary, &base, Track::Canary),
+            window_between(&snap.stable, &base, Track::Stable),
             base.at,
         ))
     }
@@ -387,6 +411,7 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
                 requests: 100.0,
                 errors_5xx: 10.0,
                 buckets: vec![(f64::INFINITY, 100.0)],
+                started_at: None,
             },
         )]);
         let new = HashMap::from([
@@ -396,6 +421,7 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
                     requests: 150.0,
                     errors_5xx: 20.0,
                     buckets: vec![(f64::INFINITY, 150.0)],
+                    started_at: None,
                 },
             ),
             // restarted pod: its counters start again from zero
@@ -405,10 +431,26 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
                     requests: 7.0,
                     errors_5xx: 0.0,
                     buckets: vec![(f64::INFINITY, 7.0)],
+                    started_at: Some(1_000),
+                },
+            ),
+            // A long-running pod the base missed (its scrape failed): not this window's.
+            (
+                "c".to_string(),
+                PodCounters {
+                    requests: 1_000_000.0,
+                    errors_5xx: 1_000.0,
+                    buckets: vec![(f64::INFINITY, 1_000_000.0)],
+                    started_at: Some(10),
                 },
             ),
         ]);
-        let w = window_between(&new, &old);
+        let base = Snapshot {
+            at: 990,
+            canary: old,
+            stable: HashMap::new(),
+        };
+        let w = window_between(&new, &base, Track::Canary);
         assert_eq!(w.requests, 57.0);
         assert_eq!(w.errors_5xx, 10.0);
     }
@@ -424,6 +466,7 @@ proxyfleet_request_duration_seconds_bucket{le="+Inf",route="",upstream=""} 5
                     requests: n,
                     errors_5xx: 0.0,
                     buckets: vec![],
+                    started_at: None,
                 },
             )]),
             stable: HashMap::new(),

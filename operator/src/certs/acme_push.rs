@@ -24,9 +24,9 @@ pub async fn push(
     loop {
         let (mut taken, mut total) = (0, 0);
         let token = crate::app::token::read(ctx, namespace, fleet).await;
-        if let (Ok(pods), Some(token)) = (crate::app::measure::proxy_pod_ips(ctx, namespace, fleet).await, &token) {
+        if let (Ok(pods), Some(token)) = (crate::app::measure::proxy_pods(ctx, namespace, fleet).await, &token) {
             total = pods.len();
-            for (pod, ip) in &pods {
+            for (pod, ip, _) in &pods {
                 let url = format!("http://{ip}:{ADMIN_PORT}{ACME_CHALLENGES_PATH}");
                 match ctx.http.put(&url, token, body.clone()).await {
                     Ok(()) => taken += 1,

@@ -157,7 +157,11 @@ fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition
     let status = WaveStatus {
         revision: o.revision.clone(),
         stable_revision,
-        phase: if paused { WavePhase::Paused } else { WavePhase::Progressing },
+        phase: if paused {
+            WavePhase::Paused
+        } else {
+            WavePhase::Progressing
+        },
         current_wave: 0,
         waves: entries(o),
         wave_started_at: Some(rfc3339(o.now)),

@@ -270,7 +270,10 @@ fn check_clock(prev: Option<&WaveStatus>, o: &Observed, plan: &Plan, clock: &Clo
             o.soak_secs
         );
     }
-    let timed_out = s.abort_reason.as_deref().is_some_and(|r| r.contains("did not finish within"));
+    let timed_out = s
+        .abort_reason
+        .as_deref()
+        .is_some_and(|r| r.contains("did not finish within"));
     if timed_out && p.phase != WavePhase::Aborted && s.revision == p.revision {
         prop_assert!(
             o.now - clock.given_since >= o.timeout_secs,
@@ -513,12 +516,22 @@ fn a_revision_merged_while_paused_waits_for_resume() {
     };
     let world = world_on_r0(&c);
     let started = decide(None, &observed(&c, &world, "r1", 1_000, None));
-    let paused = decide(Some(&started.status), &observed(&c, &world, "r1", 1_001, Some(Command::Pause)));
+    let paused = decide(
+        Some(&started.status),
+        &observed(&c, &world, "r1", 1_001, Some(Command::Pause)),
+    );
     assert_eq!(paused.status.phase, WavePhase::Paused);
     let merged = decide(Some(&paused.status), &observed(&c, &world, "r2", 1_002, None));
     assert_eq!(merged.status.phase, WavePhase::Paused, "{:?}", merged.status.message);
-    assert!(!merged.send.contains(&Send::Revision), "sent while paused: {:?}", merged.send);
-    let resumed = decide(Some(&merged.status), &observed(&c, &world, "r2", 1_003, Some(Command::Resume)));
+    assert!(
+        !merged.send.contains(&Send::Revision),
+        "sent while paused: {:?}",
+        merged.send
+    );
+    let resumed = decide(
+        Some(&merged.status),
+        &observed(&c, &world, "r2", 1_003, Some(Command::Resume)),
+    );
     assert_eq!(resumed.status.phase, WavePhase::Progressing);
     assert_eq!(resumed.send[0], Send::Revision);
 }

@@ -80,7 +80,10 @@ fn member_view(
 
 fn ours(copy: &ProxyDeployment, hub_uid: &str) -> bool {
     let labels = copy.metadata.labels.as_ref();
-    labels.and_then(|l| l.get(super::placement::HUB_UID)).map(String::as_str) == Some(hub_uid)
+    labels
+        .and_then(|l| l.get(super::placement::HUB_UID))
+        .map(String::as_str)
+        == Some(hub_uid)
 }
 
 fn observed(
@@ -316,7 +319,8 @@ mod tests {
     /// hub's rollout on that cluster: never done, never on the revision.
     #[tokio::test]
     async fn a_copy_this_hub_does_not_own_is_on_no_revision() {
-        let (mock, _handle) = tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let (mock, _handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
         let client = Client::new(mock, "default");
         let cluster = MemberCluster {
             name: "member-1".into(),
@@ -327,11 +331,20 @@ mod tests {
             allowed_namespaces: vec!["*".into()],
         };
         let seen = |c| -> Seen {
-            Ok((client.clone(), Found { copy: Some(c), apps: Vec::new() }))
+            Ok((
+                client.clone(),
+                Found {
+                    copy: Some(c),
+                    apps: Vec::new(),
+                },
+            ))
         };
         let theirs = member_view(&cluster, &seen(copy(None)), 0, None, (&[], "hub-1"));
         assert_eq!((theirs.revision, theirs.progress), (None, Progress::Running));
         let ours = member_view(&cluster, &seen(copy(Some("hub-1"))), 0, None, (&[], "hub-1"));
-        assert_eq!(ours.revision.as_deref(), Some(apps::member_revision(Some("r1".into()), &[]).unwrap().as_str()));
+        assert_eq!(
+            ours.revision.as_deref(),
+            Some(apps::member_revision(Some("r1".into()), &[]).unwrap().as_str())
+        );
     }
 }
