@@ -699,13 +699,10 @@ async fn connect_tunnels_only_to_allowed_targets() {
     proxy.running.drain();
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
-    init();
-    let ca = TestCa::new("server ca");
-    let client_ca = TestCa::new("client ca");
-    let stranger_ca = TestCa::new("stranger ca");
-    let dir = tempdir("mtls");
+/// A proxy whose `https` listener serves `api.example.com` from `ca` and asks clients for a
+/// certificate from `client_ca` (file `client-ca.pem` in the returned directory).
+async fn mtls_proxy(name: &str, ca: &TestCa, client_ca: &TestCa) -> (std::path::PathBuf, Upstream, Proxy) {
+    let dir = tempdir(name);
     let (c, k) = ca.leaf(&["api.example.com"]);
     write(&dir, "c", &c);
     write(&dir, "k", &k);
@@ -718,6 +715,15 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
         up.addr
     );
     let proxy = within("start", start_proxy(&dir, &yaml)).await;
+    (dir, up, proxy)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
+    init();
+    let (ca, client_ca) = (TestCa::new("server ca"), TestCa::new("client ca"));
+    let stranger_ca = TestCa::new("stranger ca");
+    let (_dir, up, proxy) = mtls_proxy("mtls", &ca, &client_ca).await;
     let a = proxy.addr("https");
 
     // A certificate from the client CA: served. `step` names the wait if one hangs.
@@ -791,21 +797,8 @@ async fn sessions_from_before_a_client_ca_change_do_not_resume() {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
     init();
-    let ca = TestCa::new("server ca");
-    let client_ca = TestCa::new("client ca");
-    let dir = tempdir("mtls-resume");
-    let (c, k) = ca.leaf(&["api.example.com"]);
-    write(&dir, "c", &c);
-    write(&dir, "k", &k);
-    let client_ca_file = write(&dir, "client-ca.pem", &client_ca.cert_pem);
-    let up = within("upstream", upstream("up", None, false)).await;
-    let yaml = format!(
-        "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      clientCaFile: {client_ca_file}\n      certificates:\n        - {{certFile: {}, keyFile: {}, default: true}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\"]\n",
-        dir.join("c").display(),
-        dir.join("k").display(),
-        up.addr
-    );
-    let proxy = within("start", start_proxy(&dir, &yaml)).await;
+    let (ca, client_ca) = (TestCa::new("server ca"), TestCa::new("client ca"));
+    let (dir, _up, proxy) = mtls_proxy("mtls-resume", &ca, &client_ca).await;
     let a = proxy.addr("https");
     // One client config, so one session store, for every connection.
     let (cert, key) = client_ca.leaf(&["client.example.com"]);

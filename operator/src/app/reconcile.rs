@@ -94,17 +94,7 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     }
     let previous = ar.status.clone().unwrap_or_default();
     let moved = push::move_weights(&ar, &owner, &ctx, &previous, &decision).await;
-    let canary_replicas = canary_kept(
-        decision.canary_replicas.unwrap_or(0),
-        inputs
-            .canary
-            .as_ref()
-            .and_then(|d| d.spec.as_ref()?.replicas)
-            .unwrap_or(0),
-        // No proxy pod at all sends the canary anything; a ConfigMap not written would start
-        // new ones on the old weights.
-        moved.problem.is_none() && moved.confirmed == moved.pods,
-    );
+    let canary_replicas = canary_kept(&decision, &inputs, &moved);
     let tracks = apply_tracks(
         &ar,
         &owner,
@@ -118,24 +108,8 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
         return Err(e);
     }
     publish_events(&ar, &ctx, &decision).await;
-    let weight = weights::canary_weight(Some(&decision.status));
     let all_applied = moved.all_applied();
-    let status = AppRolloutStatus {
-        observed_generation: ar.metadata.generation,
-        stable_revision: decision
-            .status
-            .stable_revision
-            .clone()
-            .or(previous.stable_revision.clone()),
-        weight,
-        weights_generation: moved.generation,
-        weights_applied: Some(format!("{}/{}", moved.confirmed, moved.pods)),
-        canary: Some(decision.status.clone()),
-        conditions: {
-            let (ok, reason, message) = readiness(&decision, &moved);
-            ready(&previous.conditions, ar.metadata.generation, ok, reason, message)
-        },
-    };
+    let status = status_of(&ar, &previous, &decision, &moved);
     if ar.status.as_ref() != Some(&status) {
         write_status(&ctx, &owner, &status).await?;
     }
@@ -456,6 +430,29 @@ async fn keep_decision(
     }
 }
 
+/// The status a pass that applied its decision writes.
+fn status_of(
+    ar: &AppRollout,
+    previous: &AppRolloutStatus,
+    decision: &Decision,
+    moved: &push::Moved,
+) -> AppRolloutStatus {
+    let (ok, reason, message) = readiness(decision, moved);
+    AppRolloutStatus {
+        observed_generation: ar.metadata.generation,
+        stable_revision: decision
+            .status
+            .stable_revision
+            .clone()
+            .or(previous.stable_revision.clone()),
+        weight: weights::canary_weight(Some(&decision.status)),
+        weights_generation: moved.generation,
+        weights_applied: Some(format!("{}/{}", moved.confirmed, moved.pods)),
+        canary: Some(decision.status.clone()),
+        conditions: ready(&previous.conditions, ar.metadata.generation, ok, reason, message),
+    }
+}
+
 /// Whether every proxy pod confirmed the weights the status holds ("n/n", at least one pod;
 /// pushed at the end of the pass that wrote it).
 fn weights_confirmed(status: &AppRolloutStatus) -> bool {
@@ -467,7 +464,15 @@ fn weights_confirmed(status: &AppRolloutStatus) -> bool {
 /// confirmed the weights pushed this pass (one that missed the abort's 0 % still sends the
 /// canary its share, which an empty Service would answer with errors). They go on a later
 /// pass, once every proxy pod has confirmed.
-fn canary_kept(decided: i32, running: i32, weights_confirmed: bool) -> i32 {
+fn canary_kept(decision: &Decision, inputs: &Inputs, moved: &push::Moved) -> i32 {
+    let running = inputs.canary.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
+    // No proxy pod at all sends the canary anything; a ConfigMap not written would start new
+    // ones on the old weights.
+    let confirmed = moved.problem.is_none() && moved.confirmed == moved.pods;
+    kept_replicas(decision.canary_replicas.unwrap_or(0), running.unwrap_or(0), confirmed)
+}
+
+fn kept_replicas(decided: i32, running: i32, weights_confirmed: bool) -> i32 {
     if weights_confirmed {
         decided
     } else {
@@ -540,7 +545,7 @@ pub fn error_policy(ar: Arc<AppRollout>, error: &AppError, ctx: Arc<Context>) ->
 
 #[cfg(test)]
 mod tests {
-    use super::canary_kept;
+    use super::kept_replicas;
 
     #[test]
     fn weights_are_confirmed_by_every_proxy_pod_of_at_least_one() {
@@ -557,9 +562,9 @@ mod tests {
     #[test]
     fn the_canary_keeps_its_pods_until_every_proxy_confirmed_the_weights() {
         // Aborted, weight 0 pushed; one proxy pod did not answer: 3 pods stay.
-        assert_eq!(canary_kept(0, 3, false), 3);
-        assert_eq!(canary_kept(0, 3, true), 0);
+        assert_eq!(kept_replicas(0, 3, false), 3);
+        assert_eq!(kept_replicas(0, 3, true), 0);
         // Growing is never held back.
-        assert_eq!(canary_kept(4, 3, false), 4);
+        assert_eq!(kept_replicas(4, 3, false), 4);
     }
 }
