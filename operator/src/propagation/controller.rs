@@ -18,8 +18,7 @@ use crate::context::Context;
 use crate::crd::ProxyDeployment;
 use crate::resources::Owner;
 
-/// Field manager of the hub's propagation status (not of writes to members).
-pub const STATUS_MANAGER: &str = "proxyfleet-propagation-status";
+pub use super::status::STATUS_MANAGER;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {

@@ -6,6 +6,9 @@ use super::spec::{ClusterAppStatus, ClusterStatus};
 use crate::conditions::{Want, PROPAGATED};
 use crate::crd::ProxyDeployment;
 
+/// Field manager of the hub's propagation status (not of writes to members).
+pub const STATUS_MANAGER: &str = "proxyfleet-propagation-status";
+
 /// What one reconcile learned about one selected cluster.
 #[derive(Debug)]
 pub enum Observation {

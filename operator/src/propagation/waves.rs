@@ -401,6 +401,12 @@ fn due_in(s: &WaveStatus, o: &Observed) -> Option<i64> {
     }
 }
 
+/// Whether `plan` moves the rollout (a transition, or a command taken) and so must be saved
+/// before anything is sent from it.
+pub fn must_save_first(plan: &Plan, o: &Observed) -> bool {
+    plan.transition.is_some() || o.command.is_some()
+}
+
 /// One decision.
 pub fn decide(previous: Option<&WaveStatus>, o: &Observed) -> Plan {
     let (mut status, mut transition) = match previous {

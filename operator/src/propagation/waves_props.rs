@@ -20,6 +20,9 @@ enum Op {
     Command(u8),
     NewRevision,
     Restart,
+    /// The status write of this pass fails (a 5xx, a lost lease): the shell sends nothing
+    /// from a plan that must be saved first, and keeps the status it had.
+    LoseWrite,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -30,6 +33,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(Op::Command),
         1 => Just(Op::NewRevision),
         1 => Just(Op::Restart),
+        1 => Just(Op::LoseWrite),
     ]
 }
 
@@ -334,8 +338,11 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     let mut status: Option<WaveStatus> = None;
     let mut seen = HashSet::new();
     let mut clock = Clock::default();
+    // Members sent the stable spec back, with the revision they were taken off.
+    let mut rolled_back: HashSet<(usize, String)> = HashSet::new();
     for (step, op) in c.ops.iter().enumerate() {
         let mut command = None;
+        let mut lose = false;
         match op {
             Op::Tick(dt) => {
                 now += dt;
@@ -362,19 +369,59 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
                 let json = serde_json::to_string(&status).map_err(|e| TestCaseError::fail(e.to_string()))?;
                 status = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
+            Op::LoseWrite => lose = true,
         }
         let o = observed(c, &world, &revision, now, command);
         clock.observe(status.as_ref(), &o);
         let plan = decide(status.as_ref(), &o);
         check(status.as_ref(), &o, &plan, &mut seen, &clock)?;
+        if lose && must_save_first(&plan, &o) {
+            // Nothing sent, nothing announced: the next pass decides it again.
+            if let Some(t) = &plan.transition {
+                let s = &plan.status;
+                seen.remove(&format!("{}/{}/{}/{}", s.revision, s.attempt, t.reason, s.current_wave));
+            }
+            continue;
+        }
         clock.follow(&plan.status, now);
         // Deciding again from what was written, with nothing new, changes nothing.
         let again = decide(Some(&plan.status), &observed(c, &world, &revision, now, None));
         if plan.transition.is_none() {
             prop_assert_eq!(&again.status, &plan.status, "a repeated decision moved");
         }
+        check_no_resend(&mut rolled_back, &o, &plan, &world)?;
         deliver(&mut world, &plan, &revision, plan.status.stable_revision.as_deref());
-        status = Some(plan.status);
+        if !lose {
+            status = Some(plan.status);
+        }
+    }
+    Ok(())
+}
+
+/// A member sent the stable spec back is not sent the revision it was taken off again, unless
+/// `resume` retries it (lost status writes and restarts included).
+fn check_no_resend(
+    rolled_back: &mut HashSet<(usize, String)>,
+    o: &Observed,
+    plan: &Plan,
+    world: &[World],
+) -> Result<(), TestCaseError> {
+    if o.command == Some(Command::Resume) {
+        rolled_back.clear();
+    }
+    for (i, (send, w)) in plan.send.iter().zip(world).enumerate() {
+        match send {
+            Send::Revision => prop_assert!(
+                !rolled_back.contains(&(i, o.revision.clone())),
+                "m{} sent {} again after it was rolled back",
+                i,
+                o.revision
+            ),
+            Send::Stable if w.reachable && w.revision.as_deref() == Some(o.revision.as_str()) => {
+                rolled_back.insert((i, o.revision.clone()));
+            }
+            _ => {}
+        }
     }
     Ok(())
 }

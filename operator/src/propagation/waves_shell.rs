@@ -165,25 +165,30 @@ pub async fn roll<'a>(
         sync::observe_one(clients, (c, had_apps), owner)
     }))
     .await;
-    let mut o = observed(pxd, placement, (targets, &seen), hub_apps);
-    let plan = decide(pxd, owner, ctx, &mut o).await;
-    announce(ctx, owner, &plan).await;
-    let why = plan
-        .status
-        .message
-        .clone()
-        .unwrap_or_else(|| "waiting for its wave".into());
+    let o = observed(pxd, placement, (targets, &seen), hub_apps);
+    let (plan, saved) = decide(pxd, owner, ctx, &o).await;
+    let (status, send, why) = match saved {
+        Saved::Yes => {
+            let why = plan.status.message.clone();
+            (
+                plan.status,
+                plan.send,
+                why.unwrap_or_else(|| "waiting for its wave".into()),
+            )
+        }
+        Saved::No(previous) => (*previous, vec![Send::Nothing; plan.send.len()], NOT_SAVED.into()),
+    };
     let to = Target {
         ctx,
         owner,
         ca,
         hub_apps,
-        stable: &plan.status,
+        stable: &status,
         placement,
     };
     let sends = seen
         .into_iter()
-        .zip(&plan.send)
+        .zip(&send)
         .zip(targets.iter().zip(objects))
         .map(|((s, send), (c, desired))| send_one(&to, s, *send, c, desired, &why));
     let results = join_all(sends).await;
@@ -200,7 +205,7 @@ pub async fn roll<'a>(
     };
     Rolled {
         observations,
-        status: plan.status,
+        status,
         due: due.min(ctx.propagation.resync),
     }
 }
@@ -271,31 +276,62 @@ async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
     }
 }
 
-/// The machine's plan for what was observed. A command is acted on only once its annotation
-/// is gone (else the next pass would act on it again): while it stays, this pass decides as
-/// if it had not come, and the next one sees it again.
-async fn decide(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, o: &mut Observed) -> waves::Plan {
-    let previous = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
-    let plan = waves::decide(previous, o);
-    if o.command.is_none() || clear_command(pxd, owner, ctx).await {
-        return plan;
-    }
-    o.command = None;
-    waves::decide(previous, o)
+const NOT_SAVED: &str = "the wave status could not be saved; nothing is sent to a member before it is";
+
+/// Whether a plan's status was saved before anything is sent from it; if not, the status the
+/// pass keeps (the one it started from).
+enum Saved {
+    Yes,
+    No(Box<WaveStatus>),
 }
 
-/// A command is acted on once: the annotation goes before the pass acts on it. Whether it
-/// went.
-async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> bool {
+/// The machine's plan for what was observed, saved first when it moves the rollout (a
+/// transition, a command taken): members are written only from a saved status, so a lost
+/// write can never leave them rolled back (or sent on) with the status saying otherwise, nor an
+/// abort or a command forgotten. Sends are a function of the status and what is observed, so
+/// the next pass sends the same. A command's annotation goes once its effect is saved; if that
+/// fails, the next pass reads it again, which changes nothing (every command is idempotent on
+/// the status it produced). The transition is announced once saved.
+async fn decide(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, o: &Observed) -> (waves::Plan, Saved) {
+    let previous = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
+    let plan = waves::decide(previous, o);
+    if waves::must_save_first(&plan, o) && !save_ahead(pxd, owner, ctx, &plan.status).await {
+        let kept = previous.cloned().unwrap_or_else(|| plan.status.clone());
+        return (plan, Saved::No(Box::new(kept)));
+    }
+    if o.command.is_some() {
+        clear_command(pxd, owner, ctx).await;
+    }
+    announce(ctx, owner, &plan).await;
+    (plan, Saved::Yes)
+}
+
+/// Saves `waves` beside the rest of this controller's part of the status, as it is.
+async fn save_ahead(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context, waves: &WaveStatus) -> bool {
+    let status = pxd.status.clone().unwrap_or_default();
+    let propagated: Vec<_> = status
+        .conditions
+        .into_iter()
+        .filter(|c| c.type_ == crate::conditions::PROPAGATED)
+        .collect();
+    let patch = serde_json::json!({"clusters": status.clusters, "conditions": propagated, "waves": waves});
+    let writer = ctx.status_writer(&owner.namespace, status::STATUS_MANAGER);
+    match writer.apply(&owner.name, &patch).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(fleet = %owner.name, error = %e, "could not save the wave status; sending nothing");
+            false
+        }
+    }
+}
+
+/// Removes the wave command once its effect is saved.
+async fn clear_command(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     match crate::command_annotation::clear(&api, pxd, WAVE_COMMAND, &ctx.latest_fleets).await {
-        Ok(()) => {
-            ctx.metrics.api_write("ProxyDeployment", "patch");
-            true
-        }
+        Ok(()) => ctx.metrics.api_write("ProxyDeployment", "patch"),
         Err(e) => {
-            tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command; not acting on it yet");
-            false
+            tracing::warn!(fleet = %owner.name, error = %e, "could not clear the wave command; the next pass reads it again")
         }
     }
 }
