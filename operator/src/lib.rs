@@ -39,6 +39,7 @@ pub mod spec_check;
 pub mod status;
 pub mod status_apply;
 pub mod task;
+pub mod verdict;
 
 #[cfg(test)]
 mod golden_tests;

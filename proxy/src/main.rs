@@ -94,13 +94,19 @@ fn main() -> ExitCode {
                 }
             };
         }
+        // Registered before anything slow (the state, TLS files, DNS): until then a SIGHUP (a
+        // `systemctl reload` right after start) would kill the process by default, and a
+        // SIGTERM would skip the drain. The reload watcher answers SIGHUP from then on.
+        let shutdown = shutdown_signal();
+        #[cfg(unix)]
+        let _hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
         tracing::info!(
             workers,
             idle_spin_us = spin.as_micros() as u64,
             version = env!("CARGO_PKG_VERSION"),
             "starting proxyfleet-proxy"
         );
-        match proxyfleet_proxy::run(args.config, extra, shutdown_signal()).await {
+        match proxyfleet_proxy::run(args.config, extra, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %e, "proxy failed");
@@ -137,18 +143,24 @@ fn runtimes(
     Ok((runtime, extra, workers, spin))
 }
 
-async fn shutdown_signal() {
+/// Resolves on SIGTERM or SIGINT; the SIGTERM handler is in place once this returns (before
+/// the future is first polled).
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
     #[cfg(unix)]
-    {
-        let Ok(mut term) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) else {
-            let _ = tokio::signal::ctrl_c().await;
-            return;
-        };
-        tokio::select! {
-            _ = term.recv() => tracing::info!("SIGTERM received"),
-            _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+    let term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate());
+    async move {
+        #[cfg(unix)]
+        {
+            let Ok(mut term) = term else {
+                let _ = tokio::signal::ctrl_c().await;
+                return;
+            };
+            tokio::select! {
+                _ = term.recv() => tracing::info!("SIGTERM received"),
+                _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+            }
         }
+        #[cfg(not(unix))]
+        let _ = tokio::signal::ctrl_c().await;
     }
-    #[cfg(not(unix))]
-    let _ = tokio::signal::ctrl_c().await;
 }

@@ -1,6 +1,7 @@
 //! Route selection: a pure function of host, path and headers over the compiled routes.
 
 use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::header::{HeaderName, HeaderValue};
@@ -90,9 +91,9 @@ pub struct CompiledRoute {
     pub mirror: Option<CompiledMirror>,
     pub timeout: Duration,
     pub retry_attempts: u8,
-    pub retry_budget: RetryBudget,
+    pub retry_budget: Arc<RetryBudget>,
     pub fault: Option<Fault>,
-    pub rate_limit: Option<crate::rate_limit::RateLimiter>,
+    pub rate_limit: Option<Arc<crate::rate_limit::RateLimiter>>,
     pub request_headers: Option<CompiledHeaderOps>,
     pub response_headers: Option<CompiledHeaderOps>,
     pub rewrite: Option<CompiledRewrite>,
@@ -124,9 +125,12 @@ impl CompiledRoute {
             mirror,
             timeout: route.timeout.get(),
             retry_attempts: route.retries.as_ref().map_or(0, |r| r.attempts),
-            retry_budget: RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent)),
+            retry_budget: Arc::new(RetryBudget::new(route.retries.as_ref().map_or(0, |r| r.budget_percent))),
             fault: route.fault.clone(),
-            rate_limit: route.rate_limit.as_ref().map(crate::rate_limit::RateLimiter::new),
+            rate_limit: route
+                .rate_limit
+                .as_ref()
+                .map(|r| Arc::new(crate::rate_limit::RateLimiter::new(r))),
             request_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.request)),
             response_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.response)),
             rewrite: route

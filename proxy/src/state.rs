@@ -212,6 +212,24 @@ fn listeners_quic(config: &ProxyConfig, tls: &ListenerTlsMap) -> Result<Listener
     Ok(out)
 }
 
+/// A route whose rate limit or retry settings did not change keeps its buckets and retry
+/// budget across a reload (a certificate renewed must not hand every limited client a full
+/// burst again), as nginx keeps its `limit_req` zones.
+fn keep_budgets(previous: &ProxyState, config: &ProxyConfig, routes: &mut [CompiledRoute]) {
+    for (r, compiled) in config.routes.iter().zip(routes.iter_mut()) {
+        let Some(i) = previous.config.routes.iter().position(|p| p.name == r.name) else {
+            continue;
+        };
+        let (old, old_compiled) = (&previous.config.routes[i], &previous.routes[i]);
+        if old.rate_limit == r.rate_limit {
+            compiled.rate_limit = old_compiled.rate_limit.clone();
+        }
+        if old.retries == r.retries {
+            compiled.retry_budget = old_compiled.retry_budget.clone();
+        }
+    }
+}
+
 /// A DNS upstream rebuilt (its TLS files changed, say) starts from the endpoints its
 /// predecessor resolved, not from none until its first lookup answers (every request would
 /// get 503 until then, longer if DNS fails just then), as Envoy warms a cluster first.
@@ -257,11 +275,14 @@ impl ProxyState {
             upstreams.insert(u.name.clone(), cluster);
         }
 
-        let routes = config
+        let mut routes = config
             .routes
             .iter()
             .map(|r| compile_route(r, &upstreams, metrics))
             .collect::<Result<Vec<_>, StateError>>()?;
+        if let Some(p) = previous {
+            keep_budgets(p, &config, &mut routes);
+        }
 
         let tcp_listeners = crate::tcp_service::build(&config, &upstreams, metrics)?;
         let trust_bundle_sha256 =

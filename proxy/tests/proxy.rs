@@ -1024,5 +1024,13 @@ async fn a_rate_limited_route_answers_429_with_retry_after() {
         metric_sum(&m, "proxyfleet_rate_limited_requests_total", &["route=\"limited\""]),
         8.0
     );
+    // A reload (a certificate renewed, say) gives nobody a fresh burst.
+    // (A fresh bucket would pass all three; the kept one refills one every 2 s.)
+    assert!(proxyfleet_proxy::reload::reload(&proxy.running.shared));
+    let mut after = Vec::new();
+    for _ in 0..3 {
+        after.push(get(a, "x", "/api/after-reload").await.0);
+    }
+    assert!(after.contains(&429), "a reload refilled the bucket: {after:?}");
     proxy.running.drain();
 }

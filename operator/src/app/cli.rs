@@ -5,6 +5,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use kube::api::{Api, Patch, PatchParams};
+use kube::ResourceExt;
 
 use super::spec::AppRollout;
 use crate::canary::rollout::COMMAND_ANNOTATION;
@@ -66,30 +67,57 @@ pub async fn get(api: &Api<AppRollout>, name: &str, watch: bool) -> Result<(), S
     }
 }
 
-/// Waits for the rollout to end: 0 when the new version is stable (or nothing rolls out),
-/// 1 when it was aborted, 2 on timeout.
+/// What `status` concludes for `ar`, whose workload's template is at `template_revision` now
+/// (None when it cannot be read): 0 only when that template is the stable one, 1 only when it
+/// is the one aborted; a status from before a template change, or with a command not yet taken,
+/// is no verdict (a workload's change does not move the AppRollout's generation).
+pub fn verdict(ar: &AppRollout, template_revision: Option<&str>) -> crate::verdict::Verdict {
+    use crate::verdict::Verdict;
+    let name = ar.metadata.name.clone().unwrap_or_default();
+    let pending = ar.annotations().contains_key(COMMAND_ANNOTATION);
+    let st = ar.status.clone().unwrap_or_default();
+    if pending || st.observed_generation != ar.metadata.generation {
+        return Verdict::Pending;
+    }
+    let is_now = |rev: Option<&String>| template_revision.is_none_or(|t| rev.map(String::as_str) == Some(t));
+    match st.canary.as_ref() {
+        Some(c) if c.phase == CanaryPhase::Aborted && is_now(c.canary_revision.as_ref()) => Verdict::Failed(format!(
+            "approllout/{name}: Aborted: {}",
+            c.message.clone().unwrap_or_default()
+        )),
+        Some(c)
+            if matches!(c.phase, CanaryPhase::Completed | CanaryPhase::Idle) && is_now(st.stable_revision.as_ref()) =>
+        {
+            Verdict::Ready(format!(
+                "approllout/{name}: stable at {}",
+                st.stable_revision.clone().unwrap_or_default()
+            ))
+        }
+        _ => Verdict::Pending,
+    }
+}
+
+/// Waits for the rollout to end: 0 when the workload's template is stable (or nothing rolls
+/// out), 1 when it was aborted, 2 on timeout.
 pub async fn status(api: &Api<AppRollout>, name: &str, timeout: u64) -> ExitCode {
+    use crate::verdict::Verdict;
     let deadline = Instant::now() + Duration::from_secs(timeout);
     loop {
         match api.get(name).await {
-            Ok(ar) => {
-                let st = ar.status.clone().unwrap_or_default();
-                let current = st.observed_generation == ar.metadata.generation;
-                match st.canary.as_ref().map(|c| c.phase) {
-                    Some(CanaryPhase::Aborted) if current => {
-                        let msg = st.canary.and_then(|c| c.message).unwrap_or_default();
-                        println!("approllout/{name}: Aborted: {msg}");
-                        return ExitCode::from(1);
-                    }
-                    Some(CanaryPhase::Completed | CanaryPhase::Idle) if current => {
-                        println!(
-                            "approllout/{name}: stable at {}",
-                            st.stable_revision.unwrap_or_default()
-                        );
-                        return ExitCode::SUCCESS;
-                    }
-                    _ => {}
+            Ok(ar) => match verdict(&ar, workload_revision(api, &ar).await.as_deref()) {
+                Verdict::Ready(m) => {
+                    println!("{m}");
+                    return ExitCode::SUCCESS;
                 }
+                Verdict::Failed(m) => {
+                    println!("{m}");
+                    return ExitCode::from(1);
+                }
+                Verdict::Pending => {}
+            },
+            Err(kube::Error::Api(e)) if matches!(e.code, 401 | 403 | 404) => {
+                eprintln!("approllout/{name}: {e}");
+                return ExitCode::from(1);
             }
             Err(e) => eprintln!("approllout/{name}: {e}"),
         }
@@ -98,5 +126,58 @@ pub async fn status(api: &Api<AppRollout>, name: &str, timeout: u64) -> ExitCode
             return ExitCode::from(2);
         }
         tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+}
+
+/// The revision of the template the AppRollout's workload carries now, if it can be read.
+async fn workload_revision(api: &Api<AppRollout>, ar: &AppRollout) -> Option<String> {
+    let namespace = ar.metadata.namespace.as_deref()?;
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(api.clone().into_client(), namespace);
+    let d = deployments.get(&ar.spec.workload_ref.name).await.ok()?;
+    Some(super::objects::template_revision(&d.spec?.template))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::canary::spec::CanaryStatus;
+    use crate::verdict::Verdict;
+
+    fn rollout(phase: CanaryPhase, canary: &str, stable: &str) -> AppRollout {
+        let spec = serde_json::from_value(serde_json::json!({
+            "workloadRef": {"name": "shop"}, "port": 8080,
+            "route": {"proxyDeployment": "edge", "name": "shop"},
+            "strategy": {"steps": [{"setWeight": 50}]},
+        }))
+        .expect("spec");
+        let mut ar = AppRollout::new("shop", spec);
+        ar.metadata.generation = Some(2);
+        ar.status = Some(super::super::spec::AppRolloutStatus {
+            observed_generation: Some(2),
+            stable_revision: Some(stable.into()),
+            canary: Some(CanaryStatus {
+                phase,
+                canary_revision: Some(canary.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        });
+        ar
+    }
+
+    /// `kubectl set image deploy/shop` moves the template, not the AppRollout's generation: a
+    /// Completed status of the template before is no pass, an Aborted one no failure.
+    #[test]
+    fn only_the_workloads_template_now_decides() {
+        let done = rollout(CanaryPhase::Completed, "v1", "v1");
+        assert!(matches!(verdict(&done, Some("v1")), Verdict::Ready(_)));
+        assert_eq!(verdict(&done, Some("v2")), Verdict::Pending);
+        let aborted = rollout(CanaryPhase::Aborted, "v2", "v1");
+        assert!(matches!(verdict(&aborted, Some("v2")), Verdict::Failed(_)));
+        assert_eq!(verdict(&aborted, Some("v3")), Verdict::Pending);
+        let mut retried = rollout(CanaryPhase::Aborted, "v2", "v1");
+        retried.metadata.annotations = Some([(COMMAND_ANNOTATION.to_string(), "retry".to_string())].into());
+        assert_eq!(verdict(&retried, Some("v2")), Verdict::Pending);
     }
 }

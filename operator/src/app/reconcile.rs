@@ -113,10 +113,16 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
     if ar.status.as_ref() != Some(&status) {
         write_status(&ctx, &owner, &status).await?;
     }
-    if matches!(
-        decision.status.phase,
-        machine::COMPLETED | machine::ABORTED | machine::IDLE
-    ) {
+    // The proxies count `<name>-canary` whatever revision runs behind it: a window of a
+    // rollout that superseded another starts from a snapshot of its own.
+    let superseded =
+        previous.canary.as_ref().and_then(|c| c.canary_revision.as_ref()) != decision.status.canary_revision.as_ref();
+    if superseded
+        || matches!(
+            decision.status.phase,
+            machine::COMPLETED | machine::ABORTED | machine::IDLE
+        )
+    {
         measure::forget(&ctx, &owner);
     }
     ctx.backoff.succeeded(&format!("app:{}", owner.reference.uid));

@@ -42,13 +42,15 @@ pub enum TokenError {
 /// Creates the fleet's token Secret when it does not exist yet.
 pub async fn ensure(ctx: &Context, owner: &Owner) -> Result<(), TokenError> {
     let name = token_secret_name(&owner.name);
-    if ctx
-        .stores
-        .secrets
-        .get(&ObjectRef::new(&name).within(&owner.namespace))
-        .is_some()
-    {
-        return Ok(());
+    if let Some(cached) = ctx.stores.secrets.get(&ObjectRef::new(&name).within(&owner.namespace)) {
+        // Our labels alone prove nothing (anyone who may create Secrets can set them).
+        return match ours(&cached.metadata, owner) {
+            true => Ok(()),
+            false => Err(TokenError::Foreign {
+                namespace: owner.namespace.clone(),
+                name,
+            }),
+        };
     }
     let Some(token) = random_token() else {
         return Err(TokenError::NoRandomness {
@@ -110,8 +112,14 @@ pub async fn read(ctx: &Context, namespace: &str, fleet: &str) -> Option<String>
     let s = secrets.get_opt(&token_secret_name(fleet)).await.ok()??;
     // Only the Secret we made for this fleet is a token (never one someone else named so).
     let meta = &s.metadata;
+    let controlled_by_fleet = meta
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.controller == Some(true) && r.kind == "ProxyDeployment" && r.name == fleet);
     if label(meta, crate::labels::MANAGED_BY) != Some(crate::labels::MANAGER)
         || label(meta, crate::labels::INSTANCE) != Some(fleet)
+        || !controlled_by_fleet
     {
         return None;
     }
@@ -181,6 +189,33 @@ mod tests {
         ensure(&ctx, &owner()).await.expect("already there, ours, is fine");
         let foreign = ensure(&ctx, &owner()).await.expect_err("someone else's");
         assert!(matches!(foreign, TokenError::Foreign { .. }), "{foreign}");
+        server.await.expect("mock server");
+    }
+
+    /// Our labels on a Secret of the token's name are not enough to be sent as the token: it
+    /// must be controlled by the fleet (anyone who may create Secrets can set labels).
+    #[tokio::test]
+    async fn a_labelled_secret_the_fleet_does_not_control_is_not_the_token() {
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let ctx = test_context(kube::Client::new(mock, "default"));
+        let server = tokio::spawn(async move {
+            for controlled in [false, true] {
+                let (request, send) = handle.next_request().await.expect("a read");
+                assert_eq!(request.method(), http::Method::GET);
+                let mut meta = serde_json::json!({"name": "edge-admin-token", "namespace": "team-a",
+                    "labels": {crate::labels::MANAGED_BY: crate::labels::MANAGER, crate::labels::INSTANCE: "edge"}});
+                if controlled {
+                    meta["ownerReferences"] = serde_json::json!([{"apiVersion": "proxyfleet.io/v1alpha1",
+                        "kind": "ProxyDeployment", "name": "edge", "uid": "u1", "controller": true}]);
+                }
+                let body = serde_json::json!({"apiVersion": "v1", "kind": "Secret", "metadata": meta,
+                    "data": {TOKEN_KEY: "czNjcmV0"}});
+                let body = Body::from(serde_json::to_vec(&body).expect("json"));
+                send.send_response(http::Response::builder().status(200).body(body).expect("response"));
+            }
+        });
+        assert_eq!(read(&ctx, "team-a", "edge").await, None, "labels alone");
+        assert_eq!(read(&ctx, "team-a", "edge").await.as_deref(), Some("s3cret"));
         server.await.expect("mock server");
     }
 }

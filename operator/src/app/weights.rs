@@ -23,13 +23,16 @@ pub fn token_secret_name(fleet: &str) -> String {
 
 pub const TOKEN_KEY: &str = "token";
 
-/// Whether a canary runs (so forced routing to it may apply).
+/// Whether a canary runs and serves (so forced routing to it may apply): from its first weight
+/// on, which it reaches only with ready pods; before that, testers forced to it would meet a
+/// Service with no endpoints.
 pub fn canary_running(status: Option<&CanaryStatus>) -> bool {
     status.is_some_and(|s| {
-        matches!(
-            s.phase,
-            CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting
-        )
+        s.weight > 0
+            && matches!(
+                s.phase,
+                CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing | CanaryPhase::Promoting
+            )
     })
 }
 

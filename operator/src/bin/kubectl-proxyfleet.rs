@@ -17,9 +17,8 @@ use kube::api::{Api, ListParams, Patch, PatchParams};
 use kube::Client;
 
 use proxyfleet_operator::canary::rollout::COMMAND_ANNOTATION;
-use proxyfleet_operator::canary::spec::CanaryPhase;
 use proxyfleet_operator::command_annotation::send_patch;
-use proxyfleet_operator::crd::{Phase, ProxyDeployment};
+use proxyfleet_operator::crd::ProxyDeployment;
 use proxyfleet_operator::history::{template_of, undo_patch, undo_target, Kept};
 use proxyfleet_operator::labels;
 use proxyfleet_operator::propagation::waves_shell::WAVE_COMMAND;
@@ -283,39 +282,25 @@ async fn get(api: &Api<ProxyDeployment>, ns: &Option<String>, name: &str, watch:
 }
 
 async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCode {
+    use proxyfleet_operator::verdict::{of_fleet, Verdict};
     let deadline = Instant::now() + Duration::from_secs(timeout);
     loop {
         match api.get(name).await {
-            Ok(pxd) => {
-                let st = pxd.status.clone().unwrap_or_default();
-                let current = st.observed_generation == pxd.metadata.generation;
-                let aborted = st.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Aborted);
-                if current && (st.phase == Some(Phase::Degraded) || aborted) {
-                    println!(
-                        "{name}: Degraded: {}",
-                        st.conditions
-                            .iter()
-                            .find(|c| c.type_ == "Degraded")
-                            .map(|c| c.message.clone())
-                            .unwrap_or_default()
-                    );
-                    return ExitCode::from(1);
-                }
-                if current
-                    && st.phase == Some(Phase::Ready)
-                    && st
-                        .canary
-                        .as_ref()
-                        .is_none_or(|c| c.phase == CanaryPhase::Completed || c.phase == CanaryPhase::Idle)
-                {
-                    println!(
-                        "{name}: Ready ({}/{} ready, revision {})",
-                        st.ready_replicas,
-                        pxd.spec.replicas,
-                        st.revision.unwrap_or_default()
-                    );
+            Ok(pxd) => match of_fleet(&pxd) {
+                Verdict::Ready(m) => {
+                    println!("{name}: {m}");
                     return ExitCode::SUCCESS;
                 }
+                Verdict::Failed(m) => {
+                    println!("{name}: {m}");
+                    return ExitCode::from(1);
+                }
+                Verdict::Pending => {}
+            },
+            // Not there, or not ours to read: no wait changes that.
+            Err(kube::Error::Api(e)) if matches!(e.code, 401 | 403 | 404) => {
+                eprintln!("{name}: {e}");
+                return ExitCode::from(1);
             }
             Err(e) => eprintln!("{name}: {e}"),
         }

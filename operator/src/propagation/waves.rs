@@ -401,6 +401,22 @@ fn due_in(s: &WaveStatus, o: &Observed) -> Option<i64> {
     }
 }
 
+/// The current wave in today's waves. Unchanged waves keep the index. When the placement's
+/// waves changed (one removed, inserted, renamed, reordered), the wave of the same name, but no
+/// further than the first wave not done: an index kept as is would point at another wave (a
+/// removed first wave would send every cluster of the next one at once, past its batch limit).
+fn current_in(s: &WaveStatus, o: &Observed) -> u32 {
+    let last = o.waves.len().saturating_sub(1);
+    let names_kept = s.waves.len() == o.waves.len() && s.waves.iter().zip(&o.waves).all(|(a, (b, _))| a.name == *b);
+    if names_kept {
+        return (s.current_wave as usize).min(last) as u32;
+    }
+    let name = s.waves.get(s.current_wave as usize).map(|w| w.name.as_str());
+    let first_unfinished = (0..o.waves.len()).find(|&w| !wave_done(o, w)).unwrap_or(last);
+    let by_name = name.and_then(|n| o.waves.iter().position(|(w, _)| w == n));
+    by_name.unwrap_or(first_unfinished).min(first_unfinished) as u32
+}
+
 /// Whether `plan` moves the rollout (a transition, or a command taken) and so must be saved
 /// before anything is sent from it.
 pub fn must_save_first(plan: &Plan, o: &Observed) -> bool {
@@ -416,10 +432,8 @@ pub fn decide(previous: Option<&WaveStatus>, o: &Observed) -> Plan {
             (s, Some(t))
         }
     };
+    status.current_wave = current_in(&status, o);
     status.waves = entries(o);
-    if status.current_wave as usize >= o.waves.len() {
-        status.current_wave = o.waves.len().saturating_sub(1) as u32;
-    }
     if let Some(t) = command(&mut status, o) {
         transition = Some(t);
     }

@@ -582,3 +582,55 @@ fn a_revision_merged_while_paused_waits_for_resume() {
     assert_eq!(resumed.status.phase, WavePhase::Progressing);
     assert_eq!(resumed.send[0], Send::Revision);
 }
+
+/// The placement's first wave removed mid-rollout: the wave that was current stays current (by
+/// name), and its clusters still take the revision within its batch limit, not all at once.
+#[test]
+fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
+    let c = Case {
+        waves: vec![None, Some(1), None],
+        members: vec![(0, false), (1, false), (1, false), (2, false)],
+        soak: 0,
+        timeout: 600,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let mut world = world_on_r0(&c);
+    let mut status: Option<WaveStatus> = None;
+    for t in 0..6 {
+        let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
+        deliver(&mut world, &plan, "r1", None);
+        settle(&mut world, 0);
+        settle(&mut world, 1);
+        status = Some(plan.status);
+        if status.as_ref().is_some_and(|s| s.current_wave == 1) {
+            break;
+        }
+    }
+    let s = status.expect("status");
+    assert_eq!((s.current_wave, s.waves[1].name.as_str()), (1, "w1"), "{s:?}");
+    // w0 goes from the placement: w1 is now first, w2 second.
+    let mut o = observed(&c, &world, "r1", 2_000, None);
+    o.waves.remove(0);
+    o.members.remove(0);
+    for m in &mut o.members {
+        m.wave -= 1;
+    }
+    for (i, (name, _)) in o.waves.iter_mut().enumerate() {
+        *name = format!("w{}", i + 1);
+    }
+    let plan = decide(Some(&s), &o);
+    assert_eq!(plan.status.waves[plan.status.current_wave as usize].name, "w1");
+    let sent = plan.send.iter().filter(|s| **s == Send::Revision).count();
+    let on_it = o.members.iter().filter(|m| m.revision.as_deref() == Some("r1")).count();
+    assert!(
+        sent - on_it.min(sent) <= 1,
+        "w1's batch limit of 1 held: {:?}",
+        plan.send
+    );
+    assert!(o
+        .members
+        .iter()
+        .zip(&plan.send)
+        .all(|(m, s)| m.wave == 0 || *s != Send::Revision || m.revision.as_deref() == Some("r1")));
+}
