@@ -297,14 +297,15 @@ async fn routed(
     let log_wanted = req.extensions().get::<LogWanted>().is_some();
     let backend = route.backend(req.headers());
     let metrics = Some(&backend.metrics);
+    let refused = route.refused.as_ref().unwrap_or(&backend.metrics);
     let admitted = match crate::route_auth::admit(route, &mut req) {
         Ok(a) => a,
-        Err(resp) => return finish(shared, metrics, resp, started),
+        Err(resp) => return finish(shared, Some(refused), resp, started),
     };
     if let Some(limiter) = &route.rate_limit {
         if let Err(wait) = limiter.check(req.headers(), client.remote.ip(), started) {
-            backend.metrics.rate_limited.inc();
-            return finish(shared, metrics, too_many_requests(wait), started);
+            refused.rate_limited.inc();
+            return finish(shared, Some(refused), too_many_requests(wait), started);
         }
     }
     // Fault injection. The route timeout and the upstream latency sample start after an

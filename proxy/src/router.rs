@@ -94,6 +94,10 @@ pub struct CompiledRoute {
     pub retry_budget: Arc<RetryBudget>,
     pub fault: Option<Fault>,
     pub rate_limit: Option<Arc<crate::rate_limit::RateLimiter>>,
+    /// Where the answers the proxy gives for the route itself (401 of its JWT check, 429 of its
+    /// rate limit) are counted: under the route with no upstream, since no backend served them
+    /// (a canary backend judged on them would be judged on bots' refusals). Set by the state.
+    pub refused: Option<crate::metrics::RouteMetrics>,
     pub request_headers: Option<CompiledHeaderOps>,
     pub response_headers: Option<CompiledHeaderOps>,
     pub rewrite: Option<CompiledRewrite>,
@@ -131,6 +135,7 @@ impl CompiledRoute {
                 .rate_limit
                 .as_ref()
                 .map(|r| Arc::new(crate::rate_limit::RateLimiter::new(r))),
+            refused: None,
             request_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.request)),
             response_headers: route.headers.as_ref().and_then(|h| CompiledHeaderOps::new(&h.response)),
             rewrite: route

@@ -115,6 +115,7 @@ fn compile_route(
         None => None,
     };
     let mut compiled = CompiledRoute::new(r, backends, mirror);
+    compiled.refused = Some(metrics.route_handles(&r.name, ""));
     if let Some(j) = &r.jwt {
         let jwt = crate::jwt::CompiledJwt::load(&r.name, j, metrics).map_err(|source| StateError::Jwks {
             route: r.name.clone(),

@@ -1024,6 +1024,17 @@ async fn a_rate_limited_route_answers_429_with_retry_after() {
         metric_sum(&m, "proxyfleet_rate_limited_requests_total", &["route=\"limited\""]),
         8.0
     );
+    // The proxy's own refusals are the route's, not its upstream's (a canary backend is never
+    // judged on them).
+    let responses = |upstream: &str| {
+        let upstream = format!("upstream=\"{upstream}\"");
+        metric_sum(
+            &m,
+            "proxyfleet_responses_total",
+            &["route=\"limited\"", &upstream, "4xx"],
+        )
+    };
+    assert_eq!((responses(""), responses("u")), (8.0, 0.0));
     // A reload (a certificate renewed, say) gives nobody a fresh burst.
     // (A fresh bucket would pass all three; the kept one refills one every 2 s.)
     assert!(proxyfleet_proxy::reload::reload(&proxy.running.shared));
