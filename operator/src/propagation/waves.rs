@@ -376,8 +376,13 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
         .iter()
         .map(|m| match s.phase {
             WavePhase::Completed => Send::Revision,
+            // Back to the last completed spec: every cluster on a revision that never completed
+            // (this one, or one it superseded mid-way), not only those on this one.
             WavePhase::Aborted
-                if on_revision(m, o) && o.on_failure == WaveFailurePolicy::Rollback && s.stable_spec.is_some() =>
+                if m.revision.is_some()
+                    && m.revision != s.stable_revision
+                    && o.on_failure == WaveFailurePolicy::Rollback
+                    && s.stable_spec.is_some() =>
             {
                 Send::Stable
             }

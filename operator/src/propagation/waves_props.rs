@@ -634,3 +634,30 @@ fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
         .zip(&plan.send)
         .all(|(m, s)| m.wave == 0 || *s != Send::Revision || m.revision.as_deref() == Some("r1")));
 }
+
+/// With `onFailure: Rollback`, an abort sends the last completed spec to every cluster on a
+/// revision that never completed: one a superseded rollout left behind included.
+#[test]
+fn a_rollback_also_brings_back_clusters_a_superseded_rollout_left() {
+    let c = Case {
+        waves: vec![None, None],
+        members: vec![(0, true), (1, false), (1, false)],
+        soak: 0,
+        timeout: 600,
+        rollback: true,
+        ops: Vec::new(),
+    };
+    let mut world = world_on_r0(&c);
+    world[0].revision = Some("r2".into());
+    world[0].progress = Progress::Failed("canary aborted".into());
+    world[1].revision = Some("r1".into());
+    let aborted = WaveStatus {
+        revision: "r2".into(),
+        phase: WavePhase::Aborted,
+        stable_revision: Some("r0".into()),
+        stable_spec: Some(serde_json::json!({"revision": "r0"})),
+        ..Default::default()
+    };
+    let plan = decide(Some(&aborted), &observed(&c, &world, "r2", 1_000, None));
+    assert_eq!(plan.send, vec![Send::Stable, Send::Stable, Send::Nothing]);
+}
