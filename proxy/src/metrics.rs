@@ -287,6 +287,9 @@ pub struct Metrics {
     pub transcoded: TranscodeFamily,
     pub active_connections: Family<ListenerLabels, Gauge>,
     pub reloads: Family<ResultLabels, Counter>,
+    /// 1 when the last reload was taken (or none failed yet), 0 while the files on disk are
+    /// refused: the proxy then serves what it had, certificates included, so an alert must say.
+    pub last_reload_successful: Gauge,
     pub certificate_not_after: Family<CertLabels, Gauge>,
     pub ocsp_staples: Family<OcspLabels, Counter>,
     pub faults: Family<FaultLabels, Counter>,
@@ -461,6 +464,15 @@ impl Metrics {
                 "config_reloads",
                 "Configuration and certificate reloads by result",
             ),
+            last_reload_successful: {
+                let g: Gauge = register(
+                    &mut registry,
+                    "config_last_reload_successful",
+                    "Whether the last reload of configuration and certificate files was taken (1) or refused (0)",
+                );
+                g.set(1);
+                g
+            },
             certificate_not_after,
             ocsp_staples,
             faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),

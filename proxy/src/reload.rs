@@ -99,6 +99,7 @@ fn count_failure(shared: &Shared) {
         .reloads
         .get_or_create(&ResultLabels { result: "failure" })
         .inc();
+    shared.metrics.last_reload_successful.set(0);
 }
 
 /// What a running proxy cannot change in place, the first that differs: its sockets, accept
@@ -180,6 +181,7 @@ pub fn reload(shared: &Shared) -> bool {
                 .reloads
                 .get_or_create(&ResultLabels { result: "success" })
                 .inc();
+            shared.metrics.last_reload_successful.set(1);
             tracing::info!(certificates = ?serials, "reloaded");
             true
         }

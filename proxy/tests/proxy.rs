@@ -574,6 +574,7 @@ async fn config_reload_applies_and_a_bad_reload_keeps_the_running_config() {
     assert_eq!(get(a, "x", "/").await.0, 418);
     let m = metrics(&proxy).await;
     assert!(metric_sum(&m, "proxyfleet_config_reloads_total", &["result=\"failure\""]) >= 1.0);
+    assert_eq!(metric_sum(&m, "proxyfleet_config_last_reload_successful", &[]), 0.0);
     proxy.running.drain();
 }
 
