@@ -72,6 +72,28 @@ pub fn of_fleet(pxd: &ProxyDeployment) -> Verdict {
     }
 }
 
+/// Why the operator would not act on `verb` for a rollout whose canary status is `canary`
+/// (None: it would), so the plugin says so and exits non-zero rather than "requested".
+pub fn command_refusal(canary: Option<&crate::canary::spec::CanaryStatus>, verb: &str) -> Option<String> {
+    let phase = canary.map(|c| c.phase).unwrap_or_default();
+    let running = matches!(
+        phase,
+        CanaryPhase::Progressing | CanaryPhase::Paused | CanaryPhase::Analyzing
+    );
+    let why = match verb {
+        "retry" if phase != CanaryPhase::Aborted => "only an aborted rollout is retried",
+        "resume" if phase != CanaryPhase::Paused => "only a paused rollout is resumed",
+        "abort" | "pause" if phase == CanaryPhase::Promoting => {
+            "the promotion has started (stable already runs the new template); `kubectl proxyfleet undo` goes back"
+        }
+        "promote" | "promote-full" | "abort" | "pause" if !running => {
+            "no rollout is in progress (one started by a spec just applied shows within seconds)"
+        }
+        _ => return None,
+    };
+    Some(format!("{why}; the rollout is {}", phase.as_str()))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -161,5 +183,26 @@ mod tests {
         let mut behind = waves(WavePhase::Completed);
         behind.status.as_mut().expect("status").conditions = vec![condition(PROPAGATED, 3)];
         assert_eq!(of_fleet(&behind), Verdict::Pending);
+    }
+
+    #[test]
+    fn commands_the_operator_would_ignore_are_refused_by_the_plugin() {
+        let at = |phase| CanaryStatus {
+            phase,
+            ..Default::default()
+        };
+        assert!(command_refusal(Some(&at(CanaryPhase::Progressing)), "retry").is_some());
+        assert!(command_refusal(Some(&at(CanaryPhase::Aborted)), "retry").is_none());
+        assert!(command_refusal(Some(&at(CanaryPhase::Analyzing)), "resume").is_some());
+        assert!(command_refusal(Some(&at(CanaryPhase::Paused)), "resume").is_none());
+        assert!(command_refusal(Some(&at(CanaryPhase::Promoting)), "abort").is_some_and(|w| w.contains("undo")));
+        assert!(command_refusal(None, "promote").is_some_and(|w| w.contains("no rollout")));
+        for verb in ["promote", "promote-full", "abort", "pause"] {
+            assert!(
+                command_refusal(Some(&at(CanaryPhase::Analyzing)), verb).is_none(),
+                "{verb}"
+            );
+        }
+        assert!(command_refusal(Some(&at(CanaryPhase::Paused)), "pause").is_none());
     }
 }

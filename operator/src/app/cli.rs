@@ -20,6 +20,10 @@ pub fn app_name(arg: &str) -> Option<&str> {
 
 pub async fn command(api: &Api<AppRollout>, name: &str, cmd: &str) -> Result<(), String> {
     let ar = api.get(name).await.map_err(|e| format!("approllout/{name}: {e}"))?;
+    let canary = ar.status.as_ref().and_then(|s| s.canary.as_ref());
+    if let Some(why) = crate::verdict::command_refusal(canary, cmd) {
+        return Err(format!("approllout/{name}: {cmd} not sent: {why}"));
+    }
     let patch = crate::command_annotation::send_patch(&ar.metadata, COMMAND_ANNOTATION, cmd)
         .map_err(|e| format!("approllout/{name}: {e}"))?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))

@@ -133,6 +133,10 @@ async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<()
         println!("proxydeployment/{name}: {verb} requested for the rollout across waves");
         return Ok(());
     }
+    let canary = pxd.status.as_ref().and_then(|s| s.canary.as_ref());
+    if let Some(why) = proxyfleet_operator::verdict::command_refusal(canary, cmd) {
+        return Err(format!("{name}: {cmd} not sent: {why}"));
+    }
     let patch = send_patch(&pxd.metadata, COMMAND_ANNOTATION, cmd).map_err(|e| format!("{name}: {e}"))?;
     api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
         .await
