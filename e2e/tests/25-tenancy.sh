@@ -41,11 +41,12 @@ for check in "create pods -n $ns" "create pods --subresource=exec -n $ns" "creat
   "update nodes" "update leases.coordination.k8s.io -n kube-system" "update secrets -n $ns" \
   "create certificaterequests.cert-manager.io -n $ns" "create issuers.cert-manager.io -n $ns" "patch clusterissuers.cert-manager.io" \
   "delete secrets -n $ns" "delete serviceaccounts -n $ns" "delete networkpolicies.networking.k8s.io -n $ns" \
-  "update proxydeployments.proxyfleet.io -n $ns" "watch pods -n $ns"; do
+  "update proxydeployments.proxyfleet.io -n $ns" "watch pods -n $ns" \
+  "watch certificates.cert-manager.io -n $ns" "get certificaterequests.cert-manager.io -n $ns"; do
   # shellcheck disable=SC2086
   expect no "$op" $check
 done
-say "operator account: 5 needed rights granted, 21 dangerous or unneeded ones refused"
+say "operator account: 5 needed rights granted, 23 dangerous or unneeded ones refused"
 
 say "a tenant bound to $ns (a ServiceAccount with a Role on ProxyDeployments only)"
 kubectl label ns "$ns" proxyfleet.io/e2e-tenant=true >/dev/null
@@ -67,6 +68,7 @@ spec:
   allowSecretReferences: false
   allowedAcmeDirectories: [https://acme.example.com/directory]
   allowedPrometheusAddresses: [http://prometheus.monitoring:9090]
+  dnsNameSuffixes: [.example.com]
   maxReplicas: 2
 EOF
 kubectl get proxyfleetpolicy default -o jsonpath='{.spec.allowedImageRepositories}' | grep -q proxyfleet.local/proxy \
@@ -96,6 +98,8 @@ refused "naming Secrets" e2e-tenants '.spec.tls = {secretName: "someone-elses-ce
 refused spec.tls.acme.directory e2e-tenants '.spec.tls = {acme: {directory: "https://acme.elsewhere.example.net/dir"}} | .spec.listeners += [{name: "http", port: 8080, servicePort: 80, protocol: "HTTP"}]'
 # The operator would query it from its own namespace, which every fleet's NetworkPolicy admits
 # to the admin port: another team's proxy is not the tenant's to ask.
+# A passthrough route claims its SNI names as a hostname does.
+refused serverNames e2e-tenants '.spec.listeners += [{name: "db", port: 5432, protocol: "TCP", tcp: {routes: [{name: "db", serverNames: ["db.elsewhere.net"], upstream: "echo"}]}}]'
 refused spec.strategy.canary e2e-tenants '.spec.strategy = {canary: {steps: [{setWeight: 10}], analysis: {interval: "10s", metrics: [{name: "theirs", prometheus: {address: "http://other.team-b:9901", query: "up", successCondition: "result > 0"}}]}}}'
 # The same address in an AppRollout's analysis (the operator queries it the same way).
 out=$(kubectl apply -n "$ns" --as="$tenant" -f - 2>&1 <<EOF

@@ -12,7 +12,8 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "proxyfleet.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "proxyfleet.proxyImage" -}}{{ .Values.proxyImage.repository }}:{{ .Values.proxyImage.tag | default .Chart.AppVersion }}{{- end -}}
 {{- /* The admission policies' shared variables: is the object's namespace governed by the
-ProxyFleetPolicy given as a parameter (its namespaceSelector), and the policy's name for messages. */ -}}
+ProxyFleetPolicy given as a parameter (its namespaceSelector; an operator it does not know
+governs, failing closed as the operator does), and the policy's name for messages. */ -}}
 {{- define "proxyfleet.policyVariables" -}}
 - name: labels
   expression: "namespaceObject.metadata.?labels.orValue({})"
@@ -25,7 +26,8 @@ ProxyFleetPolicy given as a parameter (its namespaceSelector), and the policy's 
           (e.operator == 'In' && e.key in variables.labels && variables.labels[e.key] in e.values)
           || (e.operator == 'NotIn' && !(e.key in variables.labels && variables.labels[e.key] in e.values))
           || (e.operator == 'Exists' && e.key in variables.labels)
-          || (e.operator == 'DoesNotExist' && !(e.key in variables.labels)))))
+          || (e.operator == 'DoesNotExist' && !(e.key in variables.labels))
+          || !(e.operator in ['In', 'NotIn', 'Exists', 'DoesNotExist']))))
 - name: where
   expression: "' (ProxyFleetPolicy ' + params.metadata.name + ')'"
 {{- end -}}
