@@ -819,6 +819,9 @@ fn weight_step(
         return StepOutcome::Wait(2);
     }
     if obs.weights_confirmed == Some(false) && !promote_now {
+        // The weight counts as reached from when every proxy has it: a window that began
+        // while some still sent the weight before is not a window at this weight.
+        run.set_weight(w, obs.now);
         run.status.message = Some(format!(
             "step {idx}: weight {w}% set; waiting for every proxy pod to take it"
         ));

@@ -647,3 +647,20 @@ fn a_pushed_weight_completes_its_step_only_once_every_proxy_took_it() {
     d = decide(&s, Some(&d.status), 5, &pushed(100, true), None);
     assert_eq!(d.status.current_step_index, 1, "taken: on to the pause");
 }
+
+/// A weight not yet taken by every proxy moves its "reached" time on: the step's analysis
+/// judges only windows that began once every proxy had it.
+#[test]
+fn a_pushed_weight_is_reached_when_every_proxy_took_it() {
+    let s = strategy("steps: [{setWeight: 20}, {setWeight: 100}]\nanalysis: {interval: 10s, metrics: [{name: errors, errorRate5xx: {max: 5}}]}");
+    let pushed = |now, confirmed| Observations {
+        weights_confirmed: Some(confirmed),
+        ..obs(now, 1)
+    };
+    let mut d = decide(&s, None, 5, &pushed(0, true), None);
+    for now in [2, 4, 6] {
+        d = decide(&s, Some(&d.status), 5, &pushed(now, false), None);
+    }
+    assert_eq!(d.status.weight_reached_at.as_deref(), Some("1970-01-01T00:00:06Z"));
+    assert!(!d.status.weight_verified);
+}
