@@ -20,7 +20,7 @@ lint:
 	cargo fmt --all -- --check
 	cargo clippy --workspace --all-targets --locked -- -D warnings
 	$(K8S_BIN)/helm lint charts/proxyfleet
-	! $(K8S_BIN)/helm template x charts/proxyfleet --kube-version 1.34.0 --set leaderElection=false >/dev/null 2>&1
+	$(K8S_BIN)/helm template x charts/proxyfleet --kube-version 1.34.0 --set leaderElection=false 2>&1 | grep -q 'leaderElection: false with replicaCount > 1'
 	lua5.1 e2e/gitops/argocd-health-test.lua charts/proxyfleet/files/argocd-health.lua
 	lua5.1 e2e/gitops/argocd-health-approllout-test.lua charts/proxyfleet/files/argocd-health-approllout.lua
 	bash scripts/check-readme.sh

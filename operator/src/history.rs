@@ -140,9 +140,38 @@ pub fn record(owner: &Owner, spec: &ProxyDeploymentSpec, revision_hash: &str, nu
     meta.labels = Some(l);
     ControllerRevision {
         metadata: meta,
-        data: Some(RawExtension(serde_json::json!({ "spec": template_of(spec) }))),
+        data: Some(RawExtension(
+            serde_json::json!({ "spec": template_of(spec), "fields": TEMPLATE_FIELDS }),
+        )),
         revision: number,
     }
+}
+
+/// The template fields a record was made of: its own list, or, for a record from before records
+/// listed them, the fields a revision was made of then (without `forwarding` and `tracing`),
+/// so an undo to it neither removes nor compares what it never recorded.
+fn fields_of(record: &ControllerRevision) -> Vec<String> {
+    let listed = record
+        .data
+        .as_ref()
+        .and_then(|d| d.0.get("fields"))
+        .and_then(Value::as_array);
+    match listed {
+        Some(f) => f.iter().filter_map(|v| v.as_str().map(str::to_string)).collect(),
+        None => TEMPLATE_FIELDS
+            .iter()
+            .filter(|f| !matches!(**f, "forwarding" | "tracing"))
+            .map(|f| f.to_string())
+            .collect(),
+    }
+}
+
+/// Whether `record`'s template is `current`'s (a `template_of` value), on the fields it has.
+fn same_template(record: &ControllerRevision, current: &Value) -> bool {
+    let Some(kept) = record.data.as_ref().and_then(|d| d.0.get("spec")) else {
+        return false;
+    };
+    fields_of(record).iter().all(|f| kept.get(f) == current.get(f))
 }
 
 /// Why an undo has nothing to go back to.
@@ -175,7 +204,7 @@ pub fn undo_target<'a>(
     sorted.sort_by_key(|c| std::cmp::Reverse(c.revision));
     sorted
         .into_iter()
-        .find(|c| c.data.as_ref().and_then(|d| d.0.get("spec")) != Some(current))
+        .find(|c| !same_template(c, current))
         .ok_or(UndoError::NoEarlier)
 }
 
@@ -194,9 +223,9 @@ pub fn undo_patch(target: &ControllerRevision, current: &Value) -> Result<json_p
     if let Some(rv) = current.pointer("/metadata/resourceVersion") {
         ops.push(serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}));
     }
-    for field in TEMPLATE_FIELDS {
+    for field in fields_of(target) {
         let path = format!("/spec/{field}");
-        match template.get(*field) {
+        match template.get(&field) {
             Some(v) => ops.push(serde_json::json!({"op": "add", "path": path, "value": v})),
             None if current.pointer(&path).is_some() => ops.push(serde_json::json!({"op": "remove", "path": path})),
             None => {}
@@ -327,7 +356,9 @@ mod tests {
                 labels: Some(BTreeMap::from([(labels::REVISION.to_string(), hash.to_string())])),
                 ..Default::default()
             },
-            data: Some(RawExtension(serde_json::json!({ "spec": spec }))),
+            data: Some(RawExtension(
+                serde_json::json!({ "spec": spec, "fields": TEMPLATE_FIELDS }),
+            )),
             revision: number,
         }
     }
@@ -379,6 +410,40 @@ mod tests {
         let mut undone = current.clone();
         json_patch::patch(&mut undone, &patch).unwrap();
         assert_eq!(undone["spec"]["image"], "b2");
+    }
+
+    /// A record from before `forwarding` and `tracing` were template fields neither removes them
+    /// nor counts as another template for lacking them.
+    #[test]
+    fn a_record_from_before_forwarding_and_tracing_leaves_them_alone() {
+        let mut legacy = cr("aaaa", 1, Some("a"));
+        legacy
+            .data
+            .as_mut()
+            .unwrap()
+            .0
+            .as_object_mut()
+            .unwrap()
+            .remove("fields");
+        let current = serde_json::json!({
+            "metadata": {"resourceVersion": "7"},
+            "spec": {"image": "a", "routes": [], "tracing": {"sampleRatio": 1.0}},
+        });
+        assert!(
+            same_template(&legacy, &current["spec"]),
+            "the same revision, tracing aside"
+        );
+        let patch = undo_patch(&legacy, &current).unwrap();
+        let mut undone = current.clone();
+        json_patch::patch(&mut undone, &patch).unwrap();
+        assert_eq!(undone["spec"]["tracing"], current["spec"]["tracing"]);
+        // A record that lists its fields restores all of them.
+        let listed = cr("bbbb", 2, Some("a"));
+        assert!(!same_template(&listed, &current["spec"]));
+        let patch = undo_patch(&listed, &current).unwrap();
+        let mut undone = current.clone();
+        json_patch::patch(&mut undone, &patch).unwrap();
+        assert!(undone["spec"].get("tracing").is_none());
     }
 
     /// Every spec field is either part of a revision (so undo restores it) or named here as not:

@@ -23,22 +23,27 @@ pub enum Verdict {
 
 /// The verdict on `pxd`.
 pub fn of_fleet(pxd: &ProxyDeployment) -> Verdict {
-    let annotations = pxd.metadata.annotations.as_ref();
-    if annotations.is_some_and(|a| a.contains_key(COMMAND_ANNOTATION) || a.contains_key(WAVE_COMMAND)) {
-        return Verdict::Pending;
-    }
     let st = pxd.status.clone().unwrap_or_default();
     if st.observed_generation != pxd.metadata.generation {
         return Verdict::Pending;
     }
-    let aborted = st.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Aborted);
-    if st.phase == Some(Phase::Degraded) || aborted {
+    // Degraded for anything but the canary's own abort first: a fleet held for a policy or a
+    // missing Secret acts on no command, so one waiting on it must not keep the verdict pending.
+    let condition = st.conditions.iter().find(|c| c.type_ == DEGRADED);
+    let held = st.phase == Some(Phase::Degraded) && condition.is_none_or(|c| c.reason != "RolloutAborted");
+    if held {
+        return Verdict::Failed(format!("Degraded: {}", degraded(&st).unwrap_or_default()));
+    }
+    let annotations = pxd.metadata.annotations.as_ref();
+    if annotations.is_some_and(|a| a.contains_key(COMMAND_ANNOTATION) || a.contains_key(WAVE_COMMAND)) {
+        return Verdict::Pending;
+    }
+    if st.phase == Some(Phase::Degraded) || st.canary.as_ref().is_some_and(|c| c.phase == CanaryPhase::Aborted) {
         let why = st
-            .conditions
-            .iter()
-            .find(|c| c.type_ == DEGRADED)
-            .map(|c| c.message.clone());
-        let why = why.or_else(|| st.canary.as_ref().and_then(|c| c.message.clone()));
+            .canary
+            .as_ref()
+            .and_then(|c| c.message.clone())
+            .or_else(|| degraded(&st));
         return Verdict::Failed(format!("Degraded: {}", why.unwrap_or_default()));
     }
     let rolled = st
@@ -57,9 +62,10 @@ pub fn of_fleet(pxd: &ProxyDeployment) -> Verdict {
     if pxd.spec.placement.as_ref().is_none_or(|p| p.waves.is_empty()) {
         return Verdict::Ready(ready);
     }
-    // Across clusters: the wave rollout of this generation, completed.
+    // Across clusters: the wave rollout of this generation, completed, and propagated (a
+    // propagation that failed this generation keeps the waves' status of the one before).
     let propagated = st.conditions.iter().find(|c| c.type_ == PROPAGATED);
-    if propagated.is_none_or(|c| c.observed_generation != pxd.metadata.generation) {
+    if propagated.is_none_or(|c| c.observed_generation != pxd.metadata.generation || c.status != "True") {
         return Verdict::Pending;
     }
     match st.waves.as_ref().map(|w| (w.phase, w)) {
@@ -70,6 +76,14 @@ pub fn of_fleet(pxd: &ProxyDeployment) -> Verdict {
         Some((WavePhase::Completed, w)) => Verdict::Ready(format!("{ready}; every wave runs {}", w.revision)),
         _ => Verdict::Pending,
     }
+}
+
+/// The Degraded condition's message, if any.
+fn degraded(st: &crate::crd::ProxyDeploymentStatus) -> Option<String> {
+    st.conditions
+        .iter()
+        .find(|c| c.type_ == DEGRADED)
+        .map(|c| c.message.clone())
 }
 
 /// Why the operator would not act on `verb` for a rollout whose canary status is `canary`
@@ -163,6 +177,18 @@ mod tests {
         let mut retried = with_canary(fleet(false), CanaryPhase::Aborted);
         retried.metadata.annotations = Some([(COMMAND_ANNOTATION.to_string(), "retry".to_string())].into());
         assert_eq!(of_fleet(&retried), Verdict::Pending);
+        // Degraded by that abort, the retry is still awaited; held (a policy), it is not.
+        let mut aborted = retried.clone();
+        let st = aborted.status.as_mut().expect("status");
+        st.phase = Some(Phase::Degraded);
+        st.conditions.push(Condition {
+            reason: "RolloutAborted".into(),
+            ..condition(DEGRADED, 4)
+        });
+        assert_eq!(of_fleet(&aborted), Verdict::Pending);
+        let mut held = aborted.clone();
+        held.status.as_mut().expect("status").conditions[1].reason = "PolicyViolation".into();
+        assert!(matches!(of_fleet(&held), Verdict::Failed(_)));
     }
 
     #[test]
@@ -183,6 +209,13 @@ mod tests {
         let mut behind = waves(WavePhase::Completed);
         behind.status.as_mut().expect("status").conditions = vec![condition(PROPAGATED, 3)];
         assert_eq!(of_fleet(&behind), Verdict::Pending);
+        let mut failed = waves(WavePhase::Completed);
+        failed.status.as_mut().expect("status").conditions[0].status = "False".into();
+        assert_eq!(
+            of_fleet(&failed),
+            Verdict::Pending,
+            "the waves' status is the generation before's"
+        );
     }
 
     #[test]

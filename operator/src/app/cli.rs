@@ -18,19 +18,28 @@ pub fn app_name(arg: &str) -> Option<&str> {
         .or_else(|| arg.strip_prefix("approllouts/"))
 }
 
+/// Sends `cmd` to the AppRollout's version read; read and sent again if it changed meanwhile.
 pub async fn command(api: &Api<AppRollout>, name: &str, cmd: &str) -> Result<(), String> {
-    let ar = api.get(name).await.map_err(|e| format!("approllout/{name}: {e}"))?;
-    let canary = ar.status.as_ref().and_then(|s| s.canary.as_ref());
-    if let Some(why) = crate::verdict::command_refusal(canary, cmd) {
-        return Err(format!("approllout/{name}: {cmd} not sent: {why}"));
+    for _ in 0..3 {
+        let ar = api.get(name).await.map_err(|e| format!("approllout/{name}: {e}"))?;
+        let canary = ar.status.as_ref().and_then(|s| s.canary.as_ref());
+        if let Some(why) = crate::verdict::command_refusal(canary, cmd) {
+            return Err(format!("approllout/{name}: {cmd} not sent: {why}"));
+        }
+        let patch = crate::command_annotation::send_patch(&ar.metadata, COMMAND_ANNOTATION, cmd)
+            .map_err(|e| format!("approllout/{name}: {e}"))?;
+        match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+            Ok(_) => {
+                println!("approllout/{name}: {cmd} requested");
+                return Ok(());
+            }
+            Err(kube::Error::Api(e)) if e.code == 409 => continue,
+            Err(e) => return Err(format!("approllout/{name}: {e}")),
+        }
     }
-    let patch = crate::command_annotation::send_patch(&ar.metadata, COMMAND_ANNOTATION, cmd)
-        .map_err(|e| format!("approllout/{name}: {e}"))?;
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| format!("approllout/{name}: {e}"))?;
-    println!("approllout/{name}: {cmd} requested");
-    Ok(())
+    Err(format!(
+        "approllout/{name}: it kept changing while {cmd} was sent; try again"
+    ))
 }
 
 pub fn render(ar: &AppRollout) -> String {

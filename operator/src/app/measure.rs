@@ -39,7 +39,9 @@ pub fn selector(owner: &AppOwner, fleet: &str, track: AppTrack) -> String {
     )
 }
 
-/// The names, IPs and start times of a fleet's running proxy pods.
+/// The names, IPs and start times of a fleet's Ready proxy pods: the ones the fleet's Service
+/// sends traffic to (one that is not, say crash-looping, carries none, and would hold every
+/// weight step waiting for a confirmation it cannot give; once Ready it is pushed to).
 pub async fn proxy_pods(
     ctx: &Context,
     namespace: &str,
@@ -61,7 +63,7 @@ pub async fn proxy_pods(
         // An evicted or finished pod keeps its IP in its status; the IP may be another pod's now.
         .filter(|p| {
             let phase = p.status.as_ref().and_then(|s| s.phase.as_deref());
-            !matches!(phase, Some("Succeeded" | "Failed"))
+            !matches!(phase, Some("Succeeded" | "Failed")) && crate::canary::rollout::pod_ready(p)
         })
         .filter_map(|p| {
             let started = crate::canary::rollout::started_at(&p);

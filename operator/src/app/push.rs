@@ -23,6 +23,8 @@ pub struct Moved {
     /// Proxy pods that confirmed it, of those found.
     pub confirmed: usize,
     pub pods: usize,
+    /// Whether the proxy pods could be listed at all (if not, nothing is known confirmed).
+    pub listed: bool,
     /// Why the weights could not be kept in the ConfigMap (for the Ready condition).
     pub problem: Option<KeepError>,
 }
@@ -87,7 +89,9 @@ pub async fn move_weights(
     );
     let cached = cached_map(ctx, owner, fleet);
     let kept = cached.as_ref().and_then(|cm| kept_document(cm, owner));
-    let pods = pod_weights(ctx, owner, fleet, route).await;
+    let found = pod_weights(ctx, owner, fleet, route).await;
+    let listed = found.is_some();
+    let pods = found.unwrap_or_default();
     doc.generation = weights::generation_past(&doc, kept.iter().chain(pods.iter().filter_map(|p| p.holds.as_ref())));
     let problem = keep(ctx, owner, fleet, &doc, cached.is_some(), kept.as_ref())
         .await
@@ -103,6 +107,7 @@ pub async fn move_weights(
         generation: doc.generation,
         confirmed,
         pods: pods.len(),
+        listed,
         problem,
     }
 }
@@ -161,9 +166,9 @@ async fn keep(
 }
 
 /// The fleet's proxy pods and what each holds for `route`.
-async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) -> Vec<PodWeights> {
+async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) -> Option<Vec<PodWeights>> {
     let Ok(pods) = measure::proxy_pods(ctx, &owner.namespace, fleet).await else {
-        return Vec::new();
+        return None;
     };
     let admin = crate::resources::config_map::ADMIN_PORT;
     let mut found = Vec::with_capacity(pods.len());
@@ -178,7 +183,7 @@ async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) 
             .and_then(|r| r.live_weights.into_iter().find(|w| w.route == route));
         found.push(PodWeights { pod, ip, holds });
     }
-    found
+    Some(found)
 }
 
 /// Pushes `doc` to each pod that does not hold it (the admin token read only then); returns

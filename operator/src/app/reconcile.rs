@@ -103,20 +103,24 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
         (&template, &revision),
         (&decision, canary_replicas),
     );
+    // Told whatever the writes do: the next pass goes on from the decision recorded below.
+    publish_events(&ar, &ctx, &decision).await;
+    // The proxies count `<name>-canary` whatever revision runs behind it: a window of a
+    // rollout that superseded another starts from a snapshot of its own.
+    let superseded =
+        previous.canary.as_ref().and_then(|c| c.canary_revision.as_ref()) != decision.status.canary_revision.as_ref();
     if let Err(e) = tracks.await {
+        if superseded {
+            measure::forget(&ctx, &owner);
+        }
         keep_decision(&ctx, &owner, &previous, &decision, &moved).await;
         return Err(e);
     }
-    publish_events(&ar, &ctx, &decision).await;
     let all_applied = moved.all_applied();
     let status = status_of(&ar, &previous, &decision, &moved);
     if ar.status.as_ref() != Some(&status) {
         write_status(&ctx, &owner, &status).await?;
     }
-    // The proxies count `<name>-canary` whatever revision runs behind it: a window of a
-    // rollout that superseded another starts from a snapshot of its own.
-    let superseded =
-        previous.canary.as_ref().and_then(|c| c.canary_revision.as_ref()) != decision.status.canary_revision.as_ref();
     if superseded
         || matches!(
             decision.status.phase,
@@ -474,7 +478,7 @@ fn canary_kept(decision: &Decision, inputs: &Inputs, moved: &push::Moved) -> i32
     let running = inputs.canary.as_ref().and_then(|d| d.spec.as_ref()?.replicas);
     // No proxy pod at all sends the canary anything; a ConfigMap not written would start new
     // ones on the old weights.
-    let confirmed = moved.problem.is_none() && moved.confirmed == moved.pods;
+    let confirmed = moved.listed && moved.problem.is_none() && moved.confirmed == moved.pods;
     kept_replicas(decision.canary_replicas.unwrap_or(0), running.unwrap_or(0), confirmed)
 }
 

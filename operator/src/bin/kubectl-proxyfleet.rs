@@ -117,32 +117,64 @@ async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), Str
 }
 
 /// On a fleet whose placement has waves the verbs steer the rollout across clusters
-/// (`retry` is `resume` there); otherwise the fleet's own canary.
+/// (`retry` is `resume` there); otherwise the fleet's own canary. The command goes to the
+/// version read; if the fleet changed meanwhile (a status write), it is read and sent again.
 async fn command(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<(), String> {
-    let pxd = api.get(name).await.map_err(|e| format!("{name}: {e}"))?;
-    if pxd.spec.placement.as_ref().is_some_and(|p| !p.waves.is_empty()) {
-        let verb = match cmd {
-            "retry" => "resume",
-            "promote-full" => "promote",
-            other => other,
-        };
-        let patch = send_patch(&pxd.metadata, WAVE_COMMAND, verb).map_err(|e| format!("{name}: {e}"))?;
-        api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-            .map_err(|e| format!("{name}: {e}"))?;
-        println!("proxydeployment/{name}: {verb} requested for the rollout across waves");
-        return Ok(());
+    for _ in 0..3 {
+        match command_once(api, name, cmd).await {
+            Err(Sent::Conflict) => continue,
+            Err(Sent::Refused(why)) => return Err(why),
+            Ok(said) => {
+                println!("{said}");
+                return Ok(());
+            }
+        }
     }
-    let canary = pxd.status.as_ref().and_then(|s| s.canary.as_ref());
-    if let Some(why) = proxyfleet_operator::verdict::command_refusal(canary, cmd) {
-        return Err(format!("{name}: {cmd} not sent: {why}"));
+    Err(format!("{name}: it kept changing while {cmd} was sent; try again"))
+}
+
+enum Sent {
+    /// The fleet changed since it was read.
+    Conflict,
+    Refused(String),
+}
+
+async fn command_once(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Result<String, Sent> {
+    let refused = |e: String| Sent::Refused(format!("{name}: {e}"));
+    let pxd = api.get(name).await.map_err(|e| refused(e.to_string()))?;
+    let waves = pxd.spec.placement.as_ref().is_some_and(|p| !p.waves.is_empty());
+    let (annotation, verb) = match cmd {
+        _ if !waves => (COMMAND_ANNOTATION, cmd),
+        "retry" => (WAVE_COMMAND, "resume"),
+        "promote-full" => (WAVE_COMMAND, "promote"),
+        other => (WAVE_COMMAND, other),
+    };
+    if !waves {
+        let st = pxd.status.as_ref();
+        let degraded = st.and_then(|s| {
+            s.conditions
+                .iter()
+                .find(|c| c.type_ == "Degraded" && c.status == "True")
+        });
+        if let Some(c) = degraded.filter(|c| c.reason != "RolloutAborted") {
+            eprintln!(
+                "{name}: note: the fleet is held ({}): it acts on no command until that is fixed",
+                c.reason
+            );
+        }
+        if let Some(why) = proxyfleet_operator::verdict::command_refusal(st.and_then(|s| s.canary.as_ref()), cmd) {
+            return Err(refused(format!("{cmd} not sent: {why}")));
+        }
     }
-    let patch = send_patch(&pxd.metadata, COMMAND_ANNOTATION, cmd).map_err(|e| format!("{name}: {e}"))?;
-    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
-        .await
-        .map_err(|e| format!("{name}: {e}"))?;
-    println!("proxydeployment/{name}: {cmd} requested");
-    Ok(())
+    let patch = send_patch(&pxd.metadata, annotation, verb).map_err(refused)?;
+    match api.patch(name, &PatchParams::default(), &Patch::Merge(&patch)).await {
+        Ok(_) if waves => Ok(format!(
+            "proxydeployment/{name}: {verb} requested for the rollout across waves"
+        )),
+        Ok(_) => Ok(format!("proxydeployment/{name}: {cmd} requested")),
+        Err(kube::Error::Api(e)) if e.code == 409 => Err(Sent::Conflict),
+        Err(e) => Err(refused(e.to_string())),
+    }
 }
 
 /// The fleet and its kept stable revisions, newest first.

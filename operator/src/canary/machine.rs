@@ -732,6 +732,9 @@ fn walk_steps(
             }
         }
     }
+    if run.status.phase == ABORTED {
+        return run.into_aborted(total);
+    }
     if let Some((a, _)) = active_analysis(strategy, &run.status) {
         requeue = requeue.min(a.interval.get().as_secs().max(1));
     }
@@ -807,7 +810,9 @@ fn weight_step(
         run.set_weight(w, obs.now);
         run.status.message = Some(format!("step {idx}: weight {w}% reached ({target} canary pod(s))"));
         if obs.weights_confirmed.is_some() && !promote_now {
-            // Pushed after this decision: the step is done once every proxy pod has taken it.
+            // Pushed after this decision: reached, and the step done, once every proxy pod has
+            // taken it.
+            run.status.weight_reached_at = None;
             return StepOutcome::Wait(2);
         }
         if !promote_now && !may_leave(strategy, &run.status) {
@@ -818,14 +823,12 @@ fn weight_step(
         // Give the new weight time to carry traffic before anything else happens.
         return StepOutcome::Wait(2);
     }
-    if obs.weights_confirmed == Some(false) && !promote_now {
-        // The weight counts as reached from when every proxy has it: a window that began
-        // while some still sent the weight before is not a window at this weight.
-        run.set_weight(w, obs.now);
-        run.status.message = Some(format!(
-            "step {idx}: weight {w}% set; waiting for every proxy pod to take it"
-        ));
-        return StepOutcome::Wait(2);
+    match obs.weights_confirmed {
+        Some(false) if !promote_now => return wait_for_weights(run, obs, w),
+        // Reached from when every proxy has it: a window that began while some still sent the
+        // weight before is not a window at this weight.
+        Some(true) if run.status.weight_reached_at.is_none() => run.set_weight(w, obs.now),
+        _ => {}
     }
     if promote_now || may_leave(strategy, &run.status) {
         run.event(false, "StepCompleted", format!("step {idx}: weight {w}% judged"));
@@ -837,6 +840,29 @@ fn weight_step(
         awaiting_verdict(&run.status, "the next step")
     ));
     StepOutcome::Wait(until_judged(strategy, &run.status, obs.now))
+}
+
+/// A weight pushed to the proxies that not all have taken: not yet reached (no window judges
+/// it), and given up at the step's progress deadline (a proxy pod that refuses it for good would
+/// otherwise hold the rollout forever).
+fn wait_for_weights(run: &mut Run, obs: &Observations, w: i32) -> StepOutcome {
+    let idx = run.status.current_step_index;
+    run.status.weight_reached_at = None;
+    run.status.weight_verified = false;
+    let started = parse_time(&run.status.step_started_at).unwrap_or(obs.now);
+    if obs.now - started >= obs.progress_deadline {
+        let msg = format!(
+            "step {idx}: weight {w}% not taken by every proxy pod after {}s (progressDeadline {}s)",
+            obs.now - started,
+            obs.progress_deadline
+        );
+        run.abort("ProgressDeadlineExceeded", msg);
+        return StepOutcome::Wait(2);
+    }
+    run.status.message = Some(format!(
+        "step {idx}: weight {w}% set; waiting for every proxy pod to take it"
+    ));
+    StepOutcome::Wait(2)
 }
 
 fn pause_step(

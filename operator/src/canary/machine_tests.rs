@@ -648,19 +648,31 @@ fn a_pushed_weight_completes_its_step_only_once_every_proxy_took_it() {
     assert_eq!(d.status.current_step_index, 1, "taken: on to the pause");
 }
 
-/// A weight not yet taken by every proxy moves its "reached" time on: the step's analysis
-/// judges only windows that began once every proxy had it.
+/// A weight not yet taken by every proxy is not reached (no window judges it) until it is,
+/// without a status change every pass; never taken, it aborts at the progress deadline.
 #[test]
 fn a_pushed_weight_is_reached_when_every_proxy_took_it() {
     let s = strategy("steps: [{setWeight: 20}, {setWeight: 100}]\nanalysis: {interval: 10s, metrics: [{name: errors, errorRate5xx: {max: 5}}]}");
     let pushed = |now, confirmed| Observations {
         weights_confirmed: Some(confirmed),
+        progress_deadline: 100,
         ..obs(now, 1)
     };
     let mut d = decide(&s, None, 5, &pushed(0, true), None);
-    for now in [2, 4, 6] {
-        d = decide(&s, Some(&d.status), 5, &pushed(now, false), None);
+    let waiting = decide(&s, Some(&d.status), 5, &pushed(2, false), None);
+    assert_eq!(waiting.status.weight_reached_at, None);
+    for now in [4, 6] {
+        d = decide(&s, Some(&waiting.status), 5, &pushed(now, false), None);
+        assert_eq!(d.status, waiting.status, "a wait writes nothing new");
     }
-    assert_eq!(d.status.weight_reached_at.as_deref(), Some("1970-01-01T00:00:06Z"));
-    assert!(!d.status.weight_verified);
+    d = decide(&s, Some(&d.status), 5, &pushed(8, true), None);
+    assert_eq!(d.status.weight_reached_at.as_deref(), Some("1970-01-01T00:00:08Z"));
+    let never = decide(&s, Some(&waiting.status), 5, &pushed(101, false), None);
+    assert_eq!(never.status.phase, ABORTED);
+    assert_eq!(never.canary_replicas, Some(0));
+    assert!(never
+        .status
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("not taken by every proxy pod")));
 }

@@ -458,7 +458,7 @@ async fn direct_windows(
         .push(&format!("{}/{}", owner.namespace, owner.name), snap, window_secs))
 }
 
-fn pod_ready(pod: &Pod) -> bool {
+pub fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
