@@ -52,7 +52,7 @@ the message; .absent is true when there is no strategy there. */ -}}
 {{- end -}}
 {{- /* Requests the admission policies leave alone: the operator's own writes (finalizers,
 clearing a command), and updates that leave the spec as it was (a command annotation on a fleet
-the operator holds for a policy must still get through: abort is how its canary is stopped). */ -}}
+the operator holds for a policy is metadata, not a spec the policy judges). */ -}}
 {{- define "proxyfleet.policyMatchConditions" -}}
 - name: not-the-operator
   expression: "request.userInfo.username != 'system:serviceaccount:{{ .Release.Namespace }}:{{ include "proxyfleet.name" . }}'"
