@@ -160,6 +160,22 @@ fn register_route_filters(
     )
 }
 
+/// Reloads by result, and whether the last one was taken (1 until one is refused).
+fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, Gauge) {
+    let reloads = register(
+        registry,
+        "config_reloads",
+        "Configuration and certificate reloads by result",
+    );
+    let last: Gauge = register(
+        registry,
+        "config_last_reload_successful",
+        "Whether the last reload of configuration and certificate files was taken (1) or refused (0)",
+    );
+    last.set(1);
+    (reloads, last)
+}
+
 fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>, Family<OcspLabels, Counter>) {
     (
         register(
@@ -428,6 +444,7 @@ impl Metrics {
             register_guards(&mut registry);
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
         let (quic_connections, quic_early_requests, transcoded) = register_protocols(&mut registry);
+        let (reloads, last_reload_successful) = register_reloads(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -459,20 +476,8 @@ impl Metrics {
             quic_early_requests,
             transcoded,
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
-            reloads: register(
-                &mut registry,
-                "config_reloads",
-                "Configuration and certificate reloads by result",
-            ),
-            last_reload_successful: {
-                let g: Gauge = register(
-                    &mut registry,
-                    "config_last_reload_successful",
-                    "Whether the last reload of configuration and certificate files was taken (1) or refused (0)",
-                );
-                g.set(1);
-                g
-            },
+            reloads,
+            last_reload_successful,
             certificate_not_after,
             ocsp_staples,
             faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),
