@@ -29,6 +29,12 @@ struct Cli {
     /// Namespace (default: the kubeconfig's).
     #[arg(short, long, global = true)]
     namespace: Option<String>,
+    /// The kubeconfig context to use (default: its current one).
+    #[arg(long, global = true)]
+    context: Option<String>,
+    /// The kubeconfig file (default: $KUBECONFIG, ~/.kube/config, or in-cluster).
+    #[arg(long, global = true)]
+    kubeconfig: Option<std::path::PathBuf>,
     #[command(subcommand)]
     command: Cmd,
 }
@@ -81,10 +87,34 @@ enum Cmd {
     },
 }
 
+/// The `--kubeconfig` and `--context` given, set once at start-up.
+static CONNECTION: std::sync::OnceLock<(Option<std::path::PathBuf>, Option<String>)> = std::sync::OnceLock::new();
+
+/// A client for the cluster the flags name (kubectl's own defaults without them).
+async fn client() -> Result<Client, String> {
+    use kube::config::{Config, KubeConfigOptions, Kubeconfig};
+    let unreachable = |e: String| format!("cannot reach the cluster: {e}");
+    let (path, context) = CONNECTION.get().cloned().unwrap_or_default();
+    if path.is_none() && context.is_none() {
+        return Client::try_default().await.map_err(|e| unreachable(e.to_string()));
+    }
+    let options = KubeConfigOptions {
+        context,
+        ..Default::default()
+    };
+    let config = match path {
+        Some(p) => {
+            let file = Kubeconfig::read_from(&p).map_err(|e| unreachable(format!("{}: {e}", p.display())))?;
+            Config::from_custom_kubeconfig(file, &options).await
+        }
+        None => Config::from_kubeconfig(&options).await,
+    };
+    let config = config.map_err(|e| unreachable(e.to_string()))?;
+    Client::try_from(config).map_err(|e| unreachable(e.to_string()))
+}
+
 async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
-    let client = Client::try_default()
-        .await
-        .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    let client = client().await?;
     Ok(match ns {
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
@@ -93,9 +123,7 @@ async fn api(ns: &Option<String>) -> Result<Api<ProxyDeployment>, String> {
 
 async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), String> {
     use proxyfleet_operator::certs::{ca::CA_SECRET, ca_rotation};
-    let client = Client::try_default()
-        .await
-        .map_err(|e| format!("cannot reach the cluster: {e}"))?;
+    let client = client().await?;
     let secrets: Api<k8s_openapi::api::core::v1::Secret> = match ns {
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
@@ -294,7 +322,7 @@ fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
 }
 
 async fn get(api: &Api<ProxyDeployment>, ns: &Option<String>, name: &str, watch: bool) -> Result<(), String> {
-    let client = Client::try_default().await.map_err(|e| e.to_string())?;
+    let client = client().await?;
     let pods: Api<Pod> = match ns {
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
@@ -364,10 +392,10 @@ async fn app_command(cli: &Cli) -> Option<ExitCode> {
         Cmd::Status { name, .. } => (app::app_name(name)?, "status"),
         _ => return None,
     };
-    let client = match Client::try_default().await {
+    let client = match client().await {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("cannot reach the cluster: {e}");
+            eprintln!("{e}");
             return Some(ExitCode::FAILURE);
         }
     };
@@ -394,6 +422,7 @@ async fn main() -> ExitCode {
     quiet_on_closed_stdout();
     proxyfleet_operator::crypto::install_provider();
     let cli = Cli::parse();
+    let _ = CONNECTION.set((cli.kubeconfig.clone(), cli.context.clone()));
     let api = match api(&cli.namespace).await {
         Ok(a) => a,
         Err(e) => {
