@@ -35,6 +35,8 @@ pub struct H3Body {
     length: Option<u64>,
     /// Data bytes read so far.
     received: u64,
+    /// Whether the stream was read to its end (or failed): only then is dropping it quiet.
+    ended: bool,
 }
 
 /// Why an HTTP/3 request body failed.
@@ -54,6 +56,7 @@ impl H3Body {
             ahead: None,
             length,
             received: 0,
+            ended: false,
         }
     }
 
@@ -125,6 +128,7 @@ impl H3Body {
                     }
                     Poll::Ready(Err(e)) => {
                         self.phase = Phase::Done;
+                        self.ended = true;
                         return Poll::Ready(Some(Err(e.into())));
                     }
                     Poll::Pending => return Poll::Pending,
@@ -136,6 +140,7 @@ impl H3Body {
                     let polled = stream.poll_recv_trailers(cx);
                     if polled.is_ready() {
                         self.phase = Phase::Done;
+                        self.ended = true;
                     }
                     return match polled {
                         Poll::Ready(Ok(Some(t))) => Poll::Ready(Some(Ok(Frame::trailers(t)))),
@@ -155,7 +160,10 @@ const DRAIN_AT_MOST: Duration = Duration::from_secs(2);
 
 impl Drop for H3Body {
     fn drop(&mut self) {
-        if matches!(self.phase, Phase::Done) {
+        // A body refused for its length is Done with the rest (or its trailers) still coming:
+        // read that too, or the client's sending half is stopped with code 0 and it takes the
+        // whole request for failed, missing the 400 it is answered.
+        if self.ended {
             return;
         }
         let (Some(mut stream), Ok(runtime)) = (self.stream.take(), tokio::runtime::Handle::try_current()) else {
