@@ -7,7 +7,8 @@
 # fleet and the AppRollout are written to the hub only.
 # Checks: the app's copies reach the members; a bad version (20 % 500) aborts main's app
 # canary, the hub aborts the whole rollout, member-8's copy never changes, and main is sent
-# the last completed version back; a healthy version reaches member-8 only after main's app
+# the last completed version back; with onFailure: Hold, `resume` asks main's aborted app
+# canary to retry (it restarts, aborts again, and the hub aborts again); a healthy version reaches member-8 only after main's app
 # canary completed and the soak passed (timings printed), with 0 failed requests; the hub's
 # status and `kubectl proxyfleet get pxd` show each member's app; deleting the hub fleet
 # removes the app's copies from the members.
@@ -161,7 +162,7 @@ say "$m8 holds the app: $(env_of mk8)"
 
 say "3. v3 answering 20 % 500: main's app canary aborts; the hub aborts the rollout; $m8 never gets it; main is sent v1 back"
 "$LOADGEN" --url https://shop.example.com/e2e-app-waves --connect "$ip:443" --ca "$ca" --rate 40 --workers 2 \
-  --duration 300s --summary /tmp/app-waves-bad.json >/dev/null 2>/tmp/app-waves-load.err &
+  --duration 900s --summary /tmp/app-waves-bad.json >/dev/null 2>/tmp/app-waves-load.err &
 BAD_PID=$!
 sleep 2
 hk set env -n "$ns" deploy/shop ECHO_VERSION=v3 ECHO_ERROR_PERCENT=20 >/dev/null
@@ -186,6 +187,38 @@ retry 120 all_on v1
 sleep 5   # the hub has seen the rollback; $m8 must still hold what it had
 [ "$(mk8 get deploy -n "$ns" shop -o json | jq -cS .spec.template)" = "$m8_before" ] || fail "$m8's app changed"
 say "$m8's app copy compared before and after: unchanged ($(env_of mk8))"
+
+say "3b. onFailure: Hold; resume: main gets v3 again, its app canary aborts, the hub aborts and holds it there; resume again: the hub asks main's app canary to retry, it restarts (the token in its status) and aborts again, and so does the hub"
+within() { # within SECONDS CMD... — CMD succeeds within SECONDS (else 1, for the caller's diagnostics)
+  local end=$(( $(date +%s) + $1 )); shift
+  until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
+}
+attempt() { hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.attempt}'; }
+aborted_at() { [ "$(wave_phase)" = Aborted ] && [ "$(attempt)" = "$1" ]; }
+hk patch pxd -n "$ns" edge --type merge -p '{"spec":{"placement":{"onFailure":"Hold"}}}' >/dev/null
+KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" resume edge >&2 || fail "resume refused"
+t0=$(date +%s)
+within 240 aborted_at 1 || { hk get pxd -n "$ns" edge -o yaml >&2; fail "attempt 1 did not abort"; }
+say "attempt 1 aborted after $(( $(date +%s) - t0 ))s: $(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.abortReason}')"
+env_of kubectl | grep -q ECHO_VERSION=v3 || fail "main was not held on v3 (onFailure: Hold): $(env_of kubectl)"
+KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" resume edge >&2 || fail "resume refused"
+t0=$(date +%s)
+token_taken() {
+  local want got
+  want=$(kubectl get approllout -n "$ns" shop -o jsonpath='{.metadata.annotations.proxyfleet\.io/retry-token}')
+  got=$(kubectl get approllout -n "$ns" shop -o jsonpath='{.status.canary.retryToken}')
+  [ -n "$want" ] && [ "$want" = "$got" ] && [ "${want%%/*}" = 2 ]
+}
+within 60 token_taken || { kubectl get approllout -n "$ns" shop -o yaml >&2; hk get pxd -n "$ns" edge -o json | jq .status.waves >&2; fail "main's app canary did not take the retry"; }
+[ "$(wave_phase)" = Progressing ] || fail "the hub did not wait for the retry: $(waves)"
+say "main's app canary retried after $(( $(date +%s) - t0 ))s: token $(kubectl get approllout -n "$ns" shop -o jsonpath='{.status.canary.retryToken}'), phase $(main_app)"
+within 240 aborted_at 2 || { hk get pxd -n "$ns" edge -o yaml >&2; fail "the retried canary's abort did not abort attempt 2"; }
+reason=$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.abortReason}')
+<<<"$reason" grep -q "cluster main: app shop: its canary aborted" || fail "attempt 2's abort does not name main's app canary: $reason"
+hk get events -n "$ns" --field-selector involvedObject.name=edge,reason=WaveRolloutRetried -o jsonpath='{.items[*].message}' \
+  | grep -q "canaries retried in main" || fail "no WaveRolloutRetried event naming main"
+say "attempt 2 aborted after the retry, $(( $(date +%s) - t0 ))s after resume: $reason"
+[ "$(mk8 get deploy -n "$ns" shop -o json | jq -cS .spec.template)" = "$m8_before" ] || fail "$m8's app changed during the retries"
 kill -TERM $BAD_PID 2>/dev/null; wait $BAD_PID || true
 
 say "4. a healthy v4 under 40 req/s: wave first (main's app canary), soak 5s, then $m8"

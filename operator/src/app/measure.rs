@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 
@@ -12,7 +13,7 @@ use super::render::{track_name, AppTrack};
 use crate::canary::analysis::Window;
 use crate::canary::machine::Measurement;
 use crate::canary::rollout::{judge, prometheus_pair, Subject};
-use crate::canary::source::{parse_proxy_metrics_of, MeasureError, PodCounters, Snapshot};
+use crate::canary::source::{parse_proxy_metrics_of, MeasureError, PodCounters, Snapshot, PODS_AT_ONCE};
 use crate::canary::spec::Analysis;
 use crate::context::Context;
 use crate::labels;
@@ -23,6 +24,17 @@ fn now() -> i64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)
+}
+
+/// One proxy pod's /metrics, with the pod's name and start.
+async fn scrape(
+    ctx: &Context,
+    pod: String,
+    ip: String,
+    started_at: Option<i64>,
+) -> (String, Option<i64>, Result<String, crate::canary::source::HttpError>) {
+    let text = ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await;
+    (pod, started_at, text)
 }
 
 /// Key of an app's snapshots (apart from the fleets', which are keyed `namespace/name`).
@@ -88,8 +100,16 @@ async fn direct_windows(
         stable: HashMap::new(),
     };
     let mut scraped = 0;
+    let mut scrapes = Vec::new();
     for (pod, ip, started_at) in proxy_pods(ctx, &owner.namespace, fleet).await? {
-        match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
+        scrapes.push(scrape(ctx, pod, ip, started_at));
+    }
+    let answers: Vec<_> = futures::stream::iter(scrapes)
+        .buffer_unordered(PODS_AT_ONCE)
+        .collect()
+        .await;
+    for (pod, started_at, text) in answers {
+        match text {
             Ok(text) => {
                 scraped += 1;
                 let of = |upstream: &str| PodCounters {

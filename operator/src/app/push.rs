@@ -4,6 +4,7 @@
 //! pass whose status write failed may have pushed one, and a proxy ignores a document whose
 //! generation it already has.
 
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, Patch, PatchParams};
 use kube::runtime::reflector::ObjectRef;
@@ -14,6 +15,7 @@ use super::objects::AppOwner;
 use super::spec::{AppRollout, AppRolloutStatus};
 use super::weights;
 use crate::canary::machine::Decision;
+use crate::canary::source::PODS_AT_ONCE;
 use crate::context::Context;
 
 /// What a move did.
@@ -170,20 +172,25 @@ async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) 
     let Ok(pods) = measure::proxy_pods(ctx, &owner.namespace, fleet).await else {
         return None;
     };
+    let reads: Vec<_> = pods
+        .into_iter()
+        .map(|(pod, ip, _)| read_one(ctx, pod, ip, route))
+        .collect();
+    Some(futures::stream::iter(reads).buffered(PODS_AT_ONCE).collect().await)
+}
+
+/// What one proxy pod holds for `route`.
+async fn read_one(ctx: &Context, pod: String, ip: String, route: &str) -> PodWeights {
     let admin = crate::resources::config_map::ADMIN_PORT;
-    let mut found = Vec::with_capacity(pods.len());
-    for (pod, ip, _) in pods {
-        let report = ctx
-            .http
-            .get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH))
-            .await;
-        let holds = report
-            .ok()
-            .and_then(|t| proxyfleet_config::AdminReport::from_json(&t).ok())
-            .and_then(|r| r.live_weights.into_iter().find(|w| w.route == route));
-        found.push(PodWeights { pod, ip, holds });
-    }
-    Some(found)
+    let report = ctx
+        .http
+        .get(&format!("http://{ip}:{admin}{}", proxyfleet_config::ADMIN_REPORT_PATH))
+        .await;
+    let holds = report
+        .ok()
+        .and_then(|t| proxyfleet_config::AdminReport::from_json(&t).ok())
+        .and_then(|r| r.live_weights.into_iter().find(|w| w.route == route));
+    PodWeights { pod, ip, holds }
 }
 
 /// Pushes `doc` to each pod that does not hold it (the admin token read only then); returns
@@ -191,22 +198,35 @@ async fn pod_weights(ctx: &Context, owner: &AppOwner, fleet: &str, route: &str) 
 async fn push(ctx: &Context, owner: &AppOwner, fleet: &str, pods: &[PodWeights], doc: &LiveWeights) -> usize {
     // Past `generation_past`, a pod at this generation or later holds these weights.
     let holds = |p: &PodWeights| p.holds.as_ref().is_some_and(|w| w.generation >= doc.generation);
-    let mut confirmed = pods.iter().filter(|p| holds(p)).count();
+    let confirmed = pods.iter().filter(|p| holds(p)).count();
     if confirmed == pods.len() {
         return confirmed;
     }
     let Some(token) = super::token::read(ctx, &owner.namespace, fleet).await else {
         return confirmed;
     };
-    let admin = crate::resources::config_map::ADMIN_PORT;
+    let mut pushes = Vec::new();
     for p in pods.iter().filter(|p| !holds(p)) {
-        let url = format!("http://{}:{admin}{}", p.ip, proxyfleet_config::LIVE_WEIGHTS_PATH);
-        match ctx.http.put(&url, &token, doc.to_json()).await {
-            Ok(()) => confirmed += 1,
-            Err(e) => tracing::info!(pod = %p.pod, error = %e, "weights not taken yet"),
+        pushes.push(push_one(ctx, p, &token, doc));
+    }
+    let taken: Vec<bool> = futures::stream::iter(pushes)
+        .buffer_unordered(PODS_AT_ONCE)
+        .collect()
+        .await;
+    confirmed + taken.into_iter().filter(|t| *t).count()
+}
+
+/// Pushes `doc` to one pod; whether it took it.
+async fn push_one(ctx: &Context, p: &PodWeights, token: &str, doc: &LiveWeights) -> bool {
+    let admin = crate::resources::config_map::ADMIN_PORT;
+    let url = format!("http://{}:{admin}{}", p.ip, proxyfleet_config::LIVE_WEIGHTS_PATH);
+    match ctx.http.put(&url, token, doc.to_json()).await {
+        Ok(()) => true,
+        Err(e) => {
+            tracing::info!(pod = %p.pod, error = %e, "weights not taken yet");
+            false
         }
     }
-    confirmed
 }
 
 #[cfg(test)]

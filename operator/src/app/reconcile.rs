@@ -312,6 +312,7 @@ async fn decide(
             .as_ref()
             .map_or(machine::DEFAULT_PROGRESS_DEADLINE, |d| d.get().as_secs() as i64),
         weights_confirmed: Some(ar.status.as_ref().is_some_and(weights_confirmed)),
+        retry_token: crate::canary::rollout::retry_token(&ar.metadata),
         now: now(),
         ..Default::default()
     };

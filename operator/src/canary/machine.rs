@@ -80,6 +80,8 @@ pub struct Observations {
     /// Where the weights are pushed to the proxies (AppRollouts): whether every proxy pod has
     /// confirmed the weight the status holds. None where pod counts carry the weight (fleets).
     pub weights_confirmed: Option<bool>,
+    /// The object's `proxyfleet.io/retry-token` annotation: recorded by a retry it takes.
+    pub retry_token: Option<String>,
     pub now: i64,
 }
 
@@ -94,6 +96,7 @@ impl Default for Observations {
             progress_deadline: DEFAULT_PROGRESS_DEADLINE,
             canary_problem: None,
             weights_confirmed: None,
+            retry_token: None,
             now: 0,
         }
     }
@@ -427,8 +430,24 @@ fn idle(stable: Option<String>, message: &str) -> CanaryStatus {
     }
 }
 
-/// One step of the machine.
+/// One step of the machine. A retry token once recorded stays in the status whatever the
+/// status becomes after (a new rollout, idle, completed), until a newer retry replaces it: a
+/// hub reading it must never take a later abort for one before its retry.
 pub fn decide(
+    strategy: &CanaryStrategy,
+    previous: Option<&CanaryStatus>,
+    total: i32,
+    obs: &Observations,
+    command: Option<Command>,
+) -> Decision {
+    let mut decision = decide_pass(strategy, previous, total, obs, command);
+    if decision.status.retry_token.is_none() {
+        decision.status.retry_token = previous.and_then(|p| p.retry_token.clone());
+    }
+    decision
+}
+
+fn decide_pass(
     strategy: &CanaryStrategy,
     previous: Option<&CanaryStatus>,
     total: i32,
@@ -620,6 +639,7 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
         Some(Command::Abort) if run.status.phase != ABORTED => run.abort("ManualAbort", "aborted by request".into()),
         Some(Command::Retry) if run.status.phase == ABORTED => {
             run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
+            run.status.retry_token = obs.retry_token.clone();
             run.event(false, "RolloutRetried", "rollout restarted from the first step".into());
         }
         // The step's clock restarts: the time spent paused is not the pods' to be late by (its

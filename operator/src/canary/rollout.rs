@@ -4,6 +4,7 @@
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
@@ -206,6 +207,7 @@ async fn observe(
         stable_rolled_out,
         canary_ready,
         progress_deadline: crate::pod_problem::progress_deadline_secs(pxd),
+        retry_token: retry_token(&pxd.metadata),
         now: now(),
         ..Default::default()
     };
@@ -388,6 +390,11 @@ pub fn started_at(pod: &Pod) -> Option<i64> {
     Some(pod.status.as_ref()?.start_time.as_ref()?.0.as_second())
 }
 
+/// One proxy pod's /metrics.
+async fn scrape<'a>(ctx: &Context, pod: &'a Pod, ip: &str) -> (&'a Pod, Result<String, source::HttpError>) {
+    (pod, ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await)
+}
+
 /// Scrapes every proxy pod's /metrics and returns the windows since about `window_secs` ago.
 async fn direct_windows(
     ctx: &Context,
@@ -409,13 +416,21 @@ async fn direct_windows(
         stable: HashMap::new(),
     };
     let mut scraped = 0;
-    for pod in list.items {
-        if pod.metadata.deletion_timestamp.is_some() {
-            continue;
+    let mut scrapes = Vec::new();
+    for pod in list
+        .items
+        .iter()
+        .filter(|pod| pod.metadata.deletion_timestamp.is_none())
+    {
+        if let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.as_deref()) {
+            scrapes.push(scrape(ctx, pod, ip));
         }
-        let Some(ip) = pod.status.as_ref().and_then(|s| s.pod_ip.clone()) else {
-            continue;
-        };
+    }
+    let answers: Vec<_> = futures::stream::iter(scrapes)
+        .buffered(source::PODS_AT_ONCE)
+        .collect()
+        .await;
+    for (pod, text) in answers {
         let name = pod.metadata.name.clone().unwrap_or_default();
         let track = pod
             .metadata
@@ -424,11 +439,11 @@ async fn direct_windows(
             .and_then(|l| l.get(labels::TRACK))
             .cloned()
             .unwrap_or_default();
-        match ctx.http.get(&format!("http://{ip}:{ADMIN_PORT}/metrics")).await {
+        match text {
             Ok(text) => {
                 scraped += 1;
                 let counters = source::PodCounters {
-                    started_at: started_at(&pod),
+                    started_at: started_at(pod),
                     ..parse_proxy_metrics(&text)
                 };
                 if track == "canary" {
@@ -437,7 +452,7 @@ async fn direct_windows(
                     snap.stable.insert(name, counters);
                 }
             }
-            Err(e) if track == "canary" && pod_ready(&pod) => {
+            Err(e) if track == "canary" && pod_ready(pod) => {
                 return Err(source::MeasureError::CanaryPodNotScraped {
                     namespace: owner.namespace.clone(),
                     pod: name,
@@ -467,6 +482,14 @@ pub fn pod_ready(pod: &Pod) -> bool {
 
 /// The command annotation, if any.
 pub const COMMAND_ANNOTATION: &str = "proxyfleet.io/command";
+/// Annotation a hub's wave rollout sets beside a `retry` command: the retry records it in the
+/// canary's status (`CanaryStatus::retry_token`) when it restarts the rollout.
+pub const RETRY_TOKEN: &str = "proxyfleet.io/retry-token";
+
+/// The object's retry token, as the canary machine observes it.
+pub fn retry_token(meta: &kube::api::ObjectMeta) -> Option<String> {
+    meta.annotations.as_ref()?.get(RETRY_TOKEN).cloned()
+}
 
 pub fn command_of(pxd: &ProxyDeployment) -> Option<Command> {
     Command::parse(pxd.metadata.annotations.as_ref()?.get(COMMAND_ANNOTATION)?)

@@ -235,6 +235,10 @@ impl SnapshotHistory {
     }
 }
 
+/// How many proxy pods are scraped, read or pushed to at once: a fleet of many proxies is
+/// gone through in about the time of one slow pod per eight, not of all of them in turn.
+pub const PODS_AT_ONCE: usize = 8;
+
 /// Largest body read from a pod or Prometheus: a proxy's /metrics is tens of KiB.
 pub const MAX_BODY_BYTES: usize = 4 << 20;
 

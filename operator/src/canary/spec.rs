@@ -282,6 +282,10 @@ pub struct CanaryStatus {
     /// promoted, even on a timed pause step.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub paused_by_request: bool,
+    /// The `proxyfleet.io/retry-token` annotation the object carried when a retry restarted
+    /// this rollout: a hub's wave rollout learns from it that the retry it asked was taken.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub retry_token: Option<String>,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, Default, PartialEq, JsonSchema)]

@@ -206,29 +206,63 @@ pub fn summary(seen: &SeenApp) -> ClusterAppStatus {
 }
 
 /// The spec waves keep as the stable one: the fleet's spec alone when it has no apps (the form
-/// statuses always had), else the fleet's spec and the apps' copies together.
-pub fn bundle_spec(fleet_spec: Value, apps: &[AppCopy]) -> Value {
-    if apps.is_empty() {
+/// statuses always had), else the fleet's spec, the apps' copies, and the names of the apps
+/// that were held then (`hub_apps::HubApps::held`: their copies in members were left as they
+/// were, so a rollback to this spec leaves them too, never deletes them).
+pub fn bundle_spec(fleet_spec: Value, apps: &[AppCopy], held: &[String]) -> Value {
+    if apps.is_empty() && held.is_empty() {
         return fleet_spec;
     }
     let apps: Vec<Value> = apps
         .iter()
         .map(|a| json!({"rollout": a.rollout, "deployment": a.deployment}))
         .collect();
-    json!({"proxyDeployment": fleet_spec, "apps": apps})
+    if held.is_empty() {
+        return json!({"proxyDeployment": fleet_spec, "apps": apps});
+    }
+    json!({"proxyDeployment": fleet_spec, "apps": apps, "held": held})
 }
 
-/// The fleet's spec and the apps' copies of a kept stable spec (either form).
-pub fn split_bundle(kept: Value) -> (Value, Vec<AppCopy>) {
+/// A kept stable spec taken apart (`bundle_spec`).
+#[derive(Debug, PartialEq)]
+pub struct KeptBundle {
+    pub fleet: Value,
+    pub apps: Vec<AppCopy>,
+    /// Apps held when it was kept.
+    pub held: Vec<String>,
+}
+
+/// The fleet's spec, the apps' copies and the held apps of a kept stable spec (either form).
+pub fn split_bundle(kept: Value) -> KeptBundle {
     let is_bundle = kept.get("proxyDeployment").is_some() && kept.get("apps").is_some();
     if !is_bundle {
-        return (kept, Vec::new());
+        return KeptBundle {
+            fleet: kept,
+            apps: Vec::new(),
+            held: Vec::new(),
+        };
     }
     let apps = kept["apps"]
         .as_array()
         .map(|a| a.iter().filter_map(kept_copy).collect())
         .unwrap_or_default();
-    (kept["proxyDeployment"].clone(), apps)
+    let held = held_of(&kept);
+    KeptBundle {
+        fleet: kept["proxyDeployment"].clone(),
+        apps,
+        held,
+    }
+}
+
+/// The apps held when a kept stable spec completed (none in the fleet-only form).
+pub fn held_of(kept: &Value) -> Vec<String> {
+    if kept.get("proxyDeployment").is_none() {
+        return Vec::new();
+    }
+    kept.get("held")
+        .and_then(Value::as_array)
+        .map(|h| h.iter().filter_map(|n| n.as_str().map(str::to_string)).collect())
+        .unwrap_or_default()
 }
 
 fn kept_copy(v: &Value) -> Option<AppCopy> {
@@ -332,13 +366,29 @@ pub(crate) mod tests {
             bundle_revision("abcd", [("b", "2"), ("a", "1")])
         );
         let spec = json!({"replicas": 2});
-        assert_eq!(bundle_spec(spec.clone(), &[]), spec);
-        assert_eq!(split_bundle(spec.clone()), (spec.clone(), Vec::new()));
+        let kept = |apps: Vec<AppCopy>, held: Vec<String>| KeptBundle {
+            fleet: spec.clone(),
+            apps,
+            held,
+        };
+        assert_eq!(bundle_spec(spec.clone(), &[], &[]), spec);
+        assert_eq!(split_bundle(spec.clone()), kept(Vec::new(), Vec::new()));
         let (r, d) = hub_app("shop:v1");
         let c = copy(WHO, &r, &d).expect("copy");
         assert_eq!(
-            split_bundle(bundle_spec(spec.clone(), std::slice::from_ref(&c))),
-            (spec, vec![c])
+            split_bundle(bundle_spec(spec.clone(), std::slice::from_ref(&c), &[])),
+            kept(vec![c.clone()], Vec::new())
+        );
+        let held = vec!["cart".to_string()];
+        assert_eq!(
+            split_bundle(bundle_spec(spec.clone(), std::slice::from_ref(&c), &held)),
+            kept(vec![c], held.clone()),
+            "the apps held when it was kept are kept with it"
+        );
+        assert_eq!(
+            split_bundle(bundle_spec(spec.clone(), &[], &held)),
+            kept(Vec::new(), held),
+            "a fleet whose only app is held"
         );
     }
 

@@ -13,6 +13,7 @@ pub mod spec;
 pub mod state;
 pub mod status;
 pub mod sync;
+pub mod wave_retry;
 pub mod wave_tree;
 pub mod waves;
 #[cfg(test)]

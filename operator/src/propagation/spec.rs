@@ -98,6 +98,14 @@ pub struct WaveStatus {
     /// Retries of this revision after an abort (`kubectl proxyfleet resume`).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub attempt: u32,
+    /// Clusters whose canary aborted on the revision when `resume` retried it: each is asked to
+    /// retry its canaries once, and leaves this list once they took it (its failures count).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub retrying: Vec<String>,
+    /// Canary retries this fleet's waves asked of members so far: each retry's token carries
+    /// it, so no token is used twice, not even when a revision is rolled out again.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub retry_serial: u32,
     /// Why the rollout waits, or what it did last.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub message: Option<String>,

@@ -24,8 +24,13 @@ pub fn render(waves: &WaveStatus, clusters: &[ClusterStatus]) -> String {
             let leaf = if j + 1 == w.clusters.len() { "└─" } else { "├─" };
             let c = clusters.iter().find(|c| &c.name == name);
             let field = |f: Option<String>| f.unwrap_or_else(|| "-".into());
+            let retrying = if waves.retrying.contains(name) {
+                "  RETRYING (resume asked its canary to retry)"
+            } else {
+                ""
+            };
             out.push_str(&format!(
-                "│  {indent}   {leaf} {name}  revision={} canary={} step={} weight={} ready={}{}\n",
+                "│  {indent}   {leaf} {name}  revision={} canary={} step={} weight={} ready={}{}{retrying}\n",
                 field(c.and_then(|c| c.revision.clone())),
                 field(c.and_then(|c| c.canary_phase.clone())),
                 field(c.and_then(|c| c.canary_step).map(|s| s.to_string())),

@@ -6,6 +6,9 @@
 //!   own canary done and its fleet Ready, is reachable, and the soak passed;
 //! - a member whose canary aborted on the revision aborts the whole rollout: no later cluster
 //!   is sent it, and the abort is never lost (only a new revision or `resume` clears it);
+//! - `resume` asks each member of the waves so far whose canary aborted on the revision (and
+//!   that fails for nothing else) to retry it, once; that member's failure waits only until
+//!   its canaries took the retry, and counts as any other after;
 //! - an unreachable member never counts as done; a wave that does not finish within its
 //!   timeout aborts;
 //! - everything lives in the status, so deciding again from the written status repeats no
@@ -34,6 +37,19 @@ pub struct Member {
     /// The hub revision its copy carries; `None`: no copy (or not known).
     pub revision: Option<String>,
     pub progress: Progress,
+    pub retry: Retry,
+}
+
+/// What a member's canaries say of the retry `resume` asks of them (`WaveStatus::retrying`).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Retry {
+    /// It fails only by canaries (its fleet's, its apps') that aborted on the revision: a retry
+    /// can clear that.
+    pub aborted: bool,
+    /// The serial of the retry last asked of it (`WaveStatus::retry_serial`), on this revision.
+    pub asked: Option<u32>,
+    /// Every canary asked took that retry: what the member reports now comes after it.
+    pub taken: bool,
 }
 
 /// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
@@ -85,6 +101,8 @@ pub enum Send {
     Stable,
     /// Nothing: it keeps what it has.
     Nothing,
+    /// The spec's revision, and a retry of its aborted canaries (`resume`).
+    Retry,
 }
 
 /// One wave transition, for an event.
@@ -154,6 +172,7 @@ fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition
     };
     // A pause holds whatever comes next: a revision merged during an incident waits too.
     let paused = previous.is_some_and(|p| p.phase == WavePhase::Paused);
+    let retry_serial = previous.map(|p| p.retry_serial).unwrap_or(0);
     let status = WaveStatus {
         revision: o.revision.clone(),
         stable_revision,
@@ -167,6 +186,8 @@ fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition
         wave_started_at: Some(rfc3339(o.now)),
         soak_started_at: None,
         attempt: 0,
+        retrying: Vec::new(),
+        retry_serial,
         message: paused.then(|| format!("paused: revision {} waits for resume", o.revision)),
         abort_reason: None,
         stable_spec,
@@ -179,17 +200,53 @@ fn start(previous: Option<&WaveStatus>, o: &Observed) -> (WaveStatus, Transition
     (status, transition)
 }
 
-/// The first failure among clusters on the revision, if any.
-fn failure(o: &Observed) -> Option<String> {
+/// The first failure among clusters on the revision, if any; a member's failure that waits
+/// for the retry `resume` asked of it is not one yet.
+fn failure(s: &WaveStatus, o: &Observed) -> Option<String> {
     o.members.iter().find_map(|m| match &m.progress {
-        Progress::Failed(why) if on_revision(m, o) => Some(format!("cluster {}: {why}", m.name)),
+        Progress::Failed(why) if on_revision(m, o) && !awaits_retry(s, m) => Some(format!("cluster {}: {why}", m.name)),
         _ => None,
     })
+}
+
+/// Whether `m` is one `resume` retries, in the waves so far, and its canaries have not taken
+/// the retry: asked and not taken, or not asked yet and still failing only by aborted canaries.
+pub fn awaits_retry(s: &WaveStatus, m: &Member) -> bool {
+    if !s.retrying.contains(&m.name) || m.wave > s.current_wave as usize {
+        return false;
+    }
+    if m.retry.asked == Some(s.retry_serial) {
+        !m.retry.taken
+    } else {
+        m.retry.aborted
+    }
+}
+
+/// Whether `m` is sent the retry now: `resume` retries it, only aborted canaries fail it, and
+/// it was not asked yet.
+fn retry_due(s: &WaveStatus, m: &Member, o: &Observed) -> bool {
+    s.phase == WavePhase::Progressing
+        && awaits_retry(s, m)
+        && on_revision(m, o)
+        && m.retry.asked != Some(s.retry_serial)
+}
+
+/// A member seen to have taken its retry leaves `retrying` for good: from then on its failures
+/// count, whatever its canaries' statuses say later.
+fn retries_taken(s: &mut WaveStatus, o: &Observed) {
+    let serial = s.retry_serial;
+    let taken = |name: &String| {
+        o.members
+            .iter()
+            .any(|m| &m.name == name && m.retry.asked == Some(serial) && m.retry.taken)
+    };
+    s.retrying.retain(|name| !taken(name));
 }
 
 fn abort(s: &mut WaveStatus, reason: String) -> Transition {
     s.phase = WavePhase::Aborted;
     s.soak_started_at = None;
+    s.retrying.clear();
     s.message = Some(format!(
         "aborted: {reason}; no further wave gets revision {}",
         s.revision
@@ -232,9 +289,26 @@ fn command(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
             s.attempt += 1;
             s.abort_reason = None;
             s.wave_started_at = Some(rfc3339(o.now));
+            // Each cluster whose canary aborted on the revision is asked to retry it (else it
+            // would abort the rollout again at once); any other failure stands.
+            s.retrying = o
+                .members
+                .iter()
+                .filter(|m| m.wave <= s.current_wave as usize && on_revision(m, o))
+                .filter(|m| m.retry.aborted && matches!(m.progress, Progress::Failed(_)))
+                .map(|m| m.name.clone())
+                .collect();
+            if !s.retrying.is_empty() {
+                // A token never used before, this revision rolled out again included.
+                s.retry_serial += 1;
+            }
+            let asked = match s.retrying.as_slice() {
+                [] => String::new(),
+                names => format!("; canaries retried in {}", names.join(", ")),
+            };
             say(
                 "WaveRolloutRetried",
-                format!("retrying wave {} (attempt {})", s.current_wave, s.attempt + 1),
+                format!("retrying wave {} (attempt {}){asked}", s.current_wave, s.attempt + 1),
             )
         }
         (Command::Promote, WavePhase::Soaking) => {
@@ -251,6 +325,8 @@ fn advance(s: &mut WaveStatus, o: &Observed) -> Transition {
     let finished = s.current_wave as usize;
     let name = |i: usize| o.waves.get(i).map(|w| w.0.clone()).unwrap_or_default();
     s.soak_started_at = None;
+    // Every cluster retried is done now: the retry is over.
+    s.retrying.clear();
     if finished + 1 >= o.waves.len() {
         s.phase = WavePhase::Completed;
         s.stable_revision = Some(o.revision.clone());
@@ -280,7 +356,7 @@ fn progress(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
     let wave = s.current_wave as usize;
     let started = secs(&s.wave_started_at).unwrap_or(o.now);
     if !wave_done(o, wave) || (0..wave).any(|w| !wave_done(o, w)) {
-        s.message = Some(hold_reason(o, wave));
+        s.message = Some(hold_reason(s, o, wave));
         if s.phase == WavePhase::Soaking {
             // A soak is time the whole wave ran well: one that loses a cluster (a blip, a new
             // cluster in the wave, a copy deleted) goes back to progressing, with a full
@@ -290,7 +366,11 @@ fn progress(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
             s.wave_started_at = Some(rfc3339(o.now));
             return Some(Transition {
                 reason: "WaveSoakInterrupted",
-                message: format!("wave {} soaked no more: {}", wave_name(o, wave), hold_reason(o, wave)),
+                message: format!(
+                    "wave {} soaked no more: {}",
+                    wave_name(o, wave),
+                    hold_reason(s, o, wave)
+                ),
             });
         }
         if o.now - started >= o.timeout_secs {
@@ -298,7 +378,7 @@ fn progress(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
                 "wave {} did not finish within {}s: {}",
                 wave_name(o, wave),
                 o.timeout_secs,
-                hold_reason(o, wave)
+                hold_reason(s, o, wave)
             );
             return Some(abort(s, why));
         }
@@ -334,7 +414,7 @@ fn wave_name(o: &Observed, wave: usize) -> String {
 }
 
 /// Why the wave is not done yet, naming the clusters.
-fn hold_reason(o: &Observed, wave: usize) -> String {
+fn hold_reason(s: &WaveStatus, o: &Observed, wave: usize) -> String {
     let waiting: Vec<String> = o
         .members
         .iter()
@@ -342,6 +422,8 @@ fn hold_reason(o: &Observed, wave: usize) -> String {
         .map(|m| {
             let why = if !m.reachable {
                 "unreachable"
+            } else if awaits_retry(s, m) {
+                "its canary retry not taken yet"
             } else if !on_revision(m, o) {
                 "not on the revision yet"
             } else {
@@ -387,6 +469,7 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
                 Send::Stable
             }
             WavePhase::Aborted => Send::Nothing,
+            _ if retry_due(s, m, o) => Send::Retry,
             _ if m.wave < wave || on_revision(m, o) && m.wave <= wave => Send::Revision,
             WavePhase::Progressing if in_wave(m) && earlier_done && busy < limit => {
                 busy += 1;
@@ -442,12 +525,13 @@ pub fn decide(previous: Option<&WaveStatus>, o: &Observed) -> Plan {
     if let Some(t) = command(&mut status, o) {
         transition = Some(t);
     }
+    retries_taken(&mut status, o);
     let active = matches!(
         status.phase,
         WavePhase::Progressing | WavePhase::Soaking | WavePhase::Paused
     );
     if active {
-        if let Some(why) = failure(o) {
+        if let Some(why) = failure(&status, o) {
             transition = Some(abort(&mut status, why));
         }
     }

@@ -23,6 +23,11 @@ enum Op {
     /// The status write of this pass fails (a 5xx, a lost lease): the shell sends nothing
     /// from a plan that must be saved first, and keeps the status it had.
     LoseWrite,
+    /// The spec goes back to the revision before (a revert): its members' old retry tokens are
+    /// still on them.
+    Revert,
+    /// This pass's retries reach the canaries but their record on the member is not written.
+    LoseAsk,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -30,27 +35,99 @@ fn op() -> impl Strategy<Value = Op> {
         6 => (1i64..40).prop_map(Op::Tick),
         2 => (0usize..6).prop_map(Op::Flip),
         1 => (0usize..6).prop_map(Op::Regress),
-        1 => (0u8..4).prop_map(Op::Command),
+        2 => (0u8..4).prop_map(Op::Command),
         1 => Just(Op::NewRevision),
         1 => Just(Op::Restart),
         1 => Just(Op::LoseWrite),
+        1 => Just(Op::Revert),
+        1 => Just(Op::LoseAsk),
     ]
 }
 
-/// A member cluster of the simulated world.
+/// How a member of the simulated world takes a revision.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Health {
+    Good,
+    /// Its canary aborts any revision, retried or not (a bad cluster).
+    Aborts,
+    /// Its fleet goes Degraded on any revision (not a canary: nothing to retry).
+    Degraded,
+    /// Its canary aborts a revision once; retried, it passes.
+    Flaky,
+}
+
+fn health() -> impl Strategy<Value = Health> {
+    prop_oneof![
+        8 => Just(Health::Good),
+        1 => Just(Health::Aborts),
+        1 => Just(Health::Degraded),
+        2 => Just(Health::Flaky),
+    ]
+}
+
+/// A member cluster of the simulated world, with what the hub's retry writes there and what
+/// its canary's status records (`wave_retry`).
 #[derive(Clone, Debug)]
 struct World {
     reachable: bool,
-    /// Its canary aborts any revision (a bad cluster).
-    bad: bool,
+    health: Health,
     revision: Option<String>,
     progress: Progress,
+    /// Its canary aborted on `revision` (a failure a retry can restart).
+    aborted: bool,
+    /// The retry token on its canary's object, and whether the command beside it is pending.
+    asked_token: Option<String>,
+    command_pending: bool,
+    /// The record of the retry asked, on its fleet copy.
+    record: Option<String>,
+    /// The token its canary's status recorded when a retry restarted it.
+    status_token: Option<String>,
+    /// Its canary ran a retry on `revision` (a flaky one then passes).
+    retried: bool,
+}
+
+impl World {
+    fn new(health: Health, revision: Option<&str>) -> Self {
+        World {
+            reachable: true,
+            health,
+            revision: revision.map(str::to_string),
+            progress: Progress::Done,
+            aborted: false,
+            asked_token: None,
+            command_pending: false,
+            record: None,
+            status_token: None,
+            retried: false,
+        }
+    }
+
+    /// What the shell reads of the retry (`wave_retry::observe`), for the rollout of `revision`.
+    fn retry(&self, revision: &str) -> Retry {
+        if !self.reachable {
+            return Retry::default();
+        }
+        let serial = |t: &String| {
+            let (n, r) = t.split_once('/')?;
+            (r == revision).then(|| n.parse().ok()).flatten()
+        };
+        let asked = self.record.as_ref().and_then(serial);
+        let record = self.record.as_ref().filter(|_| asked.is_some());
+        let pending = record.is_some_and(|r| {
+            self.asked_token.as_ref() == Some(r) && self.aborted && self.status_token.as_ref() != Some(r)
+        });
+        Retry {
+            aborted: self.aborted,
+            asked,
+            taken: record.is_some() && !pending,
+        }
+    }
 }
 
 #[derive(Clone, Debug)]
 struct Case {
     waves: Vec<Option<u32>>,
-    members: Vec<(usize, bool)>,
+    members: Vec<(usize, Health)>,
     soak: i64,
     timeout: i64,
     rollback: bool,
@@ -61,7 +138,7 @@ fn case() -> impl Strategy<Value = Case> {
     (1usize..4).prop_flat_map(|n_waves| {
         (
             proptest::collection::vec(proptest::option::of(1u32..3), n_waves),
-            proptest::collection::vec((0..n_waves, proptest::bool::weighted(0.2)), 1..6),
+            proptest::collection::vec((0..n_waves, health()), 1..6),
             prop_oneof![Just(0i64), 10i64..60],
             60i64..400,
             any::<bool>(),
@@ -93,6 +170,7 @@ fn observed(c: &Case, world: &[World], revision: &str, now: i64, command: Option
                 reachable: w.reachable,
                 revision: w.revision.clone(),
                 progress: w.progress.clone(),
+                retry: w.retry(revision),
             })
             .collect(),
         soak_secs: c.soak,
@@ -157,6 +235,87 @@ impl Clock {
     }
 }
 
+/// What the test itself knows of `resume`'s retries, from what it did to the world.
+#[derive(Debug, Default)]
+struct Retries {
+    /// Members whose canary aborted on the revision when the last `resume` was taken.
+    set: Vec<usize>,
+    /// The token each of them was sent since.
+    delivered: std::collections::HashMap<usize, String>,
+    /// Retries a canary took: (member, token).
+    restarted: HashSet<(usize, String)>,
+}
+
+impl Retries {
+    /// Whether member `i`'s failure may wait: `resume` retries it, only its aborted canary fails
+    /// it, and the hub cannot see yet that its canary took the retry sent to it.
+    fn excused(&self, i: usize, w: &World) -> bool {
+        let token = self.delivered.get(&i);
+        let seen_taken = token.is_some_and(|t| w.status_token.as_ref() == Some(t) && w.record.as_ref() == Some(t));
+        self.set.contains(&i) && w.aborted && !seen_taken
+    }
+
+    /// Records the retries a plan sends (to members that can take one).
+    fn sent(&mut self, plan: &Plan, world: &[World], revision: &str) {
+        for (i, (send, w)) in plan.send.iter().zip(world).enumerate() {
+            if *send == Send::Retry && w.reachable && w.aborted {
+                let token = super::wave_retry::token(revision, plan.status.retry_serial);
+                self.delivered.insert(i, token);
+            }
+        }
+    }
+
+    /// Follows a decision: a `resume` taken fixes the set; an abort or a new revision ends it.
+    fn follow(&mut self, prev: Option<&WaveStatus>, o: &Observed, plan: &Plan, world: &[World]) {
+        let s = &plan.status;
+        let resumed = prev.is_some_and(|p| p.revision == o.revision && p.phase == WavePhase::Aborted)
+            && o.command == Some(Command::Resume);
+        if resumed && s.phase == WavePhase::Progressing {
+            self.set = (0..world.len())
+                .filter(|&i| {
+                    let w = &world[i];
+                    w.reachable
+                        && w.aborted
+                        && w.revision.as_deref() == Some(o.revision.as_str())
+                        && matches!(w.progress, Progress::Failed(_))
+                        && o.members[i].wave <= s.current_wave as usize
+                })
+                .collect();
+            self.delivered.clear();
+        }
+        if s.phase == WavePhase::Aborted || prev.is_none_or(|p| p.revision != o.revision) {
+            self.set.clear();
+        }
+    }
+}
+
+/// `resume` retries exactly the clusters whose canary aborted on the revision when it was
+/// taken; each is sent the retry while the hub has no record of it, and nobody else is.
+fn check_retries(o: &Observed, plan: &Plan, world: &[World], retries: &Retries) -> Result<(), TestCaseError> {
+    let s = &plan.status;
+    let names: Vec<String> = retries.set.iter().map(|i| o.members[*i].name.clone()).collect();
+    let kept: Vec<&String> = s.retrying.iter().filter(|n| names.contains(n)).collect();
+    prop_assert_eq!(
+        kept.len(),
+        s.retrying.len(),
+        "retrying {:?}, resumed {:?}",
+        s.retrying,
+        names
+    );
+    for (i, (send, w)) in plan.send.iter().zip(world).enumerate() {
+        if *send == Send::Retry {
+            prop_assert!(retries.set.contains(&i), "m{} sent a retry resume did not ask", i);
+        }
+        let on_it = w.revision.as_deref() == Some(o.revision.as_str());
+        let unrecorded = w.record.as_ref() != retries.delivered.get(&i);
+        let due = s.phase == WavePhase::Progressing && retries.set.contains(&i) && w.reachable && w.aborted && on_it;
+        if due && unrecorded {
+            prop_assert_eq!(*send, Send::Retry, "m{} is owed its retry", i);
+        }
+    }
+    Ok(())
+}
+
 /// A cluster new to the revision is sent it only where the status allows.
 fn check_sends(o: &Observed, plan: &Plan) -> Result<(), TestCaseError> {
     let s = &plan.status;
@@ -196,12 +355,13 @@ fn check(
     o: &Observed,
     plan: &Plan,
     seen: &mut HashSet<String>,
-    clock: &Clock,
+    (clock, world, retries): (&Clock, &[World], &Retries),
 ) -> Result<(), TestCaseError> {
     let s = &plan.status;
     let same = prev.filter(|p| p.revision == o.revision);
     let all_done_through = |wave: usize| o.members.iter().filter(|m| m.wave <= wave).all(|m| truly_done(m, o));
     check_sends(o, plan)?;
+    check_retries(o, plan, world, retries)?;
     check_clock(prev, o, plan, clock)?;
     if let Some(p) = same {
         // A wave starts only when the ones before it are done and the soak passed (or promote).
@@ -217,11 +377,13 @@ fn check(
                 || o.now - secs(&p.soak_started_at) >= o.soak_secs;
             prop_assert!(soaked, "advanced before the soak ended");
         }
-        // A failure on the revision is never lost.
-        let failed = o
-            .members
-            .iter()
-            .any(|m| m.revision.as_deref() == Some(o.revision.as_str()) && matches!(m.progress, Progress::Failed(_)));
+        // A failure on the revision is never lost: only a canary `resume` retries waits, and
+        // only until the hub can see it took the retry (the world says so, not the machine).
+        let failed = o.members.iter().enumerate().any(|(i, m)| {
+            let failing =
+                m.revision.as_deref() == Some(o.revision.as_str()) && matches!(m.progress, Progress::Failed(_));
+            failing && !retries.excused(i, &world[i])
+        });
         let active = matches!(p.phase, WavePhase::Progressing | WavePhase::Soaking | WavePhase::Paused);
         if failed && active {
             prop_assert_eq!(s.phase, WavePhase::Aborted, "a member's abort was lost");
@@ -239,6 +401,10 @@ fn check(
         prop_assert!(o.members.iter().all(|m| done(m, o)), "completed with a member not done");
     }
     // No transition twice (restarts included); a soak starts again only after it broke off.
+    // A revision rolled out again (a revert) is a new rollout, with its transitions anew.
+    if same.is_none() {
+        seen.retain(|k| !k.starts_with(&format!("{}/", s.revision)));
+    }
     if let Some(t) = &plan.transition {
         if matches!(t.reason, "WaveSoakInterrupted" | "WaveRolloutResumed") {
             seen.remove(&format!("{}/{}/WaveSoaking/{}", s.revision, s.attempt, s.current_wave));
@@ -289,47 +455,93 @@ fn check_clock(prev: Option<&WaveStatus>, o: &Observed, plan: &Plan, clock: &Clo
     Ok(())
 }
 
-/// The world answers what it was sent.
-fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str>) {
+/// The world answers what it was sent; a retry is written as the shell writes it (a canary
+/// already asked with the token is not asked again), its record lost with `lose_ask`.
+fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str>, lose_ask: bool) {
     for (w, send) in world.iter_mut().zip(&plan.send) {
         if !w.reachable {
             continue;
         }
         let to = match send {
-            Send::Revision => revision,
+            Send::Revision | Send::Retry => revision,
             Send::Stable => stable.unwrap_or(revision),
             Send::Nothing => continue,
         };
         if w.revision.as_deref() != Some(to) {
             w.revision = Some(to.to_string());
             w.progress = Progress::Running;
+            w.aborted = false;
+            w.retried = false;
+        }
+        if *send == Send::Retry && w.aborted {
+            let token = super::wave_retry::token(revision, plan.status.retry_serial);
+            let already = w.asked_token.as_ref() == Some(&token);
+            if !already && w.command_pending {
+                continue; // another command pending: not asked this pass
+            }
+            if !already {
+                w.asked_token = Some(token.clone());
+                w.command_pending = true;
+            }
+            if !lose_ask {
+                w.record = Some(token);
+            }
         }
     }
 }
 
-fn settle(world: &mut [World], step: usize) {
+/// Members move on; returns the retries their canaries took (member, token).
+fn settle(world: &mut [World], step: usize) -> Vec<(usize, String)> {
+    let mut restarts = Vec::new();
     for (i, w) in world.iter_mut().enumerate() {
-        if w.reachable && w.progress == Progress::Running && (step + i).is_multiple_of(2) {
-            w.progress = if w.bad {
-                Progress::Failed("canary aborted: 5xx rate".into())
-            } else {
-                Progress::Done
+        if !w.reachable || !(step + i).is_multiple_of(2) {
+            continue;
+        }
+        // A retry asked is taken: an aborted canary starts over and records the token.
+        if w.command_pending {
+            w.command_pending = false;
+            if w.aborted {
+                (w.aborted, w.retried, w.progress) = (false, true, Progress::Running);
+                w.status_token = w.asked_token.clone();
+                restarts.extend(w.asked_token.clone().map(|t| (i, t)));
+            }
+            continue;
+        }
+        if w.progress == Progress::Running {
+            (w.aborted, w.progress) = match w.health {
+                Health::Aborts => (true, Progress::Failed("canary aborted: 5xx rate".into())),
+                Health::Flaky if !w.retried => (true, Progress::Failed("canary aborted: P99".into())),
+                Health::Degraded => (false, Progress::Failed("fleet degraded: Secret missing".into())),
+                _ => (false, Progress::Done),
             };
         }
     }
+    restarts
 }
 
 /// Every member of `c` reachable and done on revision r0.
 fn world_on_r0(c: &Case) -> Vec<World> {
     c.members
         .iter()
-        .map(|(_, bad)| World {
-            reachable: true,
-            bad: *bad,
-            revision: Some("r0".into()),
-            progress: Progress::Done,
-        })
+        .map(|(_, health)| World::new(*health, Some("r0")))
         .collect()
+}
+
+/// A member becomes (un)reachable, or its fleet stops being Ready for a while.
+fn disturb(world: &mut [World], op: &Op) {
+    match *op {
+        Op::Flip(i) => {
+            if let Some(w) = world.get_mut(i) {
+                w.reachable = !w.reachable;
+            }
+        }
+        Op::Regress(i) => {
+            if let Some(w) = world.get_mut(i).filter(|w| w.progress == Progress::Done) {
+                w.progress = Progress::Running;
+            }
+        }
+        _ => {}
+    }
 }
 
 fn run(c: &Case) -> Result<(), TestCaseError> {
@@ -340,24 +552,22 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     let mut clock = Clock::default();
     // Members sent the stable spec back, with the revision they were taken off.
     let mut rolled_back: HashSet<(usize, String)> = HashSet::new();
+    let mut retries = Retries::default();
     for (step, op) in c.ops.iter().enumerate() {
         let mut command = None;
-        let mut lose = false;
+        let (mut lose, mut lose_ask) = (false, false);
         match op {
             Op::Tick(dt) => {
                 now += dt;
-                settle(&mut world, step);
-            }
-            Op::Flip(i) => {
-                if let Some(w) = world.get_mut(*i) {
-                    w.reachable = !w.reachable;
+                for taken in settle(&mut world, step) {
+                    prop_assert!(
+                        retries.restarted.insert(taken.clone()),
+                        "a canary retried twice: {:?}",
+                        taken
+                    );
                 }
             }
-            Op::Regress(i) => {
-                if let Some(w) = world.get_mut(*i).filter(|w| w.progress == Progress::Done) {
-                    w.progress = Progress::Running;
-                }
-            }
+            Op::Flip(_) | Op::Regress(_) => disturb(&mut world, op),
             Op::Command(k) => {
                 command = Some([Command::Promote, Command::Abort, Command::Pause, Command::Resume][*k as usize])
             }
@@ -370,11 +580,18 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
                 status = serde_json::from_str(&json).map_err(|e| TestCaseError::fail(e.to_string()))?;
             }
             Op::LoseWrite => lose = true,
+            Op::Revert if n > 1 => {
+                n -= 1;
+                revision = format!("r{n}");
+            }
+            Op::Revert => {}
+            Op::LoseAsk => lose_ask = true,
         }
         let o = observed(c, &world, &revision, now, command);
         clock.observe(status.as_ref(), &o);
         let plan = decide(status.as_ref(), &o);
-        check(status.as_ref(), &o, &plan, &mut seen, &clock)?;
+        retries.follow(status.as_ref(), &o, &plan, &world);
+        check(status.as_ref(), &o, &plan, &mut seen, (&clock, &world, &retries))?;
         if lose && must_save_first(&plan, &o) {
             // Nothing sent, nothing announced: the next pass decides it again.
             if let Some(t) = &plan.transition {
@@ -389,8 +606,15 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         if plan.transition.is_none() {
             prop_assert_eq!(&again.status, &plan.status, "a repeated decision moved");
         }
-        check_no_resend(&mut rolled_back, &o, &plan, &world)?;
-        deliver(&mut world, &plan, &revision, plan.status.stable_revision.as_deref());
+        check_no_resend(&mut rolled_back, status.as_ref(), &o, &plan, &world)?;
+        retries.sent(&plan, &world, &revision);
+        deliver(
+            &mut world,
+            &plan,
+            &revision,
+            plan.status.stable_revision.as_deref(),
+            lose_ask,
+        );
         if !lose {
             status = Some(plan.status);
         }
@@ -399,13 +623,19 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
 }
 
 /// A member sent the stable spec back is not sent the revision it was taken off again, unless
-/// `resume` retries it (lost status writes and restarts included).
+/// `resume` retries it or the revision is rolled out anew (lost status writes and restarts
+/// included).
 fn check_no_resend(
     rolled_back: &mut HashSet<(usize, String)>,
+    prev: Option<&WaveStatus>,
     o: &Observed,
     plan: &Plan,
     world: &[World],
 ) -> Result<(), TestCaseError> {
+    if prev.is_none_or(|p| p.revision != o.revision) {
+        // The revision rolled out anew (a revert back to it): a new rollout may send it.
+        rolled_back.retain(|(_, r)| *r != o.revision);
+    }
     if o.command == Some(Command::Resume) {
         rolled_back.clear();
     }
@@ -439,20 +669,13 @@ proptest! {
 fn a_healthy_revision_walks_the_waves_in_order() {
     let c = Case {
         waves: vec![None, Some(1)],
-        members: vec![(0, false), (1, false), (1, false)],
+        members: vec![(0, Health::Good), (1, Health::Good), (1, Health::Good)],
         soak: 30,
         timeout: 600,
         rollback: false,
         ops: Vec::new(),
     };
-    let mut world: Vec<World> = (0..3)
-        .map(|_| World {
-            reachable: true,
-            bad: false,
-            revision: None,
-            progress: Progress::Done,
-        })
-        .collect();
+    let mut world: Vec<World> = (0..3).map(|_| World::new(Health::Good, None)).collect();
     let mut status: Option<WaveStatus> = None;
     let mut reasons = Vec::new();
     for t in 0..40 {
@@ -461,7 +684,7 @@ fn a_healthy_revision_walks_the_waves_in_order() {
         if let Some(tr) = &plan.transition {
             reasons.push(tr.reason);
         }
-        deliver(&mut world, &plan, "r1", None);
+        deliver(&mut world, &plan, "r1", None, false);
         settle(&mut world, 0);
         settle(&mut world, 1);
         status = Some(plan.status);
@@ -485,7 +708,7 @@ fn a_healthy_revision_walks_the_waves_in_order() {
 fn an_abort_in_the_first_wave_never_reaches_the_second() {
     let c = Case {
         waves: vec![None, None],
-        members: vec![(0, true), (1, false)],
+        members: vec![(0, Health::Aborts), (1, Health::Good)],
         soak: 0,
         timeout: 600,
         rollback: true,
@@ -500,7 +723,7 @@ fn an_abort_in_the_first_wave_never_reaches_the_second() {
     });
     for t in 0..10 {
         let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
-        deliver(&mut world, &plan, "r1", Some("r0"));
+        deliver(&mut world, &plan, "r1", Some("r0"), false);
         settle(&mut world, 0);
         settle(&mut world, 1);
         status = Some(plan.status);
@@ -516,20 +739,13 @@ fn an_abort_in_the_first_wave_never_reaches_the_second() {
 fn an_unreachable_member_holds_its_wave_then_times_out() {
     let c = Case {
         waves: vec![None, None],
-        members: vec![(0, false), (1, false)],
+        members: vec![(0, Health::Good), (1, Health::Good)],
         soak: 0,
         timeout: 100,
         rollback: false,
         ops: Vec::new(),
     };
-    let mut world: Vec<World> = (0..2)
-        .map(|_| World {
-            reachable: true,
-            bad: false,
-            revision: Some("r0".into()),
-            progress: Progress::Done,
-        })
-        .collect();
+    let mut world: Vec<World> = (0..2).map(|_| World::new(Health::Good, Some("r0"))).collect();
     world[0].reachable = false;
     let first = decide(None, &observed(&c, &world, "r1", 1_000, None));
     let held = decide(Some(&first.status), &observed(&c, &world, "r1", 1_050, None));
@@ -555,7 +771,7 @@ fn an_unreachable_member_holds_its_wave_then_times_out() {
 fn a_revision_merged_while_paused_waits_for_resume() {
     let c = Case {
         waves: vec![None, None],
-        members: vec![(0, false), (1, false)],
+        members: vec![(0, Health::Good), (1, Health::Good)],
         soak: 0,
         timeout: 600,
         rollback: false,
@@ -589,7 +805,12 @@ fn a_revision_merged_while_paused_waits_for_resume() {
 fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
     let c = Case {
         waves: vec![None, Some(1), None],
-        members: vec![(0, false), (1, false), (1, false), (2, false)],
+        members: vec![
+            (0, Health::Good),
+            (1, Health::Good),
+            (1, Health::Good),
+            (2, Health::Good),
+        ],
         soak: 0,
         timeout: 600,
         rollback: false,
@@ -599,7 +820,7 @@ fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
     let mut status: Option<WaveStatus> = None;
     for t in 0..6 {
         let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
-        deliver(&mut world, &plan, "r1", None);
+        deliver(&mut world, &plan, "r1", None, false);
         settle(&mut world, 0);
         settle(&mut world, 1);
         status = Some(plan.status);
@@ -641,7 +862,7 @@ fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
 fn a_rollback_also_brings_back_clusters_a_superseded_rollout_left() {
     let c = Case {
         waves: vec![None, None],
-        members: vec![(0, true), (1, false), (1, false)],
+        members: vec![(0, Health::Aborts), (1, Health::Good), (1, Health::Good)],
         soak: 0,
         timeout: 600,
         rollback: true,
@@ -660,4 +881,67 @@ fn a_rollback_also_brings_back_clusters_a_superseded_rollout_left() {
     };
     let plan = decide(Some(&aborted), &observed(&c, &world, "r2", 1_000, None));
     assert_eq!(plan.send, vec![Send::Stable, Send::Stable, Send::Nothing]);
+}
+
+/// After a member's canary aborted (`onFailure: Hold`), `resume` asks it to retry once: the
+/// abort it still shows until the retry is taken does not abort the rollout again, and once
+/// retried and passed, the rollout goes on. A member that fails otherwise (its fleet degraded)
+/// aborts the resumed rollout at once: there is nothing to retry.
+#[test]
+fn resume_retries_an_aborted_canary_once_and_judges_what_follows() {
+    let c = Case {
+        waves: vec![None, None],
+        members: vec![(0, Health::Flaky), (1, Health::Good)],
+        soak: 0,
+        timeout: 600,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let mut world = world_on_r0(&c);
+    let mut status = None;
+    let mut t = 1_000;
+    let mut pass = |status: &mut Option<WaveStatus>, world: &mut Vec<World>, command| {
+        t += 1;
+        let plan = decide(status.as_ref(), &observed(&c, world, "r1", t, command));
+        deliver(world, &plan, "r1", None, false);
+        *status = Some(plan.status.clone());
+        plan
+    };
+    pass(&mut status, &mut world, None);
+    settle(&mut world, 0);
+    let aborted = pass(&mut status, &mut world, None);
+    assert_eq!(aborted.status.phase, WavePhase::Aborted, "{:?}", aborted.status);
+    let resumed = pass(&mut status, &mut world, Some(Command::Resume));
+    assert_eq!(resumed.status.phase, WavePhase::Progressing);
+    assert_eq!(resumed.status.retrying, vec!["m0".to_string()]);
+    assert_eq!(resumed.send[0], Send::Retry);
+    let waiting = pass(&mut status, &mut world, None);
+    assert_eq!(waiting.status.phase, WavePhase::Progressing, "not taken yet: no abort");
+    assert_eq!(waiting.send[0], Send::Revision, "asked once");
+    assert!(waiting.status.message.unwrap_or_default().contains("retry not taken"));
+    for step in 0..6 {
+        settle(&mut world, step);
+        pass(&mut status, &mut world, None);
+    }
+    let s = status.clone().expect("status");
+    assert_eq!(s.phase, WavePhase::Completed, "{s:?}");
+
+    let c = Case {
+        members: vec![(0, Health::Degraded), (1, Health::Good)],
+        ..c
+    };
+    let mut world = world_on_r0(&c);
+    world[0].revision = Some("r1".into());
+    world[0].progress = Progress::Failed("fleet degraded".into());
+    let aborted = WaveStatus {
+        revision: "r1".into(),
+        phase: WavePhase::Aborted,
+        ..Default::default()
+    };
+    let again = decide(
+        Some(&aborted),
+        &observed(&c, &world, "r1", 2_000, Some(Command::Resume)),
+    );
+    assert_eq!(again.status.phase, WavePhase::Aborted, "nothing to retry");
+    assert_eq!(again.send[0], Send::Nothing);
 }

@@ -16,7 +16,8 @@ use super::placement::{self, MemberObject, Selection};
 use super::spec::{ClusterStatus, Placement, WaveStatus};
 use super::status::{self, Observation};
 use super::sync::{self, Desired, Found};
-use super::waves::{self, Command, Member, Observed, Progress, Send};
+use super::wave_retry;
+use super::waves::{self, Command, Member, Observed, Progress, Retry, Send};
 use crate::context::Context;
 use crate::crd::{ProxyDeployment, ProxyDeploymentSpec};
 use crate::resources::Owner;
@@ -37,31 +38,36 @@ pub struct Rolled<'a> {
 
 type Seen = Result<(Client, Found), MemberError>;
 
+/// What every member of one pass is judged against.
+struct Judged<'a> {
+    /// Apps held now (`hub_apps`): left out, as they are of the bundle.
+    held: &'a [String],
+    hub_uid: &'a str,
+    /// The revision rolled out.
+    revision: &'a str,
+    /// The last completed revision, and the apps held when it completed.
+    stable: Option<(&'a str, Vec<String>)>,
+}
+
 /// A member as the machine judges it: its fleet and the fleet's apps are one revision, done
-/// together (see `apps`). Held apps (`hub_apps`) are left out, as they are of the bundle.
+/// together (see `apps`).
 fn member_view(
     c: &MemberCluster,
     seen: &Seen,
     wave: usize,
     previous: Option<&ClusterStatus>,
-    (held, hub_uid): (&[String], &str),
+    j: &Judged<'_>,
 ) -> Member {
+    let mut retry = Retry::default();
     let (reachable, revision, progress) = match seen {
         // A copy this hub does not own (an orphaned one, another hub's) says nothing of ours.
-        Ok((_, Found { copy: Some(copy), .. })) if !ours(copy, hub_uid) => (true, None, Progress::Running),
+        Ok((_, Found { copy: Some(copy), .. })) if !ours(copy, j.hub_uid) => (true, None, Progress::Running),
         Ok((_, Found { copy: Some(copy), apps })) => {
-            let judged: Vec<SeenApp> = apps
-                .iter()
-                .filter(|a| {
-                    !held
-                        .iter()
-                        .any(|h| a.rollout.metadata.name.as_deref() == Some(h.as_str()))
-                })
-                .cloned()
-                .collect();
+            let judged = judged_apps(apps, j.held);
+            retry = wave_retry::observe(copy, &judged, j.revision);
             (
                 true,
-                apps::member_revision(status::member_revision(copy), &judged),
+                member_revision(copy, &judged, j),
                 apps::combined(status::progress(copy), judged.iter().map(apps::progress)),
             )
         }
@@ -75,7 +81,39 @@ fn member_view(
         reachable,
         revision,
         progress,
+        retry,
     }
+}
+
+/// The bundle revision the member carries. One not on the revision rolled out may be on the
+/// last completed one, which left out the apps held when it completed (a rollback to it leaves
+/// their copies as they are): it is recognised without them.
+fn member_revision(copy: &ProxyDeployment, judged: &[SeenApp], j: &Judged<'_>) -> Option<String> {
+    let fleet = status::member_revision(copy);
+    let carried = apps::member_revision(fleet.clone(), judged);
+    match &j.stable {
+        Some((stable, held_then)) if carried.as_deref() != Some(j.revision) && !held_then.is_empty() => {
+            let without = judged_apps(judged, held_then);
+            let as_stable = apps::member_revision(fleet, &without);
+            if as_stable.as_deref() == Some(*stable) {
+                as_stable
+            } else {
+                carried
+            }
+        }
+        _ => carried,
+    }
+}
+
+/// The member's app copies the rollout judges: all but the held ones.
+fn judged_apps(apps: &[SeenApp], held: &[String]) -> Vec<SeenApp> {
+    apps.iter()
+        .filter(|a| {
+            let name = a.rollout.metadata.name.as_deref().unwrap_or_default();
+            !held.iter().any(|h| h == name)
+        })
+        .cloned()
+        .collect()
 }
 
 fn ours(copy: &ProxyDeployment, hub_uid: &str) -> bool {
@@ -100,18 +138,34 @@ fn observed(
             .as_ref()
             .and_then(|s| s.clusters.iter().find(|c| c.name == name))
     };
+    let revision = apps::bundle_revision(
+        &placement::spec_revision(&pxd.spec),
+        desired_apps.iter().map(|a| (a.name.as_str(), a.revision.as_str())),
+    );
+    let waves_status = pxd.status.as_ref().and_then(|s| s.waves.as_ref());
+    let stable = waves_status.and_then(|w| {
+        let held_then = apps::held_of(w.stable_spec.as_ref()?);
+        Some((w.stable_revision.as_deref()?, held_then))
+    });
+    let judged = Judged {
+        held: &hub_apps.held,
+        hub_uid,
+        revision: &revision,
+        stable,
+    };
     let members = targets
         .iter()
         .zip(seen)
         .zip(&index)
-        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name), (&hub_apps.held, hub_uid)))
+        .map(|((c, s), w)| member_view(c, s, *w, previous(&c.name), &judged))
         .collect();
     Observed {
-        revision: apps::bundle_revision(
-            &placement::spec_revision(&pxd.spec),
-            desired_apps.iter().map(|a| (a.name.as_str(), a.revision.as_str())),
+        revision,
+        spec: apps::bundle_spec(
+            placement::spec_without_placement(&pxd.spec),
+            desired_apps,
+            &hub_apps.held,
         ),
-        spec: apps::bundle_spec(placement::spec_without_placement(&pxd.spec), desired_apps),
         waves,
         members,
         soak_secs: placement
@@ -131,20 +185,35 @@ fn observed(
     }
 }
 
+/// What a rollback sends a member: the fleet's object and the app copies of the last completed
+/// spec, and the apps whose copies stay as they are (held now, or held when it completed).
+struct Stable {
+    object: MemberObject,
+    apps: Vec<AppCopy>,
+    held: Vec<String>,
+}
+
 /// The member object and app copies of the last completed spec for `cluster` (the placement
 /// of today), allowed by today's policy as any spec sent to a member is; else why not.
-fn stable_object(to: &Target<'_>, cluster: &MemberCluster) -> Result<(MemberObject, Vec<AppCopy>), String> {
+fn stable_object(to: &Target<'_>, cluster: &MemberCluster) -> Result<Stable, String> {
     let unbuildable = "not rolled back: the last completed spec cannot be rebuilt for this cluster (it no longer \
                        parses, or an override of this cluster fails); held as it is";
-    let (fleet, stable_apps) = apps::split_bundle(to.stable.stable_spec.clone().ok_or(unbuildable)?);
-    let mut spec: ProxyDeploymentSpec = serde_json::from_value(fleet).map_err(|_| unbuildable)?;
+    let kept = apps::split_bundle(to.stable.stable_spec.clone().ok_or(unbuildable)?);
+    let mut spec: ProxyDeploymentSpec = serde_json::from_value(kept.fleet).map_err(|_| unbuildable)?;
     spec.placement = Some(to.placement.clone());
     let owner = to.owner;
     let object = placement::member_object(&owner.namespace, &owner.name, &owner.reference.uid, &spec, cluster)
         .map_err(|_| unbuildable)?;
     let object = super::reconcile::allowed_for(object, cluster, owner, to.ctx)
         .map_err(|e| format!("not rolled back: {}; held as it is", e.problem))?;
-    Ok((object, stable_apps))
+    let mut held = kept.held;
+    let now: Vec<String> = to.hub_apps.held.iter().filter(|h| !held.contains(h)).cloned().collect();
+    held.extend(now);
+    Ok(Stable {
+        object,
+        apps: kept.apps,
+        held,
+    })
 }
 
 /// One pass over the waves of `placement`.
@@ -237,8 +306,13 @@ async fn send_one(
     };
     let held = &to.hub_apps.held;
     let stable = (send == Send::Stable).then(|| stable_object(to, c));
+    if send == Send::Retry {
+        if let Err(e) = ask_retry(to, &client, c, &found).await {
+            return Observation::Failed(e);
+        }
+    }
     let why = match (send, stable) {
-        (Send::Revision, _) => {
+        (Send::Revision | Send::Retry, _) => {
             let current = Desired {
                 fleet: desired,
                 apps: &to.hub_apps.copies,
@@ -246,11 +320,11 @@ async fn send_one(
             };
             return sync::bring(&client, found, c, to.owner, current, to.ca).await;
         }
-        (Send::Stable, Some(Ok((fleet, apps)))) => {
+        (Send::Stable, Some(Ok(stable))) => {
             let back = Desired {
-                fleet: &fleet,
-                apps: &apps,
-                held,
+                fleet: &stable.object,
+                apps: &stable.apps,
+                held: &stable.held,
             };
             return sync::bring(&client, found, c, to.owner, back, to.ca).await;
         }
@@ -264,6 +338,19 @@ async fn send_one(
         why,
         apps: found.apps.iter().map(apps::summary).collect(),
     }
+}
+
+/// Asks the member's aborted canaries (its fleet's, its judged apps') to retry, for the
+/// status' revision and attempt.
+async fn ask_retry(to: &Target<'_>, client: &Client, c: &MemberCluster, found: &Found) -> Result<(), MemberError> {
+    let Some(copy) = &found.copy else { return Ok(()) };
+    let judged = judged_apps(&found.apps, &to.hub_apps.held);
+    let token = wave_retry::token(&to.stable.revision, to.stable.retry_serial);
+    match wave_retry::ask(client, copy, &judged, &token).await? {
+        Ok(()) => {}
+        Err(not_now) => tracing::info!(cluster = %c.name, ?not_now, "canary retry not asked this pass"),
+    }
+    Ok(())
 }
 
 async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
@@ -375,9 +462,15 @@ mod tests {
                 },
             ))
         };
-        let theirs = member_view(&cluster, &seen(copy(None)), 0, None, (&[], "hub-1"));
+        let judged = Judged {
+            held: &[],
+            hub_uid: "hub-1",
+            revision: "r1",
+            stable: None,
+        };
+        let theirs = member_view(&cluster, &seen(copy(None)), 0, None, &judged);
         assert_eq!((theirs.revision, theirs.progress), (None, Progress::Running));
-        let ours = member_view(&cluster, &seen(copy(Some("hub-1"))), 0, None, (&[], "hub-1"));
+        let ours = member_view(&cluster, &seen(copy(Some("hub-1"))), 0, None, &judged);
         assert_eq!(
             ours.revision.as_deref(),
             Some(apps::member_revision(Some("r1".into()), &[]).unwrap().as_str())
