@@ -203,11 +203,17 @@ say "attempt 1 aborted after $(( $(date +%s) - t0 ))s: $(hk get pxd -n "$ns" edg
 env_of kubectl | grep -q ECHO_VERSION=v3 || fail "main was not held on v3 (onFailure: Hold): $(env_of kubectl)"
 KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" resume edge >&2 || fail "resume refused"
 t0=$(date +%s)
+attempt_is() { [ "$(attempt)" = "$1" ]; }
+within 60 attempt_is 2 || { hk get pxd -n "$ns" edge -o json | jq .status.waves >&2; fail "the hub did not take the second resume"; }
+# The token the hub asks with: its retry serial (1: attempt 1 retried nothing, main was rolled
+# back to stable then) and the revision.
+want_token="$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.retrySerial}')/$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.revision}')"
+[ "${want_token%%/*}" = 1 ] || fail "the hub's retry serial after the second resume: $want_token"
 token_taken() {
-  local want got
-  want=$(kubectl get approllout -n "$ns" shop -o jsonpath='{.metadata.annotations.proxyfleet\.io/retry-token}')
+  local asked got
+  asked=$(kubectl get approllout -n "$ns" shop -o jsonpath='{.metadata.annotations.proxyfleet\.io/retry-token}')
   got=$(kubectl get approllout -n "$ns" shop -o jsonpath='{.status.canary.retryToken}')
-  [ -n "$want" ] && [ "$want" = "$got" ] && [ "${want%%/*}" = 2 ]
+  [ "$asked" = "$want_token" ] && [ "$got" = "$want_token" ]
 }
 within 60 token_taken || { kubectl get approllout -n "$ns" shop -o yaml >&2; hk get pxd -n "$ns" edge -o json | jq .status.waves >&2; fail "main's app canary did not take the retry"; }
 [ "$(wave_phase)" = Progressing ] || fail "the hub did not wait for the retry: $(waves)"

@@ -441,9 +441,12 @@ pub fn decide(
     command: Option<Command>,
 ) -> Decision {
     let mut decision = decide_pass(strategy, previous, total, obs, command);
-    if decision.status.retry_token.is_none() {
-        decision.status.retry_token = previous.and_then(|p| p.retry_token.clone());
-    }
+    // A retry read is done whatever the pass made of it (restarted, or started over anyway).
+    let retried = obs.retry_token.clone().filter(|_| command == Some(Command::Retry));
+    decision.status.retry_token = retried.or_else(|| {
+        let kept = decision.status.retry_token.take();
+        kept.or_else(|| previous.and_then(|p| p.retry_token.clone()))
+    });
     decision
 }
 

@@ -676,3 +676,48 @@ fn a_pushed_weight_is_reached_when_every_proxy_took_it() {
         .as_deref()
         .is_some_and(|m| m.contains("not taken by every proxy pod")));
 }
+
+/// A retry read records the object's retry token (a hub's wave rollout reads it to know the
+/// retry it asked was taken), also when the rollout started over in that pass, and the token
+/// stays through every later status until a newer retry.
+#[test]
+fn a_retry_records_its_token_and_keeps_it() {
+    let s = strategy("steps: [{setWeight: 20}, {pause: {}}]");
+    let with_token = |token: &str, o: Observations| Observations {
+        retry_token: Some(token.into()),
+        ..o
+    };
+    let d = decide(&s, None, 5, &obs(0, 0), None);
+    let aborted = decide(&s, Some(&d.status), 5, &obs(1, 0), Some(Command::Abort));
+    assert_eq!(aborted.status.phase, ABORTED);
+    let retried = decide(
+        &s,
+        Some(&aborted.status),
+        5,
+        &with_token("1/r9", obs(2, 0)),
+        Some(Command::Retry),
+    );
+    assert_ne!(retried.status.phase, ABORTED);
+    assert_eq!(retried.status.retry_token.as_deref(), Some("1/r9"));
+    let newer = decide(&s, Some(&retried.status), 5, &obs_at(3, 0, "newer"), None);
+    assert_eq!(newer.status.canary_revision.as_deref(), Some("newer"));
+    assert_eq!(
+        newer.status.retry_token.as_deref(),
+        Some("1/r9"),
+        "kept by a new rollout"
+    );
+    let again = decide(&s, Some(&newer.status), 5, &obs_at(4, 0, "newer"), Some(Command::Abort));
+    let over = decide(
+        &s,
+        Some(&again.status),
+        5,
+        &with_token("2/r9", obs_at(5, 0, "newest")),
+        Some(Command::Retry),
+    );
+    assert_eq!(over.status.canary_revision.as_deref(), Some("newest"), "started over");
+    assert_eq!(
+        over.status.retry_token.as_deref(),
+        Some("2/r9"),
+        "the retry read is recorded"
+    );
+}

@@ -299,8 +299,10 @@ fn command(s: &mut WaveStatus, o: &Observed) -> Option<Transition> {
                 .map(|m| m.name.clone())
                 .collect();
             if !s.retrying.is_empty() {
-                // A token never used before, this revision rolled out again included.
-                s.retry_serial += 1;
+                // A token never used before, this revision rolled out again included (past any
+                // a member carries, should the status have lost its serial).
+                let carried = o.members.iter().filter_map(|m| m.retry.asked).max().unwrap_or(0);
+                s.retry_serial = s.retry_serial.max(carried) + 1;
             }
             let asked = match s.retrying.as_slice() {
                 [] => String::new(),

@@ -67,7 +67,7 @@ fn member_view(
             retry = wave_retry::observe(copy, &judged, j.revision);
             (
                 true,
-                member_revision(copy, &judged, j),
+                member_revision(copy, (apps, &judged), j),
                 apps::combined(status::progress(copy), judged.iter().map(apps::progress)),
             )
         }
@@ -87,13 +87,13 @@ fn member_view(
 
 /// The bundle revision the member carries. One not on the revision rolled out may be on the
 /// last completed one, which left out the apps held when it completed (a rollback to it leaves
-/// their copies as they are): it is recognised without them.
-fn member_revision(copy: &ProxyDeployment, judged: &[SeenApp], j: &Judged<'_>) -> Option<String> {
+/// their copies as they are) and judged those held now: it is recognised as that spec saw it.
+fn member_revision(copy: &ProxyDeployment, (all, judged): (&[SeenApp], &[SeenApp]), j: &Judged<'_>) -> Option<String> {
     let fleet = status::member_revision(copy);
     let carried = apps::member_revision(fleet.clone(), judged);
     match &j.stable {
-        Some((stable, held_then)) if carried.as_deref() != Some(j.revision) && !held_then.is_empty() => {
-            let without = judged_apps(judged, held_then);
+        Some((stable, held_then)) if carried.as_deref() != Some(j.revision) => {
+            let without = judged_apps(all, held_then);
             let as_stable = apps::member_revision(fleet, &without);
             if as_stable.as_deref() == Some(*stable) {
                 as_stable
@@ -341,7 +341,7 @@ async fn send_one(
 }
 
 /// Asks the member's aborted canaries (its fleet's, its judged apps') to retry, for the
-/// status' revision and attempt.
+/// status' revision and retry serial.
 async fn ask_retry(to: &Target<'_>, client: &Client, c: &MemberCluster, found: &Found) -> Result<(), MemberError> {
     let Some(copy) = &found.copy else { return Ok(()) };
     let judged = judged_apps(&found.apps, &to.hub_apps.held);
