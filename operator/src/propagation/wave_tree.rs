@@ -79,6 +79,7 @@ mod tests {
                     clusters: vec!["m2".into()],
                 },
             ],
+            retrying: vec!["m1".into()],
             ..Default::default()
         };
         let clusters = [ClusterStatus {
@@ -101,6 +102,10 @@ mod tests {
         assert!(text.contains("▶ rest"), "{text}");
         assert!(text.contains("m2  revision=ab12 canary=Analyzing step=2"), "{text}");
         assert!(text.contains("UNREACHABLE"), "{text}");
+        assert!(
+            text.contains("m1  revision=- canary=- step=- weight=- ready=-  RETRYING"),
+            "{text}"
+        );
         assert!(
             text.contains("app shop  revision=- canary=Progressing weight=30"),
             "{text}"
