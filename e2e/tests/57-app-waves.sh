@@ -194,7 +194,8 @@ within() { # within SECONDS CMD... — CMD succeeds within SECONDS (else 1, for 
   until "$@" >/dev/null 2>&1; do [ "$(date +%s)" -lt "$end" ] || return 1; sleep 1; done
 }
 attempt() { hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.attempt}'; }
-aborted_at() { [ "$(wave_phase)" = Aborted ] && [ "$(attempt)" = "$1" ]; }
+# One read: phase and attempt of the same status (two reads could straddle the hub's write).
+aborted_at() { [ "$(hk get pxd -n "$ns" edge -o jsonpath='{.status.waves.phase}/{.status.waves.attempt}')" = "Aborted/$1" ]; }
 hk patch pxd -n "$ns" edge --type merge -p '{"spec":{"placement":{"onFailure":"Hold"}}}' >/dev/null
 KUBECONFIG=$state/$hub/admin.kubeconfig "$PLUGIN" -n "$ns" resume edge >&2 || fail "resume refused"
 t0=$(date +%s)
