@@ -40,6 +40,7 @@ pub mod status;
 pub mod status_apply;
 pub mod task;
 pub mod verdict;
+pub mod verdict_wait;
 
 #[cfg(test)]
 mod golden_tests;

@@ -2,7 +2,7 @@
 //! for fleets — get [--watch], promote [--full], abort, retry, pause, resume, status.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use kube::api::{Api, Patch, PatchParams};
 use kube::ResourceExt;
@@ -86,7 +86,6 @@ pub async fn get(api: &Api<AppRollout>, name: &str, watch: bool) -> Result<(), S
 /// is no verdict (a workload's change does not move the AppRollout's generation).
 pub fn verdict(ar: &AppRollout, template_revision: Option<&str>) -> crate::verdict::Verdict {
     use crate::verdict::Verdict;
-    let name = ar.metadata.name.clone().unwrap_or_default();
     let pending = ar.annotations().contains_key(COMMAND_ANNOTATION);
     let st = ar.status.clone().unwrap_or_default();
     if pending || st.observed_generation != ar.metadata.generation {
@@ -94,17 +93,13 @@ pub fn verdict(ar: &AppRollout, template_revision: Option<&str>) -> crate::verdi
     }
     let is_now = |rev: Option<&String>| template_revision.is_none_or(|t| rev.map(String::as_str) == Some(t));
     match st.canary.as_ref() {
-        Some(c) if c.phase == CanaryPhase::Aborted && is_now(c.canary_revision.as_ref()) => Verdict::Failed(format!(
-            "approllout/{name}: Aborted: {}",
-            c.message.clone().unwrap_or_default()
-        )),
+        Some(c) if c.phase == CanaryPhase::Aborted && is_now(c.canary_revision.as_ref()) => {
+            Verdict::Failed(format!("Aborted: {}", c.message.clone().unwrap_or_default()))
+        }
         Some(c)
             if matches!(c.phase, CanaryPhase::Completed | CanaryPhase::Idle) && is_now(st.stable_revision.as_ref()) =>
         {
-            Verdict::Ready(format!(
-                "approllout/{name}: stable at {}",
-                st.stable_revision.clone().unwrap_or_default()
-            ))
+            Verdict::Ready(format!("stable at {}", st.stable_revision.clone().unwrap_or_default()))
         }
         _ => Verdict::Pending,
     }
@@ -113,33 +108,12 @@ pub fn verdict(ar: &AppRollout, template_revision: Option<&str>) -> crate::verdi
 /// Waits for the rollout to end: 0 when the workload's template is stable (or nothing rolls
 /// out), 1 when it was aborted, 2 on timeout.
 pub async fn status(api: &Api<AppRollout>, name: &str, timeout: u64) -> ExitCode {
-    use crate::verdict::Verdict;
-    let deadline = Instant::now() + Duration::from_secs(timeout);
-    loop {
-        match api.get(name).await {
-            Ok(ar) => match verdict(&ar, workload_revision(api, &ar).await.as_deref()) {
-                Verdict::Ready(m) => {
-                    println!("{m}");
-                    return ExitCode::SUCCESS;
-                }
-                Verdict::Failed(m) => {
-                    println!("{m}");
-                    return ExitCode::from(1);
-                }
-                Verdict::Pending => {}
-            },
-            Err(kube::Error::Api(e)) if matches!(e.code, 401 | 403 | 404) => {
-                eprintln!("approllout/{name}: {e}");
-                return ExitCode::from(1);
-            }
-            Err(e) => eprintln!("approllout/{name}: {e}"),
-        }
-        if Instant::now() > deadline {
-            println!("approllout/{name}: timed out");
-            return ExitCode::from(2);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    let label = format!("approllout/{name}");
+    crate::verdict_wait::wait(&label, Duration::from_secs(timeout), || async {
+        let ar = api.get(name).await?;
+        Ok(verdict(&ar, workload_revision(api, &ar).await.as_deref()))
+    })
+    .await
 }
 
 /// The revision of the template the AppRollout's workload carries now, if it can be read.

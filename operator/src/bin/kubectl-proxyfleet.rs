@@ -8,7 +8,7 @@
 //!   pause, resume and status; `get apr NAME` too.
 
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use k8s_openapi::api::apps::v1::ControllerRevision;
@@ -346,34 +346,11 @@ async fn get(api: &Api<ProxyDeployment>, ns: &Option<String>, name: &str, watch:
 }
 
 async fn status(api: &Api<ProxyDeployment>, name: &str, timeout: u64) -> ExitCode {
-    use proxyfleet_operator::verdict::{of_fleet, Verdict};
-    let deadline = Instant::now() + Duration::from_secs(timeout);
-    loop {
-        match api.get(name).await {
-            Ok(pxd) => match of_fleet(&pxd) {
-                Verdict::Ready(m) => {
-                    println!("{name}: {m}");
-                    return ExitCode::SUCCESS;
-                }
-                Verdict::Failed(m) => {
-                    println!("{name}: {m}");
-                    return ExitCode::from(1);
-                }
-                Verdict::Pending => {}
-            },
-            // Not there, or not ours to read: no wait changes that.
-            Err(kube::Error::Api(e)) if matches!(e.code, 401 | 403 | 404) => {
-                eprintln!("{name}: {e}");
-                return ExitCode::from(1);
-            }
-            Err(e) => eprintln!("{name}: {e}"),
-        }
-        if Instant::now() > deadline {
-            println!("{name}: timed out");
-            return ExitCode::from(2);
-        }
-        tokio::time::sleep(Duration::from_secs(2)).await;
-    }
+    use proxyfleet_operator::verdict::of_fleet;
+    proxyfleet_operator::verdict_wait::wait(name, Duration::from_secs(timeout), || async {
+        Ok(of_fleet(&api.get(name).await?))
+    })
+    .await
 }
 
 /// The verbs aimed at an AppRollout (`approllout/NAME`, or `get apr NAME`); None otherwise.
