@@ -7,6 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
+use crate::canary::rollout::{COMMAND_ANNOTATION, RETRY_TOKEN};
 use crate::latest_object::LatestObject;
 
 /// Removes `annotation` from `object`, if it still holds the command `object` carries, recording
@@ -56,9 +57,15 @@ pub fn send_patch(
             "an abort is pending (annotation {annotation}); it acts first: send {verb} once it is gone"
         ));
     }
+    let mut annotations = serde_json::json!({annotation: verb});
+    if annotation == COMMAND_ANNOTATION {
+        // A command by hand is nobody's wave retry: a hub's token left beside it would make the
+        // canary take it for a retry it has taken already.
+        annotations[RETRY_TOKEN] = serde_json::Value::Null;
+    }
     Ok(serde_json::json!({"metadata": {
         "resourceVersion": meta.resource_version,
-        "annotations": {annotation: verb},
+        "annotations": annotations,
     }}))
 }
 
@@ -153,5 +160,13 @@ mod tests {
         meta.annotations = Some([("proxyfleet.io/command".to_string(), "pause".to_string())].into());
         let over_pause = send_patch(&meta, "proxyfleet.io/command", "abort").expect("abort over pause");
         assert_eq!(over_pause["metadata"]["annotations"]["proxyfleet.io/command"], "abort");
+        assert!(
+            over_pause["metadata"]["annotations"].get("proxyfleet.io/retry-token") == Some(&serde_json::Value::Null),
+            "a hub's retry token is dropped: {over_pause}"
+        );
+        let other = send_patch(&meta, "proxyfleet.io/wave-command", "resume").expect("wave command");
+        assert!(other["metadata"]["annotations"]
+            .get("proxyfleet.io/retry-token")
+            .is_none());
     }
 }

@@ -640,6 +640,13 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
     }
     match command {
         Some(Command::Abort) if run.status.phase != ABORTED => run.abort("ManualAbort", "aborted by request".into()),
+        Some(Command::Retry) if taken_before(&run.status, obs) => {
+            let message = format!(
+                "Retry not done: retry {} was taken already (status.canary.retryToken); to retry by hand, send it with `kubectl proxyfleet retry`, which drops the token",
+                obs.retry_token.as_deref().unwrap_or_default()
+            );
+            run.event(true, "CommandIgnored", message);
+        }
         Some(Command::Retry) if run.status.phase == ABORTED => {
             run.status = fresh_status(&obs.desired_revision, Some(stable_rev), obs.now);
             run.status.retry_token = obs.retry_token.clone();
@@ -655,6 +662,12 @@ fn apply_command(run: &mut Run, command: Option<Command>, stable_rev: &str, obs:
         Some(Command::Pause) if run.status.phase != ABORTED => pause_by_request(&mut run.status, obs.now),
         _ => {}
     }
+}
+
+/// A retry carrying a token (a hub's wave retry) that this canary recorded already: a hub that
+/// asked again, not knowing it was taken, must not restart the canary a second time.
+fn taken_before(status: &CanaryStatus, obs: &Observations) -> bool {
+    obs.retry_token.is_some() && obs.retry_token == status.retry_token
 }
 
 /// A setWeight step whose canary pods are not ready within the progress deadline aborts.

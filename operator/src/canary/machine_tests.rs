@@ -721,3 +721,48 @@ fn a_retry_records_its_token_and_keeps_it() {
         "the retry read is recorded"
     );
 }
+
+/// A retry whose token the canary recorded already is not taken twice (a hub that asked again,
+/// not seeing its first ask taken); one without a token (by hand) always is.
+#[test]
+fn a_retry_token_is_taken_once() {
+    let s = strategy("steps: [{setWeight: 20}, {pause: {}}]");
+    let with_token = |token: &str, o: Observations| Observations {
+        retry_token: Some(token.into()),
+        ..o
+    };
+    let d = decide(&s, None, 5, &obs(0, 0), None);
+    let aborted = decide(&s, Some(&d.status), 5, &obs(1, 0), Some(Command::Abort));
+    let retried = decide(
+        &s,
+        Some(&aborted.status),
+        5,
+        &with_token("1/r9", obs(2, 0)),
+        Some(Command::Retry),
+    );
+    assert_ne!(retried.status.phase, ABORTED);
+    let again = decide(&s, Some(&retried.status), 5, &obs(3, 0), Some(Command::Abort));
+    assert_eq!(again.status.phase, ABORTED);
+    let asked_again = decide(
+        &s,
+        Some(&again.status),
+        5,
+        &with_token("1/r9", obs(4, 0)),
+        Some(Command::Retry),
+    );
+    assert_eq!(asked_again.status.phase, ABORTED, "the same token restarts nothing");
+    assert!(asked_again
+        .events
+        .iter()
+        .any(|e| e.reason == "CommandIgnored" && e.message.contains("1/r9")));
+    let by_hand = decide(&s, Some(&asked_again.status), 5, &obs(5, 0), Some(Command::Retry));
+    assert_ne!(by_hand.status.phase, ABORTED, "a retry without a token is taken");
+    let next = decide(
+        &s,
+        Some(&again.status),
+        5,
+        &with_token("2/r9", obs(6, 0)),
+        Some(Command::Retry),
+    );
+    assert_ne!(next.status.phase, ABORTED, "a newer token is taken");
+}

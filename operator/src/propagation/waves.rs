@@ -50,6 +50,9 @@ pub struct Retry {
     pub asked: Option<u32>,
     /// Every canary asked took that retry: what the member reports now comes after it.
     pub taken: bool,
+    /// A canary asked dropped that retry (its command gone, the token not in its status) for
+    /// longer than a member takes to record it: it is asked again.
+    pub lost: bool,
 }
 
 /// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
@@ -223,12 +226,12 @@ pub fn awaits_retry(s: &WaveStatus, m: &Member) -> bool {
 }
 
 /// Whether `m` is sent the retry now: `resume` retries it, only aborted canaries fail it, and
-/// it was not asked yet.
+/// it was not asked yet, or it dropped the ask.
 fn retry_due(s: &WaveStatus, m: &Member, o: &Observed) -> bool {
     s.phase == WavePhase::Progressing
         && awaits_retry(s, m)
         && on_revision(m, o)
-        && m.retry.asked != Some(s.retry_serial)
+        && (m.retry.asked != Some(s.retry_serial) || m.retry.lost)
 }
 
 /// A member seen to have taken its retry leaves `retrying` for good: from then on its failures

@@ -28,6 +28,12 @@ enum Op {
     Revert,
     /// This pass's retries reach the canaries but their record on the member is not written.
     LoseAsk,
+    /// The members that clear a retry command next stop before they take it (a crash between
+    /// clearing the command and writing the status): the retry is dropped.
+    DropRetry,
+    /// The members that clear a retry command next write the status that takes it only on
+    /// their next move: the hub may read them in between.
+    LateRetry,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +47,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::LoseWrite),
         1 => Just(Op::Revert),
         1 => Just(Op::LoseAsk),
+        1 => Just(Op::DropRetry),
+        1 => Just(Op::LateRetry),
     ]
 }
 
@@ -78,12 +86,26 @@ struct World {
     /// The retry token on its canary's object, and whether the command beside it is pending.
     asked_token: Option<String>,
     command_pending: bool,
-    /// The record of the retry asked, on its fleet copy.
+    /// The record of the retry asked, on its fleet copy, and when it was written.
     record: Option<String>,
+    record_at: i64,
     /// The token its canary's status recorded when a retry restarted it.
     status_token: Option<String>,
     /// Its canary ran a retry on `revision` (a flaky one then passes).
     retried: bool,
+    /// It cleared the retry command and writes the status taking it on its next move.
+    status_owed: bool,
+}
+
+/// How the members that clear a retry command on a move take it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Taking {
+    /// Cleared and taken together, as a member's pass does.
+    Now,
+    /// Cleared, then the member stops: dropped.
+    Drop,
+    /// Cleared, taken on the member's next move.
+    Late,
 }
 
 impl World {
@@ -97,13 +119,23 @@ impl World {
             asked_token: None,
             command_pending: false,
             record: None,
+            record_at: 0,
             status_token: None,
             retried: false,
+            status_owed: false,
         }
     }
 
+    /// The canary was asked `token`, its command is gone, and it did not take it.
+    fn dropped(&self, token: &str) -> bool {
+        self.asked_token.as_deref() == Some(token)
+            && !self.command_pending
+            && self.aborted
+            && self.status_token.as_deref() != Some(token)
+    }
+
     /// What the shell reads of the retry (`wave_retry::observe`), for the rollout of `revision`.
-    fn retry(&self, revision: &str) -> Retry {
+    fn retry(&self, revision: &str, now: i64) -> Retry {
         if !self.reachable {
             return Retry::default();
         }
@@ -116,10 +148,12 @@ impl World {
         let pending = record.is_some_and(|r| {
             self.asked_token.as_ref() == Some(r) && self.aborted && self.status_token.as_ref() != Some(r)
         });
+        let overdue = now - self.record_at >= super::wave_retry::LOST_AFTER;
         Retry {
             aborted: self.aborted,
             asked,
             taken: record.is_some() && !pending,
+            lost: overdue && record.is_some_and(|r| self.dropped(r)),
         }
     }
 }
@@ -170,7 +204,7 @@ fn observed(c: &Case, world: &[World], revision: &str, now: i64, command: Option
                 reachable: w.reachable,
                 revision: w.revision.clone(),
                 progress: w.progress.clone(),
-                retry: w.retry(revision),
+                retry: w.retry(revision, now),
             })
             .collect(),
         soak_secs: c.soak,
@@ -311,6 +345,13 @@ fn check_retries(o: &Observed, plan: &Plan, world: &[World], retries: &Retries) 
         let due = s.phase == WavePhase::Progressing && retries.set.contains(&i) && w.reachable && w.aborted && on_it;
         if due && unrecorded {
             prop_assert_eq!(*send, Send::Retry, "m{} is owed its retry", i);
+        }
+        let dropped = retries
+            .delivered
+            .get(&i)
+            .is_some_and(|t| w.record.as_ref() == Some(t) && w.dropped(t));
+        if due && dropped && o.now - w.record_at >= super::wave_retry::LOST_AFTER {
+            prop_assert_eq!(*send, Send::Retry, "m{} dropped its retry and is asked again", i);
         }
     }
     Ok(())
@@ -457,7 +498,7 @@ fn check_clock(prev: Option<&WaveStatus>, o: &Observed, plan: &Plan, clock: &Clo
 
 /// The world answers what it was sent; a retry is written as the shell writes it (a canary
 /// already asked with the token is not asked again), its record lost with `lose_ask`.
-fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str>, lose_ask: bool) {
+fn deliver(world: &mut [World], plan: &Plan, (revision, stable): (&str, Option<&str>), lose_ask: bool, now: i64) {
     for (w, send) in world.iter_mut().zip(&plan.send) {
         if !w.reachable {
             continue;
@@ -472,10 +513,11 @@ fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str
             w.progress = Progress::Running;
             w.aborted = false;
             w.retried = false;
+            w.status_owed = false;
         }
         if *send == Send::Retry && w.aborted {
             let token = super::wave_retry::token(revision, plan.status.retry_serial);
-            let already = w.asked_token.as_ref() == Some(&token);
+            let already = w.asked_token.as_ref() == Some(&token) && !w.dropped(&token);
             if !already && w.command_pending {
                 continue; // another command pending: not asked this pass
             }
@@ -484,26 +526,42 @@ fn deliver(world: &mut [World], plan: &Plan, revision: &str, stable: Option<&str
                 w.command_pending = true;
             }
             if !lose_ask {
-                w.record = Some(token);
+                (w.record, w.record_at) = (Some(token), now);
             }
         }
     }
 }
 
-/// Members move on; returns the retries their canaries took (member, token).
-fn settle(world: &mut [World], step: usize) -> Vec<(usize, String)> {
+/// An aborted canary starts over and records the token it took.
+fn restart(w: &mut World, i: usize, restarts: &mut Vec<(usize, String)>) {
+    (w.aborted, w.retried, w.progress) = (false, true, Progress::Running);
+    w.status_token = w.asked_token.clone();
+    restarts.extend(w.asked_token.clone().map(|t| (i, t)));
+}
+
+/// Members move on (those that clear a retry take it as `taking` says); returns the retries
+/// their canaries took (member, token).
+fn settle(world: &mut [World], step: usize, taking: Taking) -> Vec<(usize, String)> {
     let mut restarts = Vec::new();
     for (i, w) in world.iter_mut().enumerate() {
         if !w.reachable || !(step + i).is_multiple_of(2) {
             continue;
         }
-        // A retry asked is taken: an aborted canary starts over and records the token.
+        if std::mem::take(&mut w.status_owed) {
+            restart(w, i, &mut restarts);
+            continue;
+        }
+        // A retry asked is taken: an aborted canary starts over and records the token, once per
+        // token (`canary::machine`).
         if w.command_pending {
             w.command_pending = false;
-            if w.aborted {
-                (w.aborted, w.retried, w.progress) = (false, true, Progress::Running);
-                w.status_token = w.asked_token.clone();
-                restarts.extend(w.asked_token.clone().map(|t| (i, t)));
+            let taken_before = w.asked_token.is_some() && w.asked_token == w.status_token;
+            if w.aborted && !taken_before {
+                match taking {
+                    Taking::Now => restart(w, i, &mut restarts),
+                    Taking::Late => w.status_owed = true,
+                    Taking::Drop => {}
+                }
             }
             continue;
         }
@@ -553,13 +611,14 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
     // Members sent the stable spec back, with the revision they were taken off.
     let mut rolled_back: HashSet<(usize, String)> = HashSet::new();
     let mut retries = Retries::default();
+    let mut taking = Taking::Now;
     for (step, op) in c.ops.iter().enumerate() {
         let mut command = None;
         let (mut lose, mut lose_ask) = (false, false);
         match op {
             Op::Tick(dt) => {
                 now += dt;
-                for taken in settle(&mut world, step) {
+                for taken in settle(&mut world, step, std::mem::replace(&mut taking, Taking::Now)) {
                     prop_assert!(
                         retries.restarted.insert(taken.clone()),
                         "a canary retried twice: {:?}",
@@ -586,6 +645,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             }
             Op::Revert => {}
             Op::LoseAsk => lose_ask = true,
+            Op::DropRetry => taking = Taking::Drop,
+            Op::LateRetry => taking = Taking::Late,
         }
         let o = observed(c, &world, &revision, now, command);
         clock.observe(status.as_ref(), &o);
@@ -608,13 +669,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         }
         check_no_resend(&mut rolled_back, status.as_ref(), &o, &plan, &world)?;
         retries.sent(&plan, &world, &revision);
-        deliver(
-            &mut world,
-            &plan,
-            &revision,
-            plan.status.stable_revision.as_deref(),
-            lose_ask,
-        );
+        let to = (revision.as_str(), plan.status.stable_revision.as_deref());
+        deliver(&mut world, &plan, to, lose_ask, now);
         if !lose {
             status = Some(plan.status);
         }
@@ -684,9 +740,9 @@ fn a_healthy_revision_walks_the_waves_in_order() {
         if let Some(tr) = &plan.transition {
             reasons.push(tr.reason);
         }
-        deliver(&mut world, &plan, "r1", None, false);
-        settle(&mut world, 0);
-        settle(&mut world, 1);
+        deliver(&mut world, &plan, ("r1", None), false, 0);
+        settle(&mut world, 0, Taking::Now);
+        settle(&mut world, 1, Taking::Now);
         status = Some(plan.status);
     }
     let s = status.expect("status");
@@ -723,9 +779,9 @@ fn an_abort_in_the_first_wave_never_reaches_the_second() {
     });
     for t in 0..10 {
         let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
-        deliver(&mut world, &plan, "r1", Some("r0"), false);
-        settle(&mut world, 0);
-        settle(&mut world, 1);
+        deliver(&mut world, &plan, ("r1", Some("r0")), false, 0);
+        settle(&mut world, 0, Taking::Now);
+        settle(&mut world, 1, Taking::Now);
         status = Some(plan.status);
     }
     let s = status.expect("status");
@@ -820,9 +876,9 @@ fn a_wave_removed_mid_rollout_keeps_the_current_wave_by_name() {
     let mut status: Option<WaveStatus> = None;
     for t in 0..6 {
         let plan = decide(status.as_ref(), &observed(&c, &world, "r1", 1_000 + t, None));
-        deliver(&mut world, &plan, "r1", None, false);
-        settle(&mut world, 0);
-        settle(&mut world, 1);
+        deliver(&mut world, &plan, ("r1", None), false, 0);
+        settle(&mut world, 0, Taking::Now);
+        settle(&mut world, 1, Taking::Now);
         status = Some(plan.status);
         if status.as_ref().is_some_and(|s| s.current_wave == 1) {
             break;
@@ -903,12 +959,12 @@ fn resume_retries_an_aborted_canary_once_and_judges_what_follows() {
     let mut pass = |status: &mut Option<WaveStatus>, world: &mut Vec<World>, command| {
         t += 1;
         let plan = decide(status.as_ref(), &observed(&c, world, "r1", t, command));
-        deliver(world, &plan, "r1", None, false);
+        deliver(world, &plan, ("r1", None), false, t);
         *status = Some(plan.status.clone());
         plan
     };
     pass(&mut status, &mut world, None);
-    settle(&mut world, 0);
+    settle(&mut world, 0, Taking::Now);
     let aborted = pass(&mut status, &mut world, None);
     assert_eq!(aborted.status.phase, WavePhase::Aborted, "{:?}", aborted.status);
     let resumed = pass(&mut status, &mut world, Some(Command::Resume));
@@ -920,7 +976,7 @@ fn resume_retries_an_aborted_canary_once_and_judges_what_follows() {
     assert_eq!(waiting.send[0], Send::Revision, "asked once");
     assert!(waiting.status.message.unwrap_or_default().contains("retry not taken"));
     for step in 0..6 {
-        settle(&mut world, step);
+        settle(&mut world, step, Taking::Now);
         pass(&mut status, &mut world, None);
     }
     let s = status.clone().expect("status");
@@ -944,4 +1000,49 @@ fn resume_retries_an_aborted_canary_once_and_judges_what_follows() {
     );
     assert_eq!(again.status.phase, WavePhase::Aborted, "nothing to retry");
     assert_eq!(again.send[0], Send::Nothing);
+}
+
+/// A member that drops its retry (clears the command, stops before taking it) is asked again,
+/// once a member would have recorded it; it then takes it, and the rollout goes on.
+#[test]
+fn a_dropped_retry_is_asked_again_after_a_while() {
+    let c = Case {
+        waves: vec![None],
+        members: vec![(0, Health::Flaky)],
+        soak: 0,
+        timeout: 3_600,
+        rollback: false,
+        ops: Vec::new(),
+    };
+    let mut world = world_on_r0(&c);
+    let mut status: Option<WaveStatus> = None;
+    let pass = |status: &mut Option<WaveStatus>, world: &mut Vec<World>, t: i64, command| {
+        let plan = decide(status.as_ref(), &observed(&c, world, "r1", t, command));
+        deliver(world, &plan, ("r1", None), false, t);
+        *status = Some(plan.status.clone());
+        plan
+    };
+    pass(&mut status, &mut world, 1_000, None);
+    settle(&mut world, 0, Taking::Now);
+    assert_eq!(
+        pass(&mut status, &mut world, 1_001, None).status.phase,
+        WavePhase::Aborted
+    );
+    let resumed = pass(&mut status, &mut world, 1_002, Some(Command::Resume));
+    assert_eq!(resumed.send[0], Send::Retry);
+    assert!(settle(&mut world, 0, Taking::Drop).is_empty(), "dropped");
+    let early = pass(&mut status, &mut world, 1_010, None);
+    assert_eq!(
+        early.send[0],
+        Send::Revision,
+        "not yet: the member may be writing its status"
+    );
+    assert_eq!(early.status.phase, WavePhase::Progressing);
+    let late = pass(&mut status, &mut world, 1_002 + super::wave_retry::LOST_AFTER, None);
+    assert_eq!(late.send[0], Send::Retry, "asked again");
+    assert_eq!(settle(&mut world, 0, Taking::Now), vec![(0, "1/r1".to_string())]);
+    pass(&mut status, &mut world, 1_070, None);
+    settle(&mut world, 0, Taking::Now);
+    let done = pass(&mut status, &mut world, 1_080, None);
+    assert_eq!(done.status.phase, WavePhase::Completed, "{:?}", done.status);
 }

@@ -47,6 +47,8 @@ struct Judged<'a> {
     revision: &'a str,
     /// The last completed revision, and the apps held when it completed.
     stable: Option<(&'a str, Vec<String>)>,
+    /// The time of the pass (seconds).
+    now: i64,
 }
 
 /// A member as the machine judges it: its fleet and the fleet's apps are one revision, done
@@ -64,7 +66,7 @@ fn member_view(
         Ok((_, Found { copy: Some(copy), .. })) if !ours(copy, j.hub_uid) => (true, None, Progress::Running),
         Ok((_, Found { copy: Some(copy), apps })) => {
             let judged = judged_apps(apps, j.held);
-            retry = wave_retry::observe(copy, &judged, j.revision);
+            retry = wave_retry::observe(copy, &judged, j.revision, j.now);
             (
                 true,
                 member_revision(copy, (apps, &judged), j),
@@ -147,11 +149,13 @@ fn observed(
         let held_then = apps::held_of(w.stable_spec.as_ref()?);
         Some((w.stable_revision.as_deref()?, held_then))
     });
+    let now = chrono::Utc::now().timestamp();
     let judged = Judged {
         held: &hub_apps.held,
         hub_uid,
         revision: &revision,
         stable,
+        now,
     };
     let members = targets
         .iter()
@@ -181,7 +185,7 @@ fn observed(
             .as_secs() as i64,
         on_failure: placement.on_failure,
         command: pxd.annotations().get(WAVE_COMMAND).and_then(|c| Command::parse(c)),
-        now: chrono::Utc::now().timestamp(),
+        now,
     }
 }
 
@@ -346,7 +350,7 @@ async fn ask_retry(to: &Target<'_>, client: &Client, c: &MemberCluster, found: &
     let Some(copy) = &found.copy else { return Ok(()) };
     let judged = judged_apps(&found.apps, &to.hub_apps.held);
     let token = wave_retry::token(&to.stable.revision, to.stable.retry_serial);
-    match wave_retry::ask(client, copy, &judged, &token).await? {
+    match wave_retry::ask(client, copy, &judged, &token, chrono::Utc::now().timestamp()).await? {
         Ok(()) => {}
         Err(not_now) => tracing::info!(cluster = %c.name, ?not_now, "canary retry not asked this pass"),
     }
@@ -467,6 +471,7 @@ mod tests {
             hub_uid: "hub-1",
             revision: "r1",
             stable: None,
+            now: 0,
         };
         let theirs = member_view(&cluster, &seen(copy(None)), 0, None, &judged);
         assert_eq!((theirs.revision, theirs.progress), (None, Progress::Running));
