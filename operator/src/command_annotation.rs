@@ -7,7 +7,7 @@ use kube::api::{Api, Patch, PatchParams};
 use kube::Resource;
 use serde::de::DeserializeOwned;
 
-use crate::canary::rollout::{COMMAND_ANNOTATION, RETRY_TOKEN};
+use crate::canary::rollout::{COMMAND_ANNOTATION, RETRY_ASKED_AT, RETRY_TOKEN};
 use crate::latest_object::LatestObject;
 
 /// Removes `annotation` from `object`, if it still holds the command `object` carries, recording
@@ -62,6 +62,7 @@ pub fn send_patch(
         // A command by hand is nobody's wave retry: a hub's token left beside it would make the
         // canary take it for a retry it has taken already.
         annotations[RETRY_TOKEN] = serde_json::Value::Null;
+        annotations[RETRY_ASKED_AT] = serde_json::Value::Null;
     }
     Ok(serde_json::json!({"metadata": {
         "resourceVersion": meta.resource_version,

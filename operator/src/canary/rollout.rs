@@ -485,6 +485,9 @@ pub const COMMAND_ANNOTATION: &str = "proxyfleet.io/command";
 /// Annotation a hub's wave rollout sets beside a `retry` command: the retry records it in the
 /// canary's status (`CanaryStatus::retry_token`) when it restarts the rollout.
 pub const RETRY_TOKEN: &str = "proxyfleet.io/retry-token";
+/// Annotation beside the token: when the hub asked (RFC 3339), to tell a retry the member
+/// dropped from one it is taking now.
+pub const RETRY_ASKED_AT: &str = "proxyfleet.io/retry-asked-at";
 
 /// The object's retry token, as the canary machine observes it.
 pub fn retry_token(meta: &kube::api::ObjectMeta) -> Option<String> {

@@ -10,9 +10,10 @@
 //!
 //! A member can drop a retry: its operator clears the command and stops before it writes the
 //! status that records the token. The canary then shows the token on its object, no command,
-//! and an abort without the token. Seen so for `LOST_AFTER` after the ask (the member writes
-//! that status right after clearing the command), it is asked again; the canary takes a token
-//! once (`canary::machine`), so an ask that crosses its status write restarts nothing twice.
+//! and an abort without the token. Seen so `LOST_AFTER` or more after the ask (written beside
+//! the token; the member writes that status right after clearing the command), only that
+//! canary is asked again. The canary takes a token once (`canary::machine`), so an ask that
+//! crosses a late status write restarts nothing twice.
 
 use kube::api::{Api, ObjectMeta, Patch, PatchParams};
 use kube::{Client, Resource};
@@ -23,15 +24,13 @@ use super::member::{bounded, MemberError};
 use super::status;
 use super::waves::{Progress, Retry};
 use crate::app::spec::AppRollout;
-use crate::canary::rollout::{COMMAND_ANNOTATION, RETRY_TOKEN};
+use crate::canary::rollout::{COMMAND_ANNOTATION, RETRY_ASKED_AT, RETRY_TOKEN};
 use crate::canary::spec::{CanaryPhase, CanaryStatus};
 use crate::crd::ProxyDeployment;
 
 /// Annotation on a member's fleet copy: the token of the last retry the hub asked there.
 pub const WAVE_RETRY: &str = "proxyfleet.io/wave-retry";
-/// Annotation beside it: when it was asked (RFC 3339).
-pub const WAVE_RETRY_AT: &str = "proxyfleet.io/wave-retry-at";
-/// How long a dropped retry is left before it is asked again.
+/// How long after its ask a dropped retry is asked again.
 pub const LOST_AFTER: i64 = 60;
 const FIELD_MANAGER: &str = "proxyfleet-wave-retry";
 
@@ -62,10 +61,14 @@ fn app_canary(app: &SeenApp) -> Option<&CanaryStatus> {
     app.rollout.status.as_ref()?.canary.as_ref()
 }
 
-/// The canary of `meta` was asked with `token`, its command is gone, and it is still aborted
-/// without the token in its status: the member dropped the retry (or is writing the status).
-fn dropped(meta: &ObjectMeta, canary: Option<&CanaryStatus>, token: &str) -> bool {
+/// The canary of `meta` was asked with `token` `LOST_AFTER` or more before `now`, its command
+/// is gone, and it is still aborted without the token in its status: the member dropped the
+/// retry. (Sooner, it may be writing that status now; an ask without its time, from an older
+/// hub, is never taken for dropped.)
+fn dropped(meta: &ObjectMeta, canary: Option<&CanaryStatus>, token: &str, now: i64) -> bool {
+    let at = annotation(meta, RETRY_ASKED_AT).and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok());
     annotation(meta, RETRY_TOKEN) == Some(token)
+        && at.is_some_and(|at| now - at.timestamp() >= LOST_AFTER)
         && annotation(meta, COMMAND_ANNOTATION).is_none()
         && aborted(canary)
         && canary.and_then(|c| c.retry_token.as_deref()) != Some(token)
@@ -80,9 +83,16 @@ fn canaries<'a>(
         .chain(apps.iter().map(|a| (&a.rollout.metadata, app_canary(a))))
 }
 
-fn asked_at(copy: &ProxyDeployment) -> Option<i64> {
-    let at = annotation(&copy.metadata, WAVE_RETRY_AT)?;
-    chrono::DateTime::parse_from_rfc3339(at).ok().map(|d| d.timestamp())
+/// The canaries a retry restarts (`retriable`), as objects and statuses.
+fn retried<'a>(copy: &'a ProxyDeployment, apps: &'a [SeenApp]) -> Vec<(&'a ObjectMeta, Option<&'a CanaryStatus>)> {
+    let Some((fleet, apps)) = retriable(copy, apps) else {
+        return Vec::new();
+    };
+    let fleet = fleet.then(|| (&copy.metadata, fleet_canary(copy)));
+    fleet
+        .into_iter()
+        .chain(apps.into_iter().map(|a| (&a.rollout.metadata, app_canary(a))))
+        .collect()
 }
 
 /// The member's canaries a retry restarts: its fleet's, if aborted, and each (judged) app whose
@@ -108,9 +118,9 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         aborted: retriable(copy, apps).is_some_and(|(fleet, apps)| fleet || !apps.is_empty()),
         asked: asked_token.and_then(|t| serial_of(t, revision)),
         taken: asked_token.is_some(),
-        lost: false,
+        lost: asked_token.is_some_and(|t| retried(copy, apps).iter().any(|(m, c)| dropped(m, *c, t, now))),
+        pending: false,
     };
-    let overdue = asked_at(copy).is_none_or(|at| now - at >= LOST_AFTER);
     for (meta, canary) in canaries(copy, apps) {
         // Taken: restarted (no longer aborted), or aborted again after recording the token.
         // Aborted without the token is the retry not taken yet (the member clears the command
@@ -119,11 +129,78 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         if asked_here && aborted(canary) && canary.and_then(|c| c.retry_token.as_deref()) != asked_token {
             retry.taken = false;
         }
-        if let Some(token) = asked_token.filter(|_| overdue) {
-            retry.lost |= dropped(meta, canary, token);
-        }
+        retry.pending |= pending_retry(meta, revision).is_some();
     }
     retry
+}
+
+/// The token of a retry of `revision` still pending on the canary of `meta` (the command
+/// beside the hub's token, not read yet by the member).
+fn pending_retry<'a>(meta: &'a ObjectMeta, revision: &str) -> Option<&'a str> {
+    let token = annotation(meta, RETRY_TOKEN).filter(|t| serial_of(t, revision).is_some())?;
+    (annotation(meta, COMMAND_ANNOTATION) == Some("retry")).then_some(token)
+}
+
+/// Takes back every retry of `revision` still pending in the member (`Send::Withdraw`): the
+/// command is removed only while it is still that retry (a JSON patch that tests the command
+/// and the token first), so a retry the member took meanwhile, or a command sent since, is
+/// left alone; the API server's refusal of the test is not an error.
+pub async fn withdraw(
+    client: &Client,
+    copy: &ProxyDeployment,
+    apps: &[SeenApp],
+    revision: &str,
+) -> Result<(), MemberError> {
+    let namespace = copy.metadata.namespace.as_deref().unwrap_or_default();
+    if let Some(token) = pending_retry(&copy.metadata, revision) {
+        take_back::<ProxyDeployment>(
+            client,
+            namespace,
+            &copy.metadata,
+            token,
+            "taking back the fleet's retry",
+        )
+        .await?;
+    }
+    for app in apps {
+        let meta = &app.rollout.metadata;
+        if let Some(token) = pending_retry(meta, revision) {
+            take_back::<AppRollout>(client, namespace, meta, token, "taking back an app's retry").await?;
+        }
+    }
+    Ok(())
+}
+
+async fn take_back<K>(
+    client: &Client,
+    namespace: &str,
+    meta: &ObjectMeta,
+    token: &str,
+    what: &str,
+) -> Result<(), MemberError>
+where
+    K: Resource<Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
+    K::DynamicType: Default,
+{
+    let path = |key: &str| format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
+    let ops = serde_json::json!([
+        {"op": "test", "path": path(COMMAND_ANNOTATION), "value": "retry"},
+        {"op": "test", "path": path(RETRY_TOKEN), "value": token},
+        {"op": "remove", "path": path(COMMAND_ANNOTATION)},
+    ]);
+    let patch: json_patch::Patch =
+        serde_json::from_value(ops).map_err(|e| MemberError::Refused(format!("{what}: {e}")))?;
+    let api: Api<K> = Api::namespaced(client.clone(), namespace);
+    let name = meta.name.as_deref().unwrap_or_default();
+    let params = PatchParams {
+        field_manager: Some(FIELD_MANAGER.into()),
+        ..PatchParams::default()
+    };
+    match bounded(what, api.patch(name, &params, &Patch::Json::<()>(patch))).await {
+        // The test failed: the member read the retry already, or another command came.
+        Err(MemberError::Refused(m)) if m.contains("(Invalid)") || m.contains("422") => Ok(()),
+        other => other.map(|_| ()),
+    }
 }
 
 /// Why a member was not asked this pass (it is, on a later one).
@@ -137,10 +214,11 @@ pub enum NotAsked {
     NothingToRetry,
 }
 
-/// Asks every aborted canary of the member to retry, with `token` (those already asked with it
-/// are not asked again, unless they dropped it); then records on the fleet's copy that it was
-/// asked, and when (`now`, seconds). Each ask goes to
-/// the version read, and none replaces a pending command: the member is then asked on a later
+/// Asks every aborted canary of the member to retry, with `token` and the time (`now`,
+/// seconds): those already asked with it are not asked again, unless they dropped it; then
+/// records on the fleet's copy that it was asked. Once recorded, only canaries that dropped it
+/// are asked (one that aborted after the ask counts as a failure). Each ask goes to the
+/// version read, and none replaces a pending command: the member is then asked on a later
 /// pass. A failure leaves the record unwritten, so the next pass asks what is left.
 pub async fn ask(
     client: &Client,
@@ -149,17 +227,23 @@ pub async fn ask(
     token: &str,
     now: i64,
 ) -> Result<Result<(), NotAsked>, MemberError> {
-    let Some((fleet, apps)) = retriable(copy, apps) else {
+    if retriable(copy, apps).is_none() {
         return Ok(Err(NotAsked::NothingToRetry));
+    }
+    let recorded = annotation(&copy.metadata, WAVE_RETRY) == Some(token);
+    let unasked = |m: &ObjectMeta, c| {
+        let dropped = dropped(m, c, token, now);
+        dropped || !recorded && annotation(m, RETRY_TOKEN) != Some(token)
     };
-    let unasked = |m: &ObjectMeta, c| annotation(m, RETRY_TOKEN) != Some(token) || dropped(m, c, token);
-    let fleet_meta = Some(&copy.metadata).filter(|m| fleet && unasked(m, fleet_canary(copy)));
-    let app_metas: Vec<&ObjectMeta> = apps
-        .iter()
-        .filter(|a| unasked(&a.rollout.metadata, app_canary(a)))
-        .map(|a| &a.rollout.metadata)
+    let to_ask: Vec<&ObjectMeta> = retried(copy, apps)
+        .into_iter()
+        .filter(|(m, c)| unasked(m, *c))
+        .map(|(m, _)| m)
         .collect();
-    let pending = fleet_meta.iter().chain(&app_metas).find_map(|m| {
+    if recorded && to_ask.is_empty() {
+        return Ok(Ok(()));
+    }
+    let pending = to_ask.iter().find_map(|m| {
         let command = annotation(m, COMMAND_ANNOTATION)?;
         Some(format!("{command} on {}", m.name.as_deref().unwrap_or_default()))
     });
@@ -168,31 +252,19 @@ pub async fn ask(
     }
     let namespace = copy.metadata.namespace.as_deref().unwrap_or_default();
     let asked = async {
-        if let Some(meta) = fleet_meta {
-            patch::<ProxyDeployment>(
-                client,
-                namespace,
-                meta,
-                Ask::Retry(token),
-                "asking the fleet's canary to retry",
-            )
-            .await?;
-        }
-        for meta in app_metas {
-            patch::<AppRollout>(
-                client,
-                namespace,
-                meta,
-                Ask::Retry(token),
-                "asking an app's canary to retry",
-            )
-            .await?;
+        for meta in to_ask {
+            let ask = Ask::Retry(token, now);
+            if std::ptr::eq(meta, &copy.metadata) {
+                patch::<ProxyDeployment>(client, namespace, meta, ask, "asking the fleet's canary to retry").await?;
+            } else {
+                patch::<AppRollout>(client, namespace, meta, ask, "asking an app's canary to retry").await?;
+            }
         }
         patch::<ProxyDeployment>(
             client,
             namespace,
             &copy.metadata,
-            Ask::Record(token, now),
+            Ask::Record(token),
             "recording the retry asked",
         )
         .await
@@ -207,11 +279,10 @@ pub async fn ask(
 /// One write of an ask.
 #[derive(Clone, Copy)]
 enum Ask<'a> {
-    /// The retry command and its token, to the version read.
-    Retry(&'a str),
-    /// The record of the token asked (`WAVE_RETRY`) and when (`WAVE_RETRY_AT`), on the fleet's
-    /// copy.
-    Record(&'a str, i64),
+    /// The retry command, its token and the time (seconds), to the version read.
+    Retry(&'a str, i64),
+    /// The record of the token asked (`WAVE_RETRY`), on the fleet's copy.
+    Record(&'a str),
 }
 
 async fn patch<K>(
@@ -226,16 +297,16 @@ where
     K::DynamicType: Default,
 {
     let body = match ask {
-        Ask::Retry(token) => serde_json::json!({"metadata": {
-            "resourceVersion": meta.resource_version,
-            "annotations": {COMMAND_ANNOTATION: "retry", RETRY_TOKEN: token},
-        }}),
-        Ask::Record(token, now) => {
+        Ask::Retry(token, now) => {
             let at = chrono::DateTime::from_timestamp(now, 0)
                 .unwrap_or_default()
                 .to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-            serde_json::json!({"metadata": {"annotations": {WAVE_RETRY: token, WAVE_RETRY_AT: at}}})
+            serde_json::json!({"metadata": {
+                "resourceVersion": meta.resource_version,
+                "annotations": {COMMAND_ANNOTATION: "retry", RETRY_TOKEN: token, RETRY_ASKED_AT: at},
+            }})
         }
+        Ask::Record(token) => serde_json::json!({"metadata": {"annotations": {WAVE_RETRY: token}}}),
     };
     let api: Api<K> = Api::namespaced(client.clone(), namespace);
     let name = meta.name.as_deref().unwrap_or_default();
@@ -298,7 +369,8 @@ mod tests {
                 aborted: true,
                 asked: None,
                 taken: false,
-                lost: false
+                lost: false,
+                pending: false
             }
         );
         let pending = observe(
@@ -307,7 +379,10 @@ mod tests {
             "r1",
             0,
         );
-        assert_eq!((pending.asked, pending.taken, pending.lost), (Some(1), false, false));
+        assert_eq!(
+            (pending.asked, pending.taken, pending.lost, pending.pending),
+            (Some(1), false, false, true)
+        );
         let restarted = observe(
             &copy(Some(&t), Some((CanaryPhase::Progressing, Some(&t))), Some(&t)),
             &[],
@@ -338,13 +413,18 @@ mod tests {
             .metadata
             .annotations
             .get_or_insert_with(Default::default)
-            .insert(WAVE_RETRY_AT.into(), "2026-12-07T10:00:00Z".into());
+            .insert(RETRY_ASKED_AT.into(), "2026-12-07T10:00:00Z".into());
         let asked = 1_796_637_600; // 2026-12-07T10:00:00Z
         let just = observe(&cleared, &[], "r1", asked + 5);
         assert_eq!((just.taken, just.lost), (false, false), "maybe writing its status");
         let later = observe(&cleared, &[], "r1", asked + LOST_AFTER);
         assert_eq!((later.taken, later.lost), (false, true), "dropped");
-        let took = copy(Some(&t), Some((CanaryPhase::Aborted, Some(&t))), Some(&t));
+        let mut took = cleared.clone();
+        took.status
+            .as_mut()
+            .and_then(|s| s.canary.as_mut())
+            .expect("canary")
+            .retry_token = Some(t.clone());
         assert!(
             !observe(&took, &[], "r1", asked + LOST_AFTER).lost,
             "taken, aborted again"
@@ -422,25 +502,101 @@ mod tests {
         let already = copy(None, Some((CanaryPhase::Aborted, None)), Some("1/r1"));
         let already = with_command(already, "retry");
         assert_eq!(ask(&client, &already, &[], "1/r1", 0).await.expect("asked"), Ok(()));
-        let dropped = copy(None, Some((CanaryPhase::Aborted, None)), Some("1/r1"));
+        let mut dropped = copy(Some("1/r1"), Some((CanaryPhase::Aborted, None)), Some("1/r1"));
+        let at = (RETRY_ASKED_AT.to_string(), "1970-01-01T00:00:00Z".to_string());
+        dropped
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .extend([at]);
+        assert_eq!(
+            ask(&client, &dropped, &[], "1/r1", 59).await.expect("asked"),
+            Ok(()),
+            "not yet"
+        );
         assert_eq!(ask(&client, &dropped, &[], "1/r1", 60).await.expect("asked"), Ok(()));
         drop(client);
         let bodies = server.await.expect("mock server");
         let annotations = |i: usize| bodies[i]["metadata"]["annotations"].clone();
         assert_eq!(bodies.len(), 5, "{bodies:?}");
         assert_eq!(bodies[0]["metadata"]["resourceVersion"], "41");
-        assert_eq!(
-            annotations(0),
-            serde_json::json!({COMMAND_ANNOTATION: "retry", RETRY_TOKEN: "1/r1"})
-        );
-        let record = |at: &str| serde_json::json!({WAVE_RETRY: "1/r1", WAVE_RETRY_AT: at});
-        assert_eq!(annotations(1), record("1970-01-01T00:00:00Z"));
-        assert_eq!(annotations(2), record("1970-01-01T00:00:00Z"), "only the record");
+        let retry =
+            |at: &str| serde_json::json!({COMMAND_ANNOTATION: "retry", RETRY_TOKEN: "1/r1", RETRY_ASKED_AT: at});
+        assert_eq!(annotations(0), retry("1970-01-01T00:00:00Z"));
+        let record = serde_json::json!({WAVE_RETRY: "1/r1"});
+        assert_eq!(annotations(1), record);
+        assert_eq!(annotations(2), record, "only the record");
         assert_eq!(
             annotations(3),
-            serde_json::json!({COMMAND_ANNOTATION: "retry", RETRY_TOKEN: "1/r1"}),
-            "a dropped ask is asked again"
+            retry("1970-01-01T00:01:00Z"),
+            "a dropped ask is asked again, once it has been a while"
         );
-        assert_eq!(annotations(4), record("1970-01-01T00:01:00Z"));
+        assert_eq!(annotations(4), record);
+    }
+
+    /// An abort takes back the retries still pending: the command is removed only while it is
+    /// still that retry (tested in the patch); a refused test (the member read it meanwhile) is
+    /// no error, and a canary with no pending retry of the revision gets no write.
+    #[tokio::test]
+    async fn an_abort_takes_back_the_retries_still_pending() {
+        let (mock, mut handle) =
+            tower_test::mock::pair::<http::Request<kube::client::Body>, http::Response<kube::client::Body>>();
+        let client = Client::new(mock, "default");
+        let server = tokio::spawn(async move {
+            let mut bodies = Vec::new();
+            let mut n = 0;
+            while let Some((request, send)) = handle.next_request().await {
+                n += 1;
+                let body = request.into_body().collect_bytes().await.expect("body");
+                bodies.push(serde_json::from_slice::<serde_json::Value>(&body).expect("json"));
+                let (code, answer) = if n == 1 {
+                    let ok = serde_json::json!({
+                        "apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+                        "metadata": {"name": "edge", "namespace": "team-a"},
+                        "spec": {"replicas": 1, "listeners": [], "routes": [], "upstreams": []},
+                    });
+                    (200, ok)
+                } else {
+                    let refused = serde_json::json!({
+                        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 422,
+                        "reason": "Invalid", "message": "the test operation failed",
+                    });
+                    (422, refused)
+                };
+                let answer = kube::client::Body::from(serde_json::to_vec(&answer).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(answer).expect("response"));
+            }
+            bodies
+        });
+        let t = token("r1", 2);
+        let pending = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "retry");
+        assert!(observe(&pending, &[], "r1", 0).pending);
+        withdraw(&client, &pending, &[], "r1").await.expect("taken back");
+        withdraw(&client, &pending, &[], "r1")
+            .await
+            .expect("read meanwhile: no error");
+        let other = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "abort");
+        assert!(!observe(&other, &[], "r1", 0).pending);
+        withdraw(&client, &other, &[], "r1")
+            .await
+            .expect("nothing to take back");
+        let older = with_command(
+            copy(None, Some((CanaryPhase::Aborted, None)), Some(&token("r0", 1))),
+            "retry",
+        );
+        withdraw(&client, &older, &[], "r1")
+            .await
+            .expect("another revision's: left alone");
+        drop(client);
+        let bodies = server.await.expect("mock server");
+        assert_eq!(bodies.len(), 2, "{bodies:?}");
+        assert_eq!(
+            bodies[0],
+            serde_json::json!([
+                {"op": "test", "path": "/metadata/annotations/proxyfleet.io~1command", "value": "retry"},
+                {"op": "test", "path": "/metadata/annotations/proxyfleet.io~1retry-token", "value": "2/r1"},
+                {"op": "remove", "path": "/metadata/annotations/proxyfleet.io~1command"},
+            ])
+        );
     }
 }

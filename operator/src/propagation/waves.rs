@@ -53,6 +53,9 @@ pub struct Retry {
     /// A canary asked dropped that retry (its command gone, the token not in its status) for
     /// longer than a member takes to record it: it is asked again.
     pub lost: bool,
+    /// A retry of this revision asked of it is still pending on one of its canaries (the
+    /// member has not read it yet).
+    pub pending: bool,
 }
 
 /// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
@@ -106,6 +109,10 @@ pub enum Send {
     Nothing,
     /// The spec's revision, and a retry of its aborted canaries (`resume`).
     Retry,
+    /// Nothing, and the retries still pending there are taken back: the rollout aborted
+    /// again before the member read them (they would restart its canary under a hub that no
+    /// longer waits for it).
+    Withdraw,
 }
 
 /// One wave transition, for an event.
@@ -473,6 +480,7 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
             {
                 Send::Stable
             }
+            WavePhase::Aborted if m.retry.pending => Send::Withdraw,
             WavePhase::Aborted => Send::Nothing,
             _ if retry_due(s, m, o) => Send::Retry,
             _ if m.wave < wave || on_revision(m, o) && m.wave <= wave => Send::Revision,

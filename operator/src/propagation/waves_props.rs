@@ -86,9 +86,10 @@ struct World {
     /// The retry token on its canary's object, and whether the command beside it is pending.
     asked_token: Option<String>,
     command_pending: bool,
-    /// The record of the retry asked, on its fleet copy, and when it was written.
+    /// The record of the retry asked, on its fleet copy.
     record: Option<String>,
-    record_at: i64,
+    /// When its canary was asked (beside the token).
+    asked_at: i64,
     /// The token its canary's status recorded when a retry restarted it.
     status_token: Option<String>,
     /// Its canary ran a retry on `revision` (a flaky one then passes).
@@ -119,16 +120,18 @@ impl World {
             asked_token: None,
             command_pending: false,
             record: None,
-            record_at: 0,
+            asked_at: 0,
             status_token: None,
             retried: false,
             status_owed: false,
         }
     }
 
-    /// The canary was asked `token`, its command is gone, and it did not take it.
-    fn dropped(&self, token: &str) -> bool {
+    /// The canary was asked `token` `LOST_AFTER` or more before `now`, its command is gone, and
+    /// it did not take it (`wave_retry::dropped`).
+    fn dropped(&self, token: &str, now: i64) -> bool {
         self.asked_token.as_deref() == Some(token)
+            && now - self.asked_at >= super::wave_retry::LOST_AFTER
             && !self.command_pending
             && self.aborted
             && self.status_token.as_deref() != Some(token)
@@ -148,12 +151,12 @@ impl World {
         let pending = record.is_some_and(|r| {
             self.asked_token.as_ref() == Some(r) && self.aborted && self.status_token.as_ref() != Some(r)
         });
-        let overdue = now - self.record_at >= super::wave_retry::LOST_AFTER;
         Retry {
             aborted: self.aborted,
             asked,
             taken: record.is_some() && !pending,
-            lost: overdue && record.is_some_and(|r| self.dropped(r)),
+            lost: record.is_some_and(|r| self.dropped(r, now)),
+            pending: self.command_pending && self.asked_token.as_ref().is_some_and(|t| serial(t).is_some()),
         }
     }
 }
@@ -349,8 +352,8 @@ fn check_retries(o: &Observed, plan: &Plan, world: &[World], retries: &Retries) 
         let dropped = retries
             .delivered
             .get(&i)
-            .is_some_and(|t| w.record.as_ref() == Some(t) && w.dropped(t));
-        if due && dropped && o.now - w.record_at >= super::wave_retry::LOST_AFTER {
+            .is_some_and(|t| w.record.as_ref() == Some(t) && w.dropped(t, o.now));
+        if due && dropped {
             prop_assert_eq!(*send, Send::Retry, "m{} dropped its retry and is asked again", i);
         }
     }
@@ -507,6 +510,15 @@ fn deliver(world: &mut [World], plan: &Plan, (revision, stable): (&str, Option<&
             Send::Revision | Send::Retry => revision,
             Send::Stable => stable.unwrap_or(revision),
             Send::Nothing => continue,
+            Send::Withdraw => {
+                // Taken back while it is still a retry of this revision.
+                let of_it = w
+                    .asked_token
+                    .as_ref()
+                    .is_some_and(|t| t.ends_with(&format!("/{revision}")));
+                w.command_pending &= !of_it;
+                continue;
+            }
         };
         if w.revision.as_deref() != Some(to) {
             w.revision = Some(to.to_string());
@@ -517,16 +529,16 @@ fn deliver(world: &mut [World], plan: &Plan, (revision, stable): (&str, Option<&
         }
         if *send == Send::Retry && w.aborted {
             let token = super::wave_retry::token(revision, plan.status.retry_serial);
-            let already = w.asked_token.as_ref() == Some(&token) && !w.dropped(&token);
+            let already = w.asked_token.as_ref() == Some(&token) && !w.dropped(&token, now);
             if !already && w.command_pending {
                 continue; // another command pending: not asked this pass
             }
             if !already {
-                w.asked_token = Some(token.clone());
+                (w.asked_token, w.asked_at) = (Some(token.clone()), now);
                 w.command_pending = true;
             }
             if !lose_ask {
-                (w.record, w.record_at) = (Some(token), now);
+                w.record = Some(token);
             }
         }
     }
@@ -542,7 +554,15 @@ fn restart(w: &mut World, i: usize, restarts: &mut Vec<(usize, String)>) {
 /// Members move on (those that clear a retry take it as `taking` says); returns the retries
 /// their canaries took (member, token).
 fn settle(world: &mut [World], step: usize, taking: Taking) -> Vec<(usize, String)> {
-    let mut restarts = Vec::new();
+    settle_reading(world, step, taking).0
+}
+
+/// Retries (member, token).
+type Retried = Vec<(usize, String)>;
+
+/// `settle`, and the retries members read (cleared the command of) on an aborted canary.
+fn settle_reading(world: &mut [World], step: usize, taking: Taking) -> (Retried, Retried) {
+    let (mut restarts, mut reads) = (Vec::new(), Vec::new());
     for (i, w) in world.iter_mut().enumerate() {
         if !w.reachable || !(step + i).is_multiple_of(2) {
             continue;
@@ -557,6 +577,7 @@ fn settle(world: &mut [World], step: usize, taking: Taking) -> Vec<(usize, Strin
             w.command_pending = false;
             let taken_before = w.asked_token.is_some() && w.asked_token == w.status_token;
             if w.aborted && !taken_before {
+                reads.extend(w.asked_token.clone().map(|t| (i, t)));
                 match taking {
                     Taking::Now => restart(w, i, &mut restarts),
                     Taking::Late => w.status_owed = true,
@@ -574,7 +595,7 @@ fn settle(world: &mut [World], step: usize, taking: Taking) -> Vec<(usize, Strin
             };
         }
     }
-    restarts
+    (restarts, reads)
 }
 
 /// Every member of `c` reachable and done on revision r0.
@@ -618,7 +639,14 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         match op {
             Op::Tick(dt) => {
                 now += dt;
-                for taken in settle(&mut world, step, std::mem::replace(&mut taking, Taking::Now)) {
+                let (restarts, reads) = settle_reading(&mut world, step, std::mem::replace(&mut taking, Taking::Now));
+                // A retry read after the hub aborted the rollout that asked it was not taken back.
+                let aborted = status.as_ref().filter(|s| s.phase == WavePhase::Aborted);
+                for read in reads {
+                    let of_it = aborted.is_some_and(|s| read.1.ends_with(&format!("/{}", s.revision)));
+                    prop_assert!(!of_it, "a retry read after the hub aborted: {:?}", read);
+                }
+                for taken in restarts {
                     prop_assert!(
                         retries.restarted.insert(taken.clone()),
                         "a canary retried twice: {:?}",

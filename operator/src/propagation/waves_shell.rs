@@ -315,6 +315,14 @@ async fn send_one(
             return Observation::Failed(e);
         }
     }
+    if send == Send::Withdraw {
+        if let Some(copy) = &found.copy {
+            let judged = judged_apps(&found.apps, held);
+            if let Err(e) = wave_retry::withdraw(&client, copy, &judged, &to.stable.revision).await {
+                return Observation::Failed(e);
+            }
+        }
+    }
     let why = match (send, stable) {
         (Send::Revision | Send::Retry, _) => {
             let current = Desired {
