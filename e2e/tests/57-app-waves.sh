@@ -8,7 +8,8 @@
 # Checks: the app's copies reach the members; a bad version (20 % 500) aborts main's app
 # canary, the hub aborts the whole rollout, member-8's copy never changes, and main is sent
 # the last completed version back; with onFailure: Hold, `resume` asks main's aborted app
-# canary to retry (it restarts, aborts again, and the hub aborts again); a healthy version reaches member-8 only after main's app
+# canary to retry (it restarts, aborts again, and the hub aborts again), and a retry still
+# pending on a lagging member (its operator stopped) is taken back by the aborted hub; a healthy version reaches member-8 only after main's app
 # canary completed and the soak passed (timings printed), with 0 failed requests; the hub's
 # status and `kubectl proxyfleet get pxd` show each member's app; deleting the hub fleet
 # removes the app's copies from the members.
@@ -226,6 +227,24 @@ hk get events -n "$ns" --field-selector involvedObject.name=edge,reason=WaveRoll
   | grep -q "canaries retried in main" || fail "no WaveRolloutRetried event naming main"
 say "attempt 2 aborted after the retry, $(( $(date +%s) - t0 ))s after resume: $reason"
 [ "$(mk8 get deploy -n "$ns" shop -o json | jq -cS .spec.template)" = "$m8_before" ] || fail "$m8's app changed during the retries"
+
+say "3c. a retry the hub no longer waits for is taken back: $m8's operator stopped (a member that lags), a retry of this rollout pending on its fleet copy; the aborted hub removes the command, by a patch that tests it first"
+kill "${PIDS[1]}" 2>/dev/null; wait "${PIDS[1]}" 2>/dev/null || true
+stale_token="$want_token"
+mk8 annotate pxd -n "$ns" edge proxyfleet.io/command=retry proxyfleet.io/retry-token="$stale_token" --overwrite >/dev/null
+t0=$(date +%s)
+command_gone() { [ -z "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annotations.proxyfleet\.io/command}')" ]; }
+within 60 command_gone || { mk8 get pxd -n "$ns" edge -o yaml >&2; fail "the aborted hub did not take back the pending retry on $m8"; }
+[ "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annotations.proxyfleet\.io/retry-token}')" = "$stale_token" ] \
+  || fail "the take-back removed more than the command"
+say "the pending retry on $m8 was taken back after $(( $(date +%s) - t0 ))s (the hub $(wave_phase))"
+mk8 annotate pxd -n "$ns" edge proxyfleet.io/command=pause --overwrite >/dev/null
+sleep 20   # a command that is not the hub's retry stays
+[ "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annotations.proxyfleet\.io/command}')" = pause ] \
+  || fail "the hub removed a command that was not its retry"
+mk8 annotate pxd -n "$ns" edge proxyfleet.io/command- >/dev/null
+start_operator "$m8" 18198
+say "a pause by hand on $m8 stayed; $m8's operator started again"
 kill -TERM $BAD_PID 2>/dev/null; wait $BAD_PID || true
 
 say "4. a healthy v4 under 40 req/s: wave first (main's app canary), soak 5s, then $m8"

@@ -104,18 +104,17 @@ fn main() -> ExitCode {
             };
         }
         // Registered before anything slow (the state, TLS files, DNS): until then a SIGTERM
-        // would skip the drain, and a SIGHUP is ignored (`at_start`) and then lost. The reload
-        // watcher answers SIGHUP from then on.
+        // would skip the drain, and a SIGHUP is ignored (`at_start`; the configuration is read
+        // after it anyway). A SIGHUP from here on is answered by the reload watcher once it runs.
         let shutdown = shutdown_signal();
-        #[cfg(unix)]
-        let _hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        proxyfleet_proxy::reload::listen_for_hangup();
         tracing::info!(
             workers,
             idle_spin_us = spin.as_micros() as u64,
             version = env!("CARGO_PKG_VERSION"),
             "starting proxyfleet-proxy"
         );
-        match proxyfleet_proxy::run(args.config, extra, shutdown).await {
+        match proxyfleet_proxy::run(config, args.config, extra, shutdown).await {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 tracing::error!(error = %e, "proxy failed");

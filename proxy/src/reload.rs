@@ -17,6 +17,19 @@ use crate::shared::Shared;
 use crate::state::ProxyState;
 use crate::tls::parent_dirs;
 
+/// The SIGHUP listener made as soon as the runtime runs (`listen_for_hangup`), taken by the
+/// watcher when it starts: a listener made then would miss a reload asked during start-up.
+#[cfg(unix)]
+static EARLY_HANGUP: std::sync::Mutex<Option<tokio::signal::unix::Signal>> = std::sync::Mutex::new(None);
+
+/// Starts listening for SIGHUP now (on a runtime), for the watcher to answer once it runs.
+pub fn listen_for_hangup() {
+    #[cfg(unix)]
+    if let Ok(hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        *EARLY_HANGUP.lock().unwrap_or_else(|p| p.into_inner()) = Some(hup);
+    }
+}
+
 /// Files whose change means a reload: the config itself and all TLS material it names.
 /// Returns the directories to watch and the file names that matter in them.
 fn watched(config: &ProxyConfig, config_path: Option<&PathBuf>) -> (Vec<PathBuf>, Vec<std::ffi::OsString>) {
@@ -210,8 +223,12 @@ async fn watch(
     #[cfg(unix)]
     {
         let tx = tx.clone();
+        let early = EARLY_HANGUP.lock().unwrap_or_else(|p| p.into_inner()).take();
         tokio::spawn(async move {
-            let Ok(mut hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            let hup = early
+                .map(Ok)
+                .unwrap_or_else(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()));
+            let Ok(mut hup) = hup else {
                 return;
             };
             while hup.recv().await.is_some() {

@@ -686,14 +686,14 @@ async fn drive<F: Future>(served: F, seen: &std::sync::atomic::AtomicUsize, firs
     let _ = served.await;
 }
 
-/// Runs a proxy from a config file, on the calling runtime and `workers`, until `shutdown`
-/// completes, then drains and returns.
+/// Runs a proxy from `config`, read from `config_path` (reloads read it again), on the calling
+/// runtime and `workers`, until `shutdown` completes, then drains and returns.
 pub async fn run(
+    config: ProxyConfig,
     config_path: PathBuf,
     workers: Workers,
     shutdown: impl Future<Output = ()>,
 ) -> Result<(), ServerError> {
-    let config = read_config(&config_path)?;
     let running = start_with_workers(config, Some(config_path), workers).await?;
     for (name, addr) in &running.listener_addrs {
         tracing::info!(listener = %name, %addr, "listening");

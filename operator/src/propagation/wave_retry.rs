@@ -34,10 +34,7 @@ pub const WAVE_RETRY: &str = "proxyfleet.io/wave-retry";
 pub const LOST_AFTER: i64 = 60;
 const FIELD_MANAGER: &str = "proxyfleet-wave-retry";
 
-/// The token of the retry `serial` (`WaveStatus::retry_serial`) of the rollout of `revision`.
-pub fn token(revision: &str, serial: u32) -> String {
-    format!("{serial}/{revision}")
-}
+pub use super::waves::retry_token as token;
 
 /// The serial a token names, if it is one of `revision`'s.
 fn serial_of(token: &str, revision: &str) -> Option<u32> {
@@ -83,16 +80,30 @@ fn canaries<'a>(
         .chain(apps.iter().map(|a| (&a.rollout.metadata, app_canary(a))))
 }
 
-/// The canaries a retry restarts (`retriable`), as objects and statuses.
-fn retried<'a>(copy: &'a ProxyDeployment, apps: &'a [SeenApp]) -> Vec<(&'a ObjectMeta, Option<&'a CanaryStatus>)> {
+/// One canary a retry restarts: its object and status, and whether it is the fleet's (else an
+/// app's).
+struct Retried<'a> {
+    meta: &'a ObjectMeta,
+    status: Option<&'a CanaryStatus>,
+    fleet: bool,
+}
+
+/// The canaries a retry restarts (`retriable`).
+fn retried<'a>(copy: &'a ProxyDeployment, apps: &'a [SeenApp]) -> Vec<Retried<'a>> {
     let Some((fleet, apps)) = retriable(copy, apps) else {
         return Vec::new();
     };
-    let fleet = fleet.then(|| (&copy.metadata, fleet_canary(copy)));
-    fleet
-        .into_iter()
-        .chain(apps.into_iter().map(|a| (&a.rollout.metadata, app_canary(a))))
-        .collect()
+    let fleet = fleet.then(|| Retried {
+        meta: &copy.metadata,
+        status: fleet_canary(copy),
+        fleet: true,
+    });
+    let apps = apps.into_iter().map(|a| Retried {
+        meta: &a.rollout.metadata,
+        status: app_canary(a),
+        fleet: false,
+    });
+    fleet.into_iter().chain(apps).collect()
 }
 
 /// The member's canaries a retry restarts: its fleet's, if aborted, and each (judged) app whose
@@ -118,8 +129,8 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         aborted: retriable(copy, apps).is_some_and(|(fleet, apps)| fleet || !apps.is_empty()),
         asked: asked_token.and_then(|t| serial_of(t, revision)),
         taken: asked_token.is_some(),
-        lost: asked_token.is_some_and(|t| retried(copy, apps).iter().any(|(m, c)| dropped(m, *c, t, now))),
-        pending: false,
+        lost: asked_token.is_some_and(|t| retried(copy, apps).iter().any(|c| dropped(c.meta, c.status, t, now))),
+        pending: None,
     };
     for (meta, canary) in canaries(copy, apps) {
         // Taken: restarted (no longer aborted), or aborted again after recording the token.
@@ -129,30 +140,33 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         if asked_here && aborted(canary) && canary.and_then(|c| c.retry_token.as_deref()) != asked_token {
             retry.taken = false;
         }
-        retry.pending |= pending_retry(meta, revision).is_some();
+        if retry.pending.is_none() {
+            retry.pending = pending_retry(meta).map(str::to_string);
+        }
     }
     retry
 }
 
-/// The token of a retry of `revision` still pending on the canary of `meta` (the command
-/// beside the hub's token, not read yet by the member).
-fn pending_retry<'a>(meta: &'a ObjectMeta, revision: &str) -> Option<&'a str> {
-    let token = annotation(meta, RETRY_TOKEN).filter(|t| serial_of(t, revision).is_some())?;
+/// The token of a hub's retry still pending on the canary of `meta`: the `retry` command beside
+/// the hub's token, not read yet by the member. (The plugin's commands drop the token.)
+fn pending_retry(meta: &ObjectMeta) -> Option<&str> {
+    let token = annotation(meta, RETRY_TOKEN)?;
     (annotation(meta, COMMAND_ANNOTATION) == Some("retry")).then_some(token)
 }
 
-/// Takes back every retry of `revision` still pending in the member (`Send::Withdraw`): the
-/// command is removed only while it is still that retry (a JSON patch that tests the command
-/// and the token first), so a retry the member took meanwhile, or a command sent since, is
-/// left alone; the API server's refusal of the test is not an error.
+/// Takes back the hub's retries still pending in the member (`Send::Withdraw`), all but the
+/// one of token `keep`: the command is removed only while it is still that retry (a JSON patch
+/// that tests the command and the token first), so a retry the member read meanwhile, or a
+/// command sent since, is left alone; the API server's refusal of the test is not an error.
 pub async fn withdraw(
     client: &Client,
     copy: &ProxyDeployment,
     apps: &[SeenApp],
-    revision: &str,
+    keep: Option<&str>,
 ) -> Result<(), MemberError> {
     let namespace = copy.metadata.namespace.as_deref().unwrap_or_default();
-    if let Some(token) = pending_retry(&copy.metadata, revision) {
+    let pending_retry = |meta| pending_retry(meta).filter(|t| Some(*t) != keep);
+    if let Some(token) = pending_retry(&copy.metadata) {
         take_back::<ProxyDeployment>(
             client,
             namespace,
@@ -164,7 +178,7 @@ pub async fn withdraw(
     }
     for app in apps {
         let meta = &app.rollout.metadata;
-        if let Some(token) = pending_retry(meta, revision) {
+        if let Some(token) = pending_retry(meta) {
             take_back::<AppRollout>(client, namespace, meta, token, "taking back an app's retry").await?;
         }
     }
@@ -196,11 +210,17 @@ where
         field_manager: Some(FIELD_MANAGER.into()),
         ..PatchParams::default()
     };
-    match bounded(what, api.patch(name, &params, &Patch::Json::<()>(patch))).await {
-        // The test failed: the member read the retry already, or another command came.
-        Err(MemberError::Refused(m)) if m.contains("(Invalid)") || m.contains("422") => Ok(()),
-        other => other.map(|_| ()),
-    }
+    let patched = async {
+        match api.patch(name, &params, &Patch::Json::<()>(patch)).await {
+            // A test failed: the member read the retry already, or another command came.
+            Err(kube::Error::Api(s)) if s.code == 422 => {
+                tracing::info!(object = name, message = %s.message, "retry not taken back: no longer pending");
+                Ok(())
+            }
+            other => other.map(|_| ()),
+        }
+    };
+    bounded(what, patched).await
 }
 
 /// Why a member was not asked this pass (it is, on a later one).
@@ -235,15 +255,14 @@ pub async fn ask(
         let dropped = dropped(m, c, token, now);
         dropped || !recorded && annotation(m, RETRY_TOKEN) != Some(token)
     };
-    let to_ask: Vec<&ObjectMeta> = retried(copy, apps)
+    let to_ask: Vec<Retried> = retried(copy, apps)
         .into_iter()
-        .filter(|(m, c)| unasked(m, *c))
-        .map(|(m, _)| m)
+        .filter(|c| unasked(c.meta, c.status))
         .collect();
     if recorded && to_ask.is_empty() {
         return Ok(Ok(()));
     }
-    let pending = to_ask.iter().find_map(|m| {
+    let pending = to_ask.iter().map(|c| c.meta).find_map(|m| {
         let command = annotation(m, COMMAND_ANNOTATION)?;
         Some(format!("{command} on {}", m.name.as_deref().unwrap_or_default()))
     });
@@ -252,12 +271,12 @@ pub async fn ask(
     }
     let namespace = copy.metadata.namespace.as_deref().unwrap_or_default();
     let asked = async {
-        for meta in to_ask {
+        for c in to_ask {
             let ask = Ask::Retry(token, now);
-            if std::ptr::eq(meta, &copy.metadata) {
-                patch::<ProxyDeployment>(client, namespace, meta, ask, "asking the fleet's canary to retry").await?;
+            if c.fleet {
+                patch::<ProxyDeployment>(client, namespace, c.meta, ask, "asking the fleet's canary to retry").await?;
             } else {
-                patch::<AppRollout>(client, namespace, meta, ask, "asking an app's canary to retry").await?;
+                patch::<AppRollout>(client, namespace, c.meta, ask, "asking an app's canary to retry").await?;
             }
         }
         patch::<ProxyDeployment>(
@@ -370,7 +389,7 @@ mod tests {
                 asked: None,
                 taken: false,
                 lost: false,
-                pending: false
+                pending: None
             }
         );
         let pending = observe(
@@ -381,7 +400,7 @@ mod tests {
         );
         assert_eq!(
             (pending.asked, pending.taken, pending.lost, pending.pending),
-            (Some(1), false, false, true)
+            (Some(1), false, false, Some(t.clone()))
         );
         let restarted = observe(
             &copy(Some(&t), Some((CanaryPhase::Progressing, Some(&t))), Some(&t)),
@@ -534,9 +553,9 @@ mod tests {
         assert_eq!(annotations(4), record);
     }
 
-    /// An abort takes back the retries still pending: the command is removed only while it is
-    /// still that retry (tested in the patch); a refused test (the member read it meanwhile) is
-    /// no error, and a canary with no pending retry of the revision gets no write.
+    /// The retries still pending are taken back: the command is removed only while it is still
+    /// that retry (tested in the patch); a refused test (the member read it meanwhile) is no
+    /// error; the retry to keep, and another command, get no write.
     #[tokio::test]
     async fn an_abort_takes_back_the_retries_still_pending() {
         let (mock, mut handle) =
@@ -570,23 +589,19 @@ mod tests {
         });
         let t = token("r1", 2);
         let pending = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "retry");
-        assert!(observe(&pending, &[], "r1", 0).pending);
-        withdraw(&client, &pending, &[], "r1").await.expect("taken back");
-        withdraw(&client, &pending, &[], "r1")
+        assert_eq!(observe(&pending, &[], "r1", 0).pending.as_deref(), Some("2/r1"));
+        withdraw(&client, &pending, &[], None).await.expect("taken back");
+        withdraw(&client, &pending, &[], None)
             .await
             .expect("read meanwhile: no error");
+        withdraw(&client, &pending, &[], Some("2/r1"))
+            .await
+            .expect("the current retry is kept");
         let other = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "abort");
-        assert!(!observe(&other, &[], "r1", 0).pending);
-        withdraw(&client, &other, &[], "r1")
+        assert_eq!(observe(&other, &[], "r1", 0).pending, None);
+        withdraw(&client, &other, &[], None)
             .await
             .expect("nothing to take back");
-        let older = with_command(
-            copy(None, Some((CanaryPhase::Aborted, None)), Some(&token("r0", 1))),
-            "retry",
-        );
-        withdraw(&client, &older, &[], "r1")
-            .await
-            .expect("another revision's: left alone");
         drop(client);
         let bodies = server.await.expect("mock server");
         assert_eq!(bodies.len(), 2, "{bodies:?}");

@@ -41,7 +41,7 @@ pub struct Member {
 }
 
 /// What a member's canaries say of the retry `resume` asks of them (`WaveStatus::retrying`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Retry {
     /// It fails only by canaries (its fleet's, its apps') that aborted on the revision: a retry
     /// can clear that.
@@ -53,9 +53,9 @@ pub struct Retry {
     /// A canary asked dropped that retry (its command gone, the token not in its status) for
     /// longer than a member takes to record it: it is asked again.
     pub lost: bool,
-    /// A retry of this revision asked of it is still pending on one of its canaries (the
-    /// member has not read it yet).
-    pub pending: bool,
+    /// The token of a hub's retry still pending on one of its canaries (the member has not
+    /// read it yet), of any revision.
+    pub pending: Option<String>,
 }
 
 /// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
@@ -109,9 +109,9 @@ pub enum Send {
     Nothing,
     /// The spec's revision, and a retry of its aborted canaries (`resume`).
     Retry,
-    /// Nothing, and the retries still pending there are taken back: the rollout aborted
-    /// again before the member read them (they would restart its canary under a hub that no
-    /// longer waits for it).
+    /// Nothing, and the hub's retries still pending there are taken back (all of them once the
+    /// rollout aborted, else those not of its current retry): read later, they would restart a
+    /// canary under a hub that no longer waits for it.
     Withdraw,
 }
 
@@ -480,7 +480,7 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
             {
                 Send::Stable
             }
-            WavePhase::Aborted if m.retry.pending => Send::Withdraw,
+            WavePhase::Aborted if m.retry.pending.is_some() => Send::Withdraw,
             WavePhase::Aborted => Send::Nothing,
             _ if retry_due(s, m, o) => Send::Retry,
             _ if m.wave < wave || on_revision(m, o) && m.wave <= wave => Send::Revision,
@@ -488,9 +488,23 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
                 busy += 1;
                 Send::Revision
             }
+            _ if stale_retry(s, m, o) => Send::Withdraw,
             _ => Send::Nothing,
         })
         .collect()
+}
+
+/// A retry of the hub's pending on `m` that is not the current one (an earlier revision's, or
+/// an earlier `resume`'s): nobody waits for it any more.
+fn stale_retry(s: &WaveStatus, m: &Member, o: &Observed) -> bool {
+    let current = retry_token(&o.revision, s.retry_serial);
+    m.retry.pending.as_ref().is_some_and(|t| *t != current)
+}
+
+/// The token of the retry `serial` (`WaveStatus::retry_serial`) of the rollout of `revision`,
+/// written beside each retry the hub asks (`wave_retry`).
+pub fn retry_token(revision: &str, serial: u32) -> String {
+    format!("{serial}/{revision}")
 }
 
 /// When to look again without a change: the soak's end or the wave's timeout.

@@ -156,7 +156,7 @@ impl World {
             asked,
             taken: record.is_some() && !pending,
             lost: record.is_some_and(|r| self.dropped(r, now)),
-            pending: self.command_pending && self.asked_token.as_ref().is_some_and(|t| serial(t).is_some()),
+            pending: self.asked_token.clone().filter(|_| self.command_pending),
         }
     }
 }
@@ -511,15 +511,16 @@ fn deliver(world: &mut [World], plan: &Plan, (revision, stable): (&str, Option<&
             Send::Stable => stable.unwrap_or(revision),
             Send::Nothing => continue,
             Send::Withdraw => {
-                // Taken back while it is still a retry of this revision.
-                let of_it = w
-                    .asked_token
-                    .as_ref()
-                    .is_some_and(|t| t.ends_with(&format!("/{revision}")));
-                w.command_pending &= !of_it;
+                // All but the current retry; all of them once aborted.
+                let current = super::wave_retry::token(revision, plan.status.retry_serial);
+                let keep = (plan.status.phase != WavePhase::Aborted).then_some(&current);
+                w.command_pending &= w.asked_token.as_ref() == keep;
                 continue;
             }
         };
+        if *send == Send::Stable {
+            w.command_pending = false; // taken back as the stable spec goes back
+        }
         if w.revision.as_deref() != Some(to) {
             w.revision = Some(to.to_string());
             w.progress = Progress::Running;
@@ -640,11 +641,16 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
             Op::Tick(dt) => {
                 now += dt;
                 let (restarts, reads) = settle_reading(&mut world, step, std::mem::replace(&mut taking, Taking::Now));
-                // A retry read after the hub aborted the rollout that asked it was not taken back.
-                let aborted = status.as_ref().filter(|s| s.phase == WavePhase::Aborted);
+                // A retry read after the hub aborted the rollout that asked it, or moved on to
+                // another revision, was not taken back.
                 for read in reads {
-                    let of_it = aborted.is_some_and(|s| read.1.ends_with(&format!("/{}", s.revision)));
-                    prop_assert!(!of_it, "a retry read after the hub aborted: {:?}", read);
+                    let of_it = |s: &WaveStatus| read.1.ends_with(&format!("/{}", s.revision));
+                    let aborted = status
+                        .as_ref()
+                        .is_some_and(|s| s.phase == WavePhase::Aborted && of_it(s));
+                    let stale = status.as_ref().is_some_and(|s| !of_it(s));
+                    prop_assert!(!aborted, "a retry read after the hub aborted: {:?}", read);
+                    prop_assert!(!stale, "a retry of another revision read: {:?}", read);
                 }
                 for taken in restarts {
                     prop_assert!(

@@ -13,7 +13,7 @@ use super::apps::{self, AppCopy, SeenApp};
 use super::clusters::MemberCluster;
 use super::member::MemberError;
 use super::placement::{self, MemberObject, Selection};
-use super::spec::{ClusterStatus, Placement, WaveStatus};
+use super::spec::{ClusterStatus, Placement, WavePhase, WaveStatus};
 use super::status::{self, Observation};
 use super::sync::{self, Desired, Found};
 use super::wave_retry;
@@ -315,13 +315,8 @@ async fn send_one(
             return Observation::Failed(e);
         }
     }
-    if send == Send::Withdraw {
-        if let Some(copy) = &found.copy {
-            let judged = judged_apps(&found.apps, held);
-            if let Err(e) = wave_retry::withdraw(&client, copy, &judged, &to.stable.revision).await {
-                return Observation::Failed(e);
-            }
-        }
+    if let Err(e) = withdraw_retries(to, send, &client, &found).await {
+        return Observation::Failed(e);
     }
     let why = match (send, stable) {
         (Send::Revision | Send::Retry, _) => {
@@ -363,6 +358,23 @@ async fn ask_retry(to: &Target<'_>, client: &Client, c: &MemberCluster, found: &
         Err(not_now) => tracing::info!(cluster = %c.name, ?not_now, "canary retry not asked this pass"),
     }
     Ok(())
+}
+
+/// Takes back the hub's retries still pending in a member the plan withdraws them from, or
+/// sends the stable spec back to: all of them once the rollout aborted, else all but the
+/// current one.
+async fn withdraw_retries(to: &Target<'_>, send: Send, client: &Client, found: &Found) -> Result<(), MemberError> {
+    let Some(copy) = found
+        .copy
+        .as_ref()
+        .filter(|_| matches!(send, Send::Withdraw | Send::Stable))
+    else {
+        return Ok(());
+    };
+    let current = wave_retry::token(&to.stable.revision, to.stable.retry_serial);
+    let keep = (to.stable.phase != WavePhase::Aborted).then_some(current.as_str());
+    let judged = judged_apps(&found.apps, &to.hub_apps.held);
+    wave_retry::withdraw(client, copy, &judged, keep).await
 }
 
 async fn announce(ctx: &Context, owner: &Owner, plan: &waves::Plan) {
