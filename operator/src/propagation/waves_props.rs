@@ -624,6 +624,30 @@ fn disturb(world: &mut [World], op: &Op) {
     }
 }
 
+/// What members did on a move: a retry read after the hub aborted the rollout that asked it,
+/// or moved on to another revision, was not taken back; no canary took a retry twice.
+fn check_members_moves(
+    (restarts, reads): (Retried, Retried),
+    status: Option<&WaveStatus>,
+    retries: &mut Retries,
+) -> Result<(), TestCaseError> {
+    for read in reads {
+        let of_it = |s: &WaveStatus| read.1.ends_with(&format!("/{}", s.revision));
+        let aborted = status.is_some_and(|s| s.phase == WavePhase::Aborted && of_it(s));
+        let stale = status.is_some_and(|s| !of_it(s));
+        prop_assert!(!aborted, "a retry read after the hub aborted: {:?}", read);
+        prop_assert!(!stale, "a retry of another revision read: {:?}", read);
+    }
+    for taken in restarts {
+        prop_assert!(
+            retries.restarted.insert(taken.clone()),
+            "a canary retried twice: {:?}",
+            taken
+        );
+    }
+    Ok(())
+}
+
 fn run(c: &Case) -> Result<(), TestCaseError> {
     let mut world = world_on_r0(c);
     let (mut revision, mut n, mut now) = ("r1".to_string(), 1, 1_000_000i64);
@@ -640,25 +664,8 @@ fn run(c: &Case) -> Result<(), TestCaseError> {
         match op {
             Op::Tick(dt) => {
                 now += dt;
-                let (restarts, reads) = settle_reading(&mut world, step, std::mem::replace(&mut taking, Taking::Now));
-                // A retry read after the hub aborted the rollout that asked it, or moved on to
-                // another revision, was not taken back.
-                for read in reads {
-                    let of_it = |s: &WaveStatus| read.1.ends_with(&format!("/{}", s.revision));
-                    let aborted = status
-                        .as_ref()
-                        .is_some_and(|s| s.phase == WavePhase::Aborted && of_it(s));
-                    let stale = status.as_ref().is_some_and(|s| !of_it(s));
-                    prop_assert!(!aborted, "a retry read after the hub aborted: {:?}", read);
-                    prop_assert!(!stale, "a retry of another revision read: {:?}", read);
-                }
-                for taken in restarts {
-                    prop_assert!(
-                        retries.restarted.insert(taken.clone()),
-                        "a canary retried twice: {:?}",
-                        taken
-                    );
-                }
+                let moved = settle_reading(&mut world, step, std::mem::replace(&mut taking, Taking::Now));
+                check_members_moves(moved, status.as_ref(), &mut retries)?;
             }
             Op::Flip(_) | Op::Regress(_) => disturb(&mut world, op),
             Op::Command(k) => {
