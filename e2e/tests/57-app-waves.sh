@@ -229,7 +229,11 @@ say "attempt 2 aborted after the retry, $(( $(date +%s) - t0 ))s after resume: $
 [ "$(mk8 get deploy -n "$ns" shop -o json | jq -cS .spec.template)" = "$m8_before" ] || fail "$m8's app changed during the retries"
 
 say "3c. a retry the hub no longer waits for is taken back: $m8's operator stopped (a member that lags), a retry of this rollout pending on its fleet copy; the aborted hub removes the command, by a patch that tests it first"
-kill "${PIDS[1]}" 2>/dev/null; wait "${PIDS[1]}" 2>/dev/null || true
+m8_pid=${PIDS[1]}
+kill "$m8_pid" || fail "$m8's operator is not running"
+wait "$m8_pid" 2>/dev/null || true
+unset 'PIDS[1]'
+cp "/tmp/operator-$m8.log" "/tmp/operator-$m8.log.1"
 stale_token="$want_token"
 mk8 annotate pxd -n "$ns" edge proxyfleet.io/command=retry proxyfleet.io/retry-token="$stale_token" --overwrite >/dev/null
 t0=$(date +%s)
@@ -244,6 +248,8 @@ sleep 20   # a command that is not the hub's retry stays
   || fail "the hub removed a command that was not its retry"
 mk8 annotate pxd -n "$ns" edge proxyfleet.io/command- >/dev/null
 start_operator "$m8" 18198
+sleep 2
+kill -0 "${PIDS[-1]}" || { cat "/tmp/operator-$m8.log" >&2; fail "$m8's operator did not start again"; }
 say "a pause by hand on $m8 stayed; $m8's operator started again"
 kill -TERM $BAD_PID 2>/dev/null; wait $BAD_PID || true
 

@@ -45,19 +45,27 @@ const MI_OPTION_ARENA_EAGER_COMMIT: libmimalloc_sys::mi_option_t = 4;
 extern "C" fn at_start() {
     // SAFETY: sets a plain integer option in mimalloc's static table; runs single-threaded.
     unsafe { libmimalloc_sys::mi_option_set(MI_OPTION_ARENA_EAGER_COMMIT, 0) };
-    // A SIGHUP (a reload asked right after start) is ignored until the reload watcher's handler
-    // replaces this disposition: by default it would kill the process, and a reload asked
-    // before the configuration is read is answered by reading it.
-    // SAFETY: sets the process-wide disposition of SIGHUP to ignored; no handler is installed.
+    // A SIGHUP (a reload asked right after start) is only noted until the reload watcher
+    // listens: by default it would kill the process. One noted after the configuration was read
+    // is answered by the watcher when it starts (`reload::note_hangup`).
     #[cfg(unix)]
-    unsafe {
-        libc::signal(libc::SIGHUP, libc::SIG_IGN);
+    {
+        let handler: extern "C" fn(libc::c_int) = proxyfleet_proxy::reload::note_hangup;
+        // SAFETY: installs a handler that only stores to an atomic (async-signal-safe), with
+        // SA_RESTART so no system call of start-up fails with EINTR; runs single-threaded.
+        unsafe {
+            let mut action: libc::sigaction = std::mem::zeroed();
+            action.sa_sigaction = handler as libc::sighandler_t;
+            action.sa_flags = libc::SA_RESTART;
+            libc::sigemptyset(&mut action.sa_mask);
+            libc::sigaction(libc::SIGHUP, &action, std::ptr::null_mut());
+        }
     }
 }
 
 /// Runs before the Rust runtime's first allocation (which reserves mimalloc's first arena), so
-/// the option applies to it; setting it in `main` is too late. The SIGHUP disposition is set
-/// here too, before any code of ours runs.
+/// the option applies to it; setting it in `main` is too late. The SIGHUP handler is set here
+/// too, before any code of ours runs.
 #[used]
 #[link_section = ".init_array.00099"]
 static AT_START: extern "C" fn() = at_start;
@@ -81,6 +89,7 @@ fn main() -> ExitCode {
     // the process-wide one (rustls cannot pick one when ring is linked beside aws-lc-rs).
     let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
     let term_log = args.termination_log.clone();
+    proxyfleet_proxy::reload::forget_hangups();
     let config = match proxyfleet_proxy::read_config(&args.config) {
         Ok(c) => c,
         Err(e) => return fatal(term_log.as_deref(), &e.to_string(), ExitCode::from(2)),
@@ -104,10 +113,8 @@ fn main() -> ExitCode {
             };
         }
         // Registered before anything slow (the state, TLS files, DNS): until then a SIGTERM
-        // would skip the drain, and a SIGHUP is ignored (`at_start`; the configuration is read
-        // after it anyway). A SIGHUP from here on is answered by the reload watcher once it runs.
+        // would skip the drain. (A SIGHUP is noted from process start: `at_start`.)
         let shutdown = shutdown_signal();
-        proxyfleet_proxy::reload::listen_for_hangup();
         tracing::info!(
             workers,
             idle_spin_us = spin.as_micros() as u64,

@@ -17,17 +17,21 @@ use crate::shared::Shared;
 use crate::state::ProxyState;
 use crate::tls::parent_dirs;
 
-/// The SIGHUP listener made as soon as the runtime runs (`listen_for_hangup`), taken by the
-/// watcher when it starts: a listener made then would miss a reload asked during start-up.
-#[cfg(unix)]
-static EARLY_HANGUP: std::sync::Mutex<Option<tokio::signal::unix::Signal>> = std::sync::Mutex::new(None);
+/// A SIGHUP came since the configuration was first read (`forget_hangups`) and before the
+/// watcher listens: noted by `note_hangup`, the handler the binary installs before any code of
+/// its own runs, and answered by the watcher when it starts.
+static HANGUP_SEEN: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
-/// Starts listening for SIGHUP now (on a runtime), for the watcher to answer once it runs.
-pub fn listen_for_hangup() {
-    #[cfg(unix)]
-    if let Ok(hup) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        *EARLY_HANGUP.lock().unwrap_or_else(|p| p.into_inner()) = Some(hup);
-    }
+/// The SIGHUP handler from process start: it only notes the signal (an atomic store is
+/// async-signal-safe). Tokio's handler, registered by the watcher, calls it too.
+#[cfg(unix)]
+pub extern "C" fn note_hangup(_: libc::c_int) {
+    HANGUP_SEEN.store(true, std::sync::atomic::Ordering::Relaxed);
+}
+
+/// Forgets the SIGHUPs noted so far: the configuration is about to be read.
+pub fn forget_hangups() {
+    HANGUP_SEEN.store(false, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// Files whose change means a reload: the config itself and all TLS material it names.
@@ -222,12 +226,14 @@ async fn watch(
 ) {
     #[cfg(unix)]
     {
+        // Listening first: a SIGHUP from here on is the listener's, one before it was noted.
+        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+        if HANGUP_SEEN.swap(false, std::sync::atomic::Ordering::Relaxed) {
+            tracing::info!("SIGHUP during start-up: reloading");
+            let _ = tx.send(());
+        }
         let tx = tx.clone();
-        let early = EARLY_HANGUP.lock().unwrap_or_else(|p| p.into_inner()).take();
         tokio::spawn(async move {
-            let hup = early
-                .map(Ok)
-                .unwrap_or_else(|| tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()));
             let Ok(mut hup) = hup else {
                 return;
             };

@@ -1,6 +1,6 @@
 //! The proxy binary and its signals at start-up: a SIGHUP (a reload asked right after start,
-//! `systemctl reload`) that arrives before the reload watcher exists must not kill it, and one
-//! once it runs is a reload.
+//! `systemctl reload`) that arrives before the reload watcher exists must not kill it and is
+//! answered with a reload once the watcher runs; one after that is a reload too.
 #![cfg(unix)]
 
 use std::process::{Child, Command, Stdio};
@@ -27,12 +27,12 @@ impl Proxy {
         self.0.try_wait().expect("try_wait").is_none()
     }
 
-    /// Whether the process ignores SIGHUP now (bit 0 of `SigIgn` in /proc/PID/status).
-    fn ignores_sighup(&self) -> bool {
+    /// Whether the process catches SIGHUP now (bit 0 of `SigCgt` in /proc/PID/status).
+    fn catches_sighup(&self) -> bool {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.0.id())).unwrap_or_default();
         let mask = status
             .lines()
-            .find_map(|l| l.strip_prefix("SigIgn:"))
+            .find_map(|l| l.strip_prefix("SigCgt:"))
             .and_then(|m| u64::from_str_radix(m.trim(), 16).ok())
             .unwrap_or(0);
         mask & 1 == 1
@@ -50,49 +50,52 @@ fn until(limit: Duration, mut done: impl FnMut() -> bool) -> bool {
     done()
 }
 
-/// The configuration is a FIFO, so the proxy is held inside its first read until the test
-/// writes it: the SIGHUP sent then lands where no handler of ours is registered yet.
+/// The configuration is a symlink to a FIFO, so the proxy is held inside its first read until
+/// the test writes it: the SIGHUP sent then lands before any handler of tokio's exists, during
+/// the read, so the proxy must answer it with a reload once it runs. The symlink is pointed at
+/// a regular file before the FIFO is written, so every later read reads that.
 #[test]
-fn a_sighup_before_the_configuration_is_read_does_not_kill_the_proxy() {
+fn a_sighup_during_start_up_is_a_reload_once_it_runs() {
     let dir = std::env::temp_dir().join(format!("pf-signals-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("dir");
-    let fifo = dir.join("config.yaml");
-    let _ = std::fs::remove_file(&fifo);
+    let (fifo, plain, config_path) = (dir.join("fifo"), dir.join("plain.yaml"), dir.join("config.yaml"));
     let path = std::ffi::CString::new(fifo.to_str().expect("utf-8")).expect("path");
     // SAFETY: creates a FIFO at a path we own; `path` is a valid C string.
     assert_eq!(unsafe { libc::mkfifo(path.as_ptr(), 0o600) }, 0, "mkfifo");
+    std::os::unix::fs::symlink(&fifo, &config_path).expect("symlink");
     let config = "listeners: []\nroutes: []\nupstreams: []\nadmin: {address: \"127.0.0.1:0\"}\n";
+    std::fs::write(&plain, config).expect("write the configuration");
     let log = dir.join("proxy.log");
     let logged = |what: &str| std::fs::read_to_string(&log).unwrap_or_default().contains(what);
     let mut proxy = Proxy(
         Command::new(env!("CARGO_BIN_EXE_proxyfleet-proxy"))
             .arg("--config")
-            .arg(&fifo)
+            .arg(&config_path)
             .args(["--log-format", "text"])
             .stdout(std::fs::File::create(&log).expect("log file"))
             .stderr(Stdio::null())
             .spawn()
             .expect("spawn the proxy"),
     );
-    // Its start-up code has run (SIGHUP ignored); its open() of the FIFO blocks until a writer.
+    // Its start-up code has run (SIGHUP caught); its open() of the FIFO blocks until a writer.
     assert!(
-        until(Duration::from_secs(10), || proxy.ignores_sighup()),
-        "SIGHUP is not ignored at start"
+        until(Duration::from_secs(10), || proxy.catches_sighup()),
+        "SIGHUP is not caught at start"
     );
+    std::thread::sleep(Duration::from_millis(100));
     proxy.signal(libc::SIGHUP);
     std::thread::sleep(Duration::from_millis(200));
-    assert!(proxy.running(), "a SIGHUP before start-up killed the proxy");
+    assert!(proxy.running(), "a SIGHUP during start-up killed the proxy");
+    let swap = dir.join("swap");
+    std::os::unix::fs::symlink(&plain, &swap).expect("symlink");
+    std::fs::rename(&swap, &config_path).expect("point the configuration at a regular file");
     std::fs::write(&fifo, config).expect("write the configuration");
     assert!(
-        until(Duration::from_secs(10), || logged("admin listening")),
-        "it never started"
+        until(Duration::from_secs(10), || logged("SIGHUP during start-up: reloading")
+            && logged("reloaded")),
+        "the SIGHUP during start-up was not answered"
     );
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!logged("SIGHUP: reloading"), "the early SIGHUP, dropped, is no reload");
-    // A reload reads the file again: a regular one from now on.
-    let plain = dir.join("plain.yaml");
-    std::fs::write(&plain, config).expect("write the configuration");
-    std::fs::rename(&plain, &fifo).expect("replace the FIFO");
     proxy.signal(libc::SIGHUP);
     assert!(
         until(Duration::from_secs(10), || logged("SIGHUP: reloading")),

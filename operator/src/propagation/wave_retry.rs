@@ -130,7 +130,7 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         asked: asked_token.and_then(|t| serial_of(t, revision)),
         taken: asked_token.is_some(),
         lost: asked_token.is_some_and(|t| retried(copy, apps).iter().any(|c| dropped(c.meta, c.status, t, now))),
-        pending: None,
+        pending: Vec::new(),
     };
     for (meta, canary) in canaries(copy, apps) {
         // Taken: restarted (no longer aborted), or aborted again after recording the token.
@@ -140,9 +140,7 @@ pub fn observe(copy: &ProxyDeployment, apps: &[SeenApp], revision: &str, now: i6
         if asked_here && aborted(canary) && canary.and_then(|c| c.retry_token.as_deref()) != asked_token {
             retry.taken = false;
         }
-        if retry.pending.is_none() {
-            retry.pending = pending_retry(meta).map(str::to_string);
-        }
+        retry.pending.extend(pending_retry(meta).map(str::to_string));
     }
     retry
 }
@@ -214,7 +212,11 @@ where
         match api.patch(name, &params, &Patch::Json::<()>(patch)).await {
             // A test failed: the member read the retry already, or another command came.
             Err(kube::Error::Api(s)) if s.code == 422 => {
-                tracing::info!(object = name, message = %s.message, "retry not taken back: no longer pending");
+                if s.message.contains("test") {
+                    tracing::info!(object = name, message = %s.message, "retry not taken back: no longer pending");
+                } else {
+                    tracing::warn!(object = name, message = %s.message, "retry not taken back: refused");
+                }
                 Ok(())
             }
             other => other.map(|_| ()),
@@ -389,7 +391,7 @@ mod tests {
                 asked: None,
                 taken: false,
                 lost: false,
-                pending: None
+                pending: Vec::new()
             }
         );
         let pending = observe(
@@ -400,7 +402,7 @@ mod tests {
         );
         assert_eq!(
             (pending.asked, pending.taken, pending.lost, pending.pending),
-            (Some(1), false, false, Some(t.clone()))
+            (Some(1), false, false, vec![t.clone()])
         );
         let restarted = observe(
             &copy(Some(&t), Some((CanaryPhase::Progressing, Some(&t))), Some(&t)),
@@ -589,7 +591,7 @@ mod tests {
         });
         let t = token("r1", 2);
         let pending = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "retry");
-        assert_eq!(observe(&pending, &[], "r1", 0).pending.as_deref(), Some("2/r1"));
+        assert_eq!(observe(&pending, &[], "r1", 0).pending, vec!["2/r1".to_string()]);
         withdraw(&client, &pending, &[], None).await.expect("taken back");
         withdraw(&client, &pending, &[], None)
             .await
@@ -598,7 +600,7 @@ mod tests {
             .await
             .expect("the current retry is kept");
         let other = with_command(copy(Some(&t), Some((CanaryPhase::Aborted, None)), Some(&t)), "abort");
-        assert_eq!(observe(&other, &[], "r1", 0).pending, None);
+        assert!(observe(&other, &[], "r1", 0).pending.is_empty());
         withdraw(&client, &other, &[], None)
             .await
             .expect("nothing to take back");

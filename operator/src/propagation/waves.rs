@@ -53,9 +53,9 @@ pub struct Retry {
     /// A canary asked dropped that retry (its command gone, the token not in its status) for
     /// longer than a member takes to record it: it is asked again.
     pub lost: bool,
-    /// The token of a hub's retry still pending on one of its canaries (the member has not
-    /// read it yet), of any revision.
-    pub pending: Option<String>,
+    /// The tokens of the hub's retries still pending on its canaries (the member has not read
+    /// them yet), of any revision.
+    pub pending: Vec<String>,
 }
 
 /// A manual command from `kubectl proxyfleet` (consumed by the shell once decided).
@@ -480,7 +480,7 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
             {
                 Send::Stable
             }
-            WavePhase::Aborted if m.retry.pending.is_some() => Send::Withdraw,
+            WavePhase::Aborted if !m.retry.pending.is_empty() => Send::Withdraw,
             WavePhase::Aborted => Send::Nothing,
             _ if retry_due(s, m, o) => Send::Retry,
             _ if m.wave < wave || on_revision(m, o) && m.wave <= wave => Send::Revision,
@@ -498,7 +498,7 @@ fn sends(s: &WaveStatus, o: &Observed) -> Vec<Send> {
 /// an earlier `resume`'s): nobody waits for it any more.
 fn stale_retry(s: &WaveStatus, m: &Member, o: &Observed) -> bool {
     let current = retry_token(&o.revision, s.retry_serial);
-    m.retry.pending.as_ref().is_some_and(|t| *t != current)
+    m.retry.pending.iter().any(|t| *t != current)
 }
 
 /// The token of the retry `serial` (`WaveStatus::retry_serial`) of the rollout of `revision`,

@@ -156,7 +156,12 @@ impl World {
             asked,
             taken: record.is_some() && !pending,
             lost: record.is_some_and(|r| self.dropped(r, now)),
-            pending: self.asked_token.clone().filter(|_| self.command_pending),
+            pending: self
+                .asked_token
+                .clone()
+                .filter(|_| self.command_pending)
+                .into_iter()
+                .collect(),
         }
     }
 }
@@ -506,21 +511,18 @@ fn deliver(world: &mut [World], plan: &Plan, (revision, stable): (&str, Option<&
         if !w.reachable {
             continue;
         }
+        if *send != Send::Nothing {
+            // Taken back: all but the current retry; all of them once aborted.
+            let current = super::wave_retry::token(revision, plan.status.retry_serial);
+            let keep = (plan.status.phase != WavePhase::Aborted).then_some(&current);
+            w.command_pending &= w.asked_token.as_ref() == keep;
+        }
         let to = match send {
             Send::Revision | Send::Retry => revision,
             Send::Stable => stable.unwrap_or(revision),
             Send::Nothing => continue,
-            Send::Withdraw => {
-                // All but the current retry; all of them once aborted.
-                let current = super::wave_retry::token(revision, plan.status.retry_serial);
-                let keep = (plan.status.phase != WavePhase::Aborted).then_some(&current);
-                w.command_pending &= w.asked_token.as_ref() == keep;
-                continue;
-            }
+            Send::Withdraw => continue,
         };
-        if *send == Send::Stable {
-            w.command_pending = false; // taken back as the stable spec goes back
-        }
         if w.revision.as_deref() != Some(to) {
             w.revision = Some(to.to_string());
             w.progress = Progress::Running;

@@ -310,13 +310,15 @@ async fn send_one(
     };
     let held = &to.hub_apps.held;
     let stable = (send == Send::Stable).then(|| stable_object(to, c));
+    // Stale retries first: one pending would keep the current one from being asked (the ask
+    // then waits for the next pass, from a fresh read).
+    if let Err(e) = withdraw_retries(to, send, &client, &found).await {
+        return Observation::Failed(e);
+    }
     if send == Send::Retry {
         if let Err(e) = ask_retry(to, &client, c, &found).await {
             return Observation::Failed(e);
         }
-    }
-    if let Err(e) = withdraw_retries(to, send, &client, &found).await {
-        return Observation::Failed(e);
     }
     let why = match (send, stable) {
         (Send::Revision | Send::Retry, _) => {
@@ -360,15 +362,11 @@ async fn ask_retry(to: &Target<'_>, client: &Client, c: &MemberCluster, found: &
     Ok(())
 }
 
-/// Takes back the hub's retries still pending in a member the plan withdraws them from, or
-/// sends the stable spec back to: all of them once the rollout aborted, else all but the
-/// current one.
+/// Takes back the hub's retries still pending in a member the plan sends anything: all of them
+/// once the rollout aborted, else all but the current one. (A member sent nothing has none the
+/// machine would take back.) No request when none is pending.
 async fn withdraw_retries(to: &Target<'_>, send: Send, client: &Client, found: &Found) -> Result<(), MemberError> {
-    let Some(copy) = found
-        .copy
-        .as_ref()
-        .filter(|_| matches!(send, Send::Withdraw | Send::Stable))
-    else {
+    let Some(copy) = found.copy.as_ref().filter(|_| send != Send::Nothing) else {
         return Ok(());
     };
     let current = wave_retry::token(&to.stable.revision, to.stable.retry_serial);
