@@ -211,8 +211,10 @@ where
     let patched = async {
         match api.patch(name, &params, &Patch::Json::<()>(patch)).await {
             // A test failed: the member read the retry already, or another command came.
+            // The API server answers a failed patch operation with a bare 422 (checked against
+            // a real one: "the server rejected our request due to an error in our request").
             Err(kube::Error::Api(s)) if s.code == 422 => {
-                if s.message.contains("test") {
+                if s.message.contains("error in our request") {
                     tracing::info!(object = name, message = %s.message, "retry not taken back: no longer pending");
                 } else {
                     tracing::warn!(object = name, message = %s.message, "retry not taken back: refused");
