@@ -241,7 +241,8 @@ command_gone() { [ -z "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annot
 within 60 command_gone || { mk8 get pxd -n "$ns" edge -o yaml >&2; fail "the aborted hub did not take back the pending retry on $m8"; }
 [ "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annotations.proxyfleet\.io/retry-token}')" = "$stale_token" ] \
   || fail "the take-back removed more than the command"
-say "the pending retry on $m8 was taken back after $(( $(date +%s) - t0 ))s (the hub $(wave_phase))"
+grep -q "retry taken back" "/tmp/operator-$hub.log" || fail "the hub's log does not show the take-back"
+say "the pending retry on $m8 was taken back after $(( $(date +%s) - t0 ))s by the hub (the hub $(wave_phase))"
 mk8 annotate pxd -n "$ns" edge proxyfleet.io/command=pause --overwrite >/dev/null
 sleep 20   # a command that is not the hub's retry stays
 [ "$(mk8 get pxd -n "$ns" edge -o jsonpath='{.metadata.annotations.proxyfleet\.io/command}')" = pause ] \

@@ -221,7 +221,11 @@ where
                 }
                 Ok(())
             }
-            other => other.map(|_| ()),
+            Ok(_) => {
+                tracing::info!(object = name, token, "retry taken back: the hub no longer waits for it");
+                Ok(())
+            }
+            Err(e) => Err(e),
         }
     };
     bounded(what, patched).await
