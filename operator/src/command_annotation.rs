@@ -30,12 +30,17 @@ where
     Ok(())
 }
 
-/// A JSON patch removing `annotation` only while its value is `seen`.
-fn removal(annotation: &str, seen: &str) -> Result<json_patch::Patch, serde_json::Error> {
-    let path = format!(
+/// The JSON pointer to `annotation` (RFC 6901: `~` and `/` escaped).
+pub fn annotation_path(annotation: &str) -> String {
+    format!(
         "/metadata/annotations/{}",
         annotation.replace('~', "~0").replace('/', "~1")
-    );
+    )
+}
+
+/// A JSON patch removing `annotation` only while its value is `seen`.
+fn removal(annotation: &str, seen: &str) -> Result<json_patch::Patch, serde_json::Error> {
+    let path = annotation_path(annotation);
     let ops = serde_json::json!([
         {"op": "test", "path": path, "value": seen},
         {"op": "remove", "path": path},

@@ -194,7 +194,7 @@ where
     K: Resource<Scope = kube::core::NamespaceResourceScope> + Clone + DeserializeOwned + std::fmt::Debug,
     K::DynamicType: Default,
 {
-    let path = |key: &str| format!("/metadata/annotations/{}", key.replace('~', "~0").replace('/', "~1"));
+    let path = crate::command_annotation::annotation_path;
     let ops = serde_json::json!([
         {"op": "test", "path": path(COMMAND_ANNOTATION), "value": "retry"},
         {"op": "test", "path": path(RETRY_TOKEN), "value": token},
