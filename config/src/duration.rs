@@ -8,6 +8,10 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 /// The pattern both the CRD (OpenAPI) and the proxy's parser accept.
 pub const DURATION_PATTERN: &str = r"^([0-9]+(\.[0-9]+)?(ms|s|m|h))+$";
 
+/// The longest duration, in seconds (about 31.7 years, so that whole seconds fit an `i32`, as
+/// Kubernetes' `*Seconds` fields need); longer ones are read as this.
+pub const MAX_SECS: f64 = 1e9;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct HumanDuration(pub Duration);
 
@@ -60,10 +64,9 @@ impl FromStr for HumanDuration {
             total += value * unit_secs;
             rest = &rest[unit_len..];
         }
-        if !total.is_finite() || total > 1e9 {
-            return Err(err());
-        }
-        Ok(Self(Duration::from_secs_f64(total)))
+        // Longer is read as the longest (about 31.7 years): every string the CRD's pattern admits
+        // must decode, or one object would stop the operator's list of its kind for everyone.
+        Ok(Self(Duration::from_secs_f64(total.min(MAX_SECS))))
     }
 }
 
@@ -127,6 +130,45 @@ mod tests {
         for bad in ["", "10", "s", "10x", "-1s", "1s2", "abc", "1e999h"] {
             assert!(bad.parse::<HumanDuration>().is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn whatever_the_pattern_admits_is_read_and_the_longest_is_about_31_years() {
+        let longest = Duration::from_secs(1_000_000_000);
+        let nines = "9".repeat(400);
+        for long in [
+            "277778h",
+            "300000h",
+            "999999999999999999999h",
+            &format!("{nines}h"),
+            "1000000001s",
+        ] {
+            assert!(regex_lite_matches(long), "{long} is admitted by the CRD");
+            assert_eq!(long.parse::<HumanDuration>().unwrap().0, longest, "{long}");
+        }
+        assert_eq!(
+            "277777h".parse::<HumanDuration>().unwrap().0,
+            Duration::from_secs(277_777 * 3600)
+        );
+    }
+
+    /// `DURATION_PATTERN` by hand (no regex engine in this crate).
+    fn regex_lite_matches(s: &str) -> bool {
+        let mut rest = s;
+        while !rest.is_empty() {
+            let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+            if digits == 0 {
+                return false;
+            }
+            rest = rest[digits..]
+                .strip_prefix("ms")
+                .or_else(|| rest[digits..].strip_prefix(['s', 'm', 'h']))
+                .unwrap_or("!");
+            if rest == "!" {
+                return false;
+            }
+        }
+        !s.is_empty()
     }
 
     #[test]

@@ -53,6 +53,23 @@ pub struct GrpcTranscoding {
     /// Responses include fields that hold their default value (proto3 JSON `EmitUnpopulated`).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub emit_defaults: bool,
+    /// The largest JSON body transcoded (bytes; also bounded by `limits.maxRequestBodyBytes`).
+    /// A decoded message can take tens of times its JSON's size (`[0,0,…]` as a repeated
+    /// field: about 25 ×), so the default is smaller than other bodies': 1048576 (1 MiB, the
+    /// buffer Envoy's transcoder gets by default).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1024, max = 16777216))]
+    pub max_request_body_bytes: Option<u32>,
+}
+
+/// `maxRequestBodyBytes`' default.
+pub const TRANSCODED_BODY_DEFAULT: u32 = 1 << 20;
+
+impl GrpcTranscoding {
+    /// `maxRequestBodyBytes`, defaulted.
+    pub fn max_request_body_bytes(&self) -> u64 {
+        u64::from(self.max_request_body_bytes.unwrap_or(TRANSCODED_BODY_DEFAULT))
+    }
 }
 
 /// Checks a route's `grpcTranscoding`; `f` names the route.

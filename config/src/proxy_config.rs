@@ -530,9 +530,9 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1))]
     pub max_requests_per_connection: Option<u32>,
-    /// An HTTP/2 client connection with no request in flight is ended gracefully (GOAWAY)
-    /// after this long, even while it answers PINGs (nginx's `http2_idle_timeout`, Envoy's
-    /// `idle_timeout`). Default 3m.
+    /// An HTTP/2 or HTTP/3 client connection with no request in flight is ended gracefully
+    /// (GOAWAY) after this long, even while it answers PINGs (nginx's `http2_idle_timeout`,
+    /// Envoy's `idle_timeout`). Default 3m.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub idle_timeout: Option<HumanDuration>,
     /// Longest wait between two reads of a request body (nginx's `client_body_timeout`): a

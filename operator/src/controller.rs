@@ -326,12 +326,28 @@ async fn roll_out(
 ) -> Result<(), Error> {
     pass.revision = Some(rev.pod.revision.clone());
     pass.image = Some(rev.pod.image.clone());
-    let command = canary::rollout::command_of(pxd);
+    let command = take_command(ctx, owner, pxd, pass).await;
     let (stable_now, canary_now) = (
         cached_track(ctx, owner, Track::Stable),
         cached_track(ctx, owner, Track::Canary),
     );
-    let rollout = canary::rollout::plan(pxd, owner, ctx, rev, stable_now, canary_now, command)
+    let decision = canary::rollout::decide(
+        pxd,
+        owner,
+        ctx,
+        &rev,
+        (stable_now.as_deref(), canary_now.as_deref()),
+        command,
+    )
+    .await;
+    // The decision is recorded whatever follows: the machine moves only on what it observes
+    // (ready canary pods, a rolled-out stable), so a step not applied is not taken, while a
+    // command (cleared above), an abort and the analysis' counts must not be lost
+    // (`keep_canary_decision` writes it when the pass fails from here on).
+    if let Some(decision) = &decision {
+        report_decision(ctx, owner, decision, pass).await;
+    }
+    let rollout = canary::rollout::plan(ctx, pxd.spec.replicas, decision.as_ref(), rev, stable_now.as_deref())
         .await
         .map_err(|source| Error::Read {
             what: "the stable Deployment",
@@ -348,15 +364,6 @@ async fn roll_out(
         .filter_map(|c| c.metadata.name.clone())
         .collect();
     keep_config_maps.extend(rollout.kept_config_map.clone());
-    if command.is_some() {
-        clear_command(ctx, owner, pxd).await?;
-    }
-    // The decision is recorded whatever the apply does: the machine moves only on what it
-    // observes (ready canary pods, a rolled-out stable), so a step not applied is not taken,
-    // while a command (cleared above), an abort and the analysis' counts must not be lost.
-    if let Some(decision) = &rollout.decision {
-        report_decision(ctx, owner, decision, pass).await;
-    }
     match crate::owned_set::apply_owned_set(ctx, owner, &desired, &keep_config_maps).await {
         Ok((changes, stable)) => {
             pass.written_stable = stable;
@@ -374,7 +381,7 @@ async fn roll_out(
             };
             warn_once(ctx, pxd, owner, "ApplyFailed", &message).await;
             let mut retry = ctx.backoff.failed(&owner.reference.uid);
-            if rollout.decision.is_some() {
+            if decision.is_some() {
                 retry = retry.min(CANARY_RETRY_AT_MOST);
             }
             tracing::warn!(%message, retry_in = ?retry, "apply refused; retrying with backoff");
@@ -542,8 +549,32 @@ async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: 
     }
 }
 
-/// Removes the handled command annotation, so it acts once; the pass acts on it only if this
-/// succeeded (else it fails and is retried with backoff, deciding again on the same status).
+/// The fleet's command (`proxyfleet.io/command`), removed before the machine decides on it so
+/// it acts once. One that cannot be removed is left for a later pass (sooner than the backoff
+/// allows, never): this pass decides without it, so its measurement is still recorded.
+async fn take_command(
+    ctx: &Context,
+    owner: &Owner,
+    pxd: &ProxyDeployment,
+    pass: &mut Pass,
+) -> Option<canary::machine::Command> {
+    let command = canary::rollout::command_of(pxd)?;
+    let key = format!("command:{}", owner.reference.uid);
+    match clear_command(ctx, owner, pxd).await {
+        Ok(()) => {
+            ctx.backoff.succeeded(&key);
+            Some(command)
+        }
+        Err(error) => {
+            let retry = ctx.backoff.failed(&key);
+            tracing::warn!(%error, ?retry, "the command could not be removed; deciding without it this pass");
+            pass.requeue_within(retry);
+            None
+        }
+    }
+}
+
+/// Removes the handled command annotation, so it acts once.
 async fn clear_command(ctx: &Context, owner: &Owner, pxd: &ProxyDeployment) -> Result<(), Error> {
     let api: Api<ProxyDeployment> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     let annotation = canary::rollout::COMMAND_ANNOTATION;
@@ -791,5 +822,54 @@ mod tests {
         let own = own_part(shown);
         assert!(own.waves.is_none() && own.clusters.is_empty());
         assert_eq!(own.ready_replicas, 2);
+    }
+
+    /// A command whose removal fails is not acted on this pass (the machine decides without
+    /// it, so a measurement is still recorded) and is looked at again on the backoff.
+    #[tokio::test]
+    async fn a_command_that_cannot_be_removed_is_left_for_a_later_pass() {
+        use kube::client::Body;
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let server = tokio::spawn(async move {
+            let (request, send) = handle.next_request().await.expect("the patch");
+            assert_eq!(request.method(), http::Method::PATCH);
+            let status = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+                "message": "etcdserver: request timed out", "reason": "InternalError", "code": 500});
+            send.send_response(
+                http::Response::builder()
+                    .status(500)
+                    .body(Body::from(serde_json::to_vec(&status).expect("json")))
+                    .expect("response"),
+            );
+        });
+        let ctx = crate::context::testing::test_context(kube::Client::new(mock, "default"));
+        let mut pxd: ProxyDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1",
+            "kind": "ProxyDeployment",
+            "metadata": {"name": "demo", "namespace": "team-a", "uid": "u-1", "resourceVersion": "7",
+                "annotations": {canary::rollout::COMMAND_ANNOTATION: "promote"}},
+            "spec": {"replicas": 2, "listeners": [], "routes": [{"name": "all", "upstream": "app"}],
+                "upstreams": [{"name": "app", "endpoints": ["app.default.svc:8080"]}]},
+        }))
+        .expect("fleet");
+        let owner = Owner::of(&pxd).expect("owner");
+        let mut pass = Pass {
+            problem: None,
+            requeue: MAX_REQUEUE,
+            written_stable: None,
+            canary_status: None,
+            revision: None,
+            image: None,
+            apply_failed: None,
+        };
+        assert_eq!(take_command(&ctx, &owner, &pxd, &mut pass).await, None);
+        server.await.expect("mock server");
+        assert_eq!(pass.requeue, Duration::from_secs(5), "looked at again on the backoff");
+        pxd.metadata.annotations = None;
+        assert_eq!(
+            take_command(&ctx, &owner, &pxd, &mut pass).await,
+            None,
+            "no command: no call"
+        );
     }
 }

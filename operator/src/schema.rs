@@ -9,18 +9,53 @@ use crate::crd::ProxyDeployment;
 /// `additionalProperties: false` (from `deny_unknown_fields` on the shared proxy config types) is
 /// not allowed in a structural schema; the API server prunes and, with strict field
 /// validation, reports unknown fields anyway.
+///
+/// Integers get the bounds of their Rust type where the field sets none: the API server stores
+/// any int64 in a custom resource, and one object our types cannot decode would fail the
+/// operator's list of its kind (every fleet, every namespace), not just that object.
 fn make_structural(v: &mut Value) {
     match v {
         Value::Object(map) => {
             if map.get("additionalProperties") == Some(&Value::Bool(false)) {
                 map.remove("additionalProperties");
             }
+            bound_integer(map);
             for (_, child) in map.iter_mut() {
                 make_structural(child);
             }
         }
         Value::Array(items) => items.iter_mut().for_each(make_structural),
         _ => {}
+    }
+}
+
+/// The range of an integer schema's `format`, where it is narrower than the API server's int64.
+fn format_range(format: &str) -> Option<(i64, i64)> {
+    Some(match format {
+        "int32" => (i32::MIN.into(), i32::MAX.into()),
+        "uint32" => (0, u32::MAX.into()),
+        "uint16" => (0, u16::MAX.into()),
+        "uint8" => (0, u8::MAX.into()),
+        "uint64" | "uint" => (0, i64::MAX),
+        _ => return None,
+    })
+}
+
+fn bound_integer(map: &mut serde_json::Map<String, Value>) {
+    if map.get("type").and_then(Value::as_str) != Some("integer") {
+        return;
+    }
+    let Some((low, high)) = map.get("format").and_then(Value::as_str).and_then(format_range) else {
+        return;
+    };
+    let within = |v: Option<&Value>, keep: fn(f64, f64) -> bool, bound: i64| {
+        v.and_then(Value::as_f64).filter(|&x| keep(x, bound as f64)).is_some()
+    };
+    if !within(map.get("minimum"), |x, b| x >= b, low) {
+        map.insert("minimum".into(), Value::from(low as f64));
+    }
+    if high < i64::MAX && !within(map.get("maximum"), |x, b| x <= b, high) {
+        map.insert("maximum".into(), Value::from(high as f64));
     }
 }
 
@@ -111,5 +146,70 @@ fn walk(path: &str, s: &Value, rows: &mut Vec<(String, String, String)>) {
     }
     if ty == "array" {
         walk(&format!("{path}[]"), &s["items"], rows);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every integer of every CRD is bounded within its Rust type, so whatever the API server
+    /// admits decodes.
+    #[test]
+    fn every_integer_is_bounded_by_its_type() {
+        fn check(path: &str, v: &Value, unbounded: &mut Vec<String>) {
+            match v {
+                Value::Object(map) => {
+                    let range = map.get("format").and_then(Value::as_str).and_then(format_range);
+                    if let (Some("integer"), Some((low, high))) = (map.get("type").and_then(Value::as_str), range) {
+                        let min = map.get("minimum").and_then(Value::as_f64);
+                        let max = map.get("maximum").and_then(Value::as_f64);
+                        let fits = min.is_some_and(|m| m >= low as f64)
+                            && (high == i64::MAX || max.is_some_and(|m| m <= high as f64));
+                        if !fits {
+                            unbounded.push(path.to_string());
+                        }
+                    }
+                    for (k, child) in map {
+                        check(&format!("{path}.{k}"), child, unbounded);
+                    }
+                }
+                Value::Array(items) => items.iter().for_each(|c| check(path, c, unbounded)),
+                _ => {}
+            }
+        }
+        let mut unbounded = Vec::new();
+        for crd in [
+            crd(),
+            structural::<AppRollout>(),
+            structural::<crate::policy::spec::ProxyFleetPolicy>(),
+        ] {
+            check(
+                &crd.metadata.name.clone().unwrap_or_default(),
+                &serde_json::to_value(&crd).unwrap(),
+                &mut unbounded,
+            );
+        }
+        assert!(unbounded.is_empty(), "{unbounded:#?}");
+    }
+
+    #[test]
+    fn the_largest_admitted_integers_decode() {
+        let fleet = serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1",
+            "kind": "ProxyDeployment",
+            "metadata": {"name": "big", "namespace": "team-a"},
+            "spec": {
+                "replicas": 2,
+                "maxReplicas": i32::MAX,
+                "listeners": [],
+                "routes": [{"name": "all", "upstream": "app", "timeout": "300000h"}],
+                "upstreams": [{"name": "app", "endpoints": ["app.default.svc:8080"]}],
+                "limits": {"maxRequestsPerConnection": u32::MAX, "maxRequestBodyBytes": i64::MAX},
+                "placement": {"waves": [{"maxUnavailableClusters": u32::MAX}]},
+            },
+        });
+        let pxd: ProxyDeployment = serde_json::from_value(fleet).expect("decodes");
+        assert_eq!(pxd.spec.routes[0].timeout.get().as_secs(), 1_000_000_000);
     }
 }

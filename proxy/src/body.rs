@@ -3,6 +3,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -84,6 +86,39 @@ pub struct BodyRules {
     pub read_timeout: Duration,
 }
 
+/// What became of a watched request body (`UpstreamBody::watched`), as far as it was read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u8)]
+pub enum BodyState {
+    Sending = 0,
+    Ended = 1,
+    TooLarge = 2,
+    TimedOut = 3,
+    Broken = 4,
+}
+
+/// Shared with the body it watches: an HTTP/2 upstream connection only logs a body's error and
+/// resets the stream, so the response's error cannot say whose fault it was.
+pub struct BodyWatch(Arc<AtomicU8>);
+
+impl BodyWatch {
+    pub fn get(&self) -> BodyState {
+        match self.0.load(Ordering::Relaxed) {
+            0 => BodyState::Sending,
+            1 => BodyState::Ended,
+            2 => BodyState::TooLarge,
+            3 => BodyState::TimedOut,
+            _ => BodyState::Broken,
+        }
+    }
+}
+
+fn mark(watch: &Option<Arc<AtomicU8>>, state: BodyState) {
+    if let Some(w) = watch {
+        w.store(state as u8, Ordering::Relaxed);
+    }
+}
+
 pin_project_lite::pin_project! {
     #[project = UpstreamBodyProj]
     /// What is sent upstream: nothing (so the request can be retried), or the client's body,
@@ -97,6 +132,8 @@ pin_project_lite::pin_project! {
             wait: crate::stall::Wait,
             // Cancelled when the response beside it is given up (`crate::upstream::read_ahead::StreamCut`).
             cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
+            // Where the client's body is (`BodyWatch`).
+            watch: Option<Arc<AtomicU8>>,
         },
         /// A small body read whole first (a mirrored request's: both copies send it).
         Buffered { data: Option<Bytes> },
@@ -111,6 +148,25 @@ impl UpstreamBody {
             rules,
             wait: crate::stall::Wait::default(),
             cut: None,
+            watch: None,
+        }
+    }
+
+    /// A streaming body that tells where it is (`watch`): an upstream timeout while the client
+    /// is still sending is the client's, not the upstream's, and so is a body that failed.
+    pub fn watched(mut self) -> Self {
+        if let Self::Streaming { watch, .. } = &mut self {
+            *watch = Some(Arc::default());
+        }
+        self
+    }
+
+    /// `None` for a body that never waits on the client (empty or read whole first), or one
+    /// not `watched`.
+    pub fn watch(&self) -> Option<BodyWatch> {
+        match self {
+            Self::Streaming { watch: Some(w), .. } => Some(BodyWatch(w.clone())),
+            _ => None,
         }
     }
 
@@ -138,25 +194,39 @@ impl Body for UpstreamBody {
                 rules,
                 wait,
                 cut,
+                watch,
             } => {
                 if cut.as_mut().is_some_and(|c| c.as_mut().poll(cx).is_ready()) {
                     return Poll::Ready(Some(Err(Box::new(crate::upstream::read_ahead::ClientStalled))));
                 }
-                match inner.poll_frame(cx) {
+                let mut inner = inner;
+                match inner.as_mut().poll_frame(cx) {
                     Poll::Ready(Some(Ok(frame))) => {
                         wait.progressed();
                         if let Some(data) = frame.data_ref() {
                             let len = data.len() as u64;
                             if len > *remaining {
+                                mark(watch, BodyState::TooLarge);
                                 return Poll::Ready(Some(Err(Box::new(BodyTooLarge { limit: rules.max_bytes }))));
                             }
                             *remaining -= len;
                         }
+                        // A sender may stop polling once the body says it has ended.
+                        if inner.is_end_stream() {
+                            mark(watch, BodyState::Ended);
+                        }
                         Poll::Ready(Some(Ok(frame)))
                     }
-                    Poll::Ready(Some(Err(e))) => Poll::Ready(Some(Err(Box::new(ClientBodyError(e))))),
-                    Poll::Ready(None) => Poll::Ready(None),
+                    Poll::Ready(Some(Err(e))) => {
+                        mark(watch, BodyState::Broken);
+                        Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))))
+                    }
+                    Poll::Ready(None) => {
+                        mark(watch, BodyState::Ended);
+                        Poll::Ready(None)
+                    }
                     Poll::Pending if wait.expired(cx, rules.read_timeout) => {
+                        mark(watch, BodyState::TimedOut);
                         Poll::Ready(Some(Err(Box::new(BodyTimedOut(rules.read_timeout)))))
                     }
                     Poll::Pending => Poll::Pending,

@@ -94,6 +94,21 @@ const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection")
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 
+/// Headers that tell an upstream about the client or the original request, dropped when an
+/// untrusted client sends them (as Traefik does): an upstream that believes `X-Real-IP` or
+/// `X-Forwarded-Host` could be led to a wrong allow-list decision or a poisoned absolute URL.
+/// X-Forwarded-For and -Proto are rewritten instead.
+const CLIENT_CLAIMS: [HeaderName; 8] = [
+    header::FORWARDED,
+    HeaderName::from_static("x-real-ip"),
+    HeaderName::from_static("x-forwarded-host"),
+    HeaderName::from_static("x-forwarded-port"),
+    HeaderName::from_static("x-forwarded-prefix"),
+    HeaderName::from_static("x-forwarded-server"),
+    HeaderName::from_static("x-forwarded-uri"),
+    HeaderName::from_static("x-forwarded-method"),
+];
+
 const HOP_BY_HOP: [HeaderName; 8] = [
     header::CONNECTION,
     KEEP_ALIVE,
@@ -261,6 +276,11 @@ pub fn append_forwarded(headers: &mut HeaderMap, client: &ClientInfo, trusted: &
     if let Some(v) = value {
         headers.insert(X_FORWARDED_FOR, v);
     }
+    if !peer_trusted {
+        for name in &CLIENT_CLAIMS {
+            headers.remove(name);
+        }
+    }
     headers.insert(
         X_FORWARDED_PROTO,
         HeaderValue::from_static(if client.is_tls() { "https" } else { "http" }),
@@ -330,6 +350,28 @@ mod tests {
         let mut untrusted = headers(&[("x-forwarded-for", "203.0.113.7")]);
         append_forwarded(&mut untrusted, &client, &[]);
         assert_eq!(untrusted.get("x-forwarded-for").unwrap(), "10.0.0.9");
+    }
+
+    /// What only a trusted proxy may say about the client goes when anyone else says it.
+    #[test]
+    fn an_untrusted_clients_claims_about_itself_are_dropped() {
+        let client = ClientInfo::new("10.0.0.9:4000".parse().unwrap(), None);
+        let claims = [
+            ("forwarded", "for=127.0.0.1"),
+            ("x-real-ip", "127.0.0.1"),
+            ("x-forwarded-host", "evil.example"),
+            ("x-forwarded-port", "443"),
+            ("x-forwarded-prefix", "/admin"),
+            ("x-custom", "kept"),
+        ];
+        let mut untrusted = headers(&claims);
+        append_forwarded(&mut untrusted, &client, &[]);
+        assert_eq!(names(&untrusted), ["x-custom", "x-forwarded-for", "x-forwarded-proto"]);
+        let trusted = vec![proxyfleet_config::Cidr::parse("10.0.0.0/8").unwrap()];
+        let mut from_a_proxy = headers(&claims);
+        append_forwarded(&mut from_a_proxy, &client, &trusted);
+        assert_eq!(from_a_proxy.get("x-forwarded-host").unwrap(), "evil.example");
+        assert_eq!(from_a_proxy.get("x-real-ip").unwrap(), "127.0.0.1");
     }
 
     #[test]

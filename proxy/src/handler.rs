@@ -12,7 +12,7 @@ use http_body::Body as _;
 use tracing::Instrument;
 
 use crate::access_log::{Destination, ListenerLog, LogWanted, PendingLog, RequestFacts};
-use crate::body::{self, ClientBody, RequestBody, UpstreamBody};
+use crate::body::{self, BodyState, ClientBody, RequestBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
@@ -493,12 +493,14 @@ async fn attempts(
             Err(resp) => return resp,
         },
         _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_rules).cut_by(parts.extensions.get()),
+        _ => UpstreamBody::streaming(incoming, body_rules)
+            .cut_by(parts.extensions.get())
+            .watched(),
     });
 
     // A gRPC client's own deadline wins when it is shorter than the route's.
     let timeout = crate::grpc::timeout(&parts.headers).map_or(route.timeout, |t| t.min(route.timeout));
-    let deadline = started + timeout;
+    let (deadline, clients_deadline) = (started + timeout, timeout < route.timeout);
     let mut attempt = 0u8;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
@@ -515,7 +517,7 @@ async fn attempts(
             &parts,
             headers,
             req_body,
-            (attempt_started, deadline),
+            (attempt_started, deadline, clients_deadline),
             last_endpoint,
         )
         .await;
@@ -543,7 +545,7 @@ async fn attempt_once(
     parts: &http::request::Parts,
     headers: HeaderMap,
     body: UpstreamBody,
-    (started, deadline): (Instant, Instant),
+    (started, deadline, clients_deadline): (Instant, Instant, bool),
     last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Attempt {
     let cluster = &target.backend.upstream;
@@ -567,6 +569,7 @@ async fn attempt_once(
     let Ok(uri) = cluster.request_uri(&endpoint.authority, pq) else {
         return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "bad request target\n"));
     };
+    let watch = body.watch();
     let mut req = Request::new(body);
     *req.method_mut() = parts.method.clone();
     *req.uri_mut() = uri;
@@ -585,7 +588,37 @@ async fn attempt_once(
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
     let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req)).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
-    outcome(cluster, &endpoint, started, result)
+    let blame = Blame {
+        started,
+        body: watch.map_or(BodyState::Ended, |w| w.get()),
+        clients_deadline,
+    };
+    outcome(cluster, &endpoint, blame, result)
+}
+
+/// What an attempt's failure may be the client's: only the upstream's counts against it.
+struct Blame {
+    started: Instant,
+    /// Where the client's body was when the attempt ended (`Ended` when it had none to send).
+    body: BodyState,
+    /// The deadline was the client's own (`grpc-timeout`), shorter than the route's.
+    clients_deadline: bool,
+}
+
+/// The answer to a request whose body failed on the client's side, however the upstream
+/// connection reported it (HTTP/1.1 passes the body's error on, HTTP/2 only resets the stream).
+fn client_body_failure(error: &(dyn std::error::Error + 'static), state: BodyState) -> Option<Response<ClientBody>> {
+    Some(
+        if body::chain_contains::<body::BodyTooLarge>(error) || state == BodyState::TooLarge {
+            status_response(StatusCode::PAYLOAD_TOO_LARGE, "request body too large\n")
+        } else if body::chain_contains::<body::BodyTimedOut>(error) || state == BodyState::TimedOut {
+            status_response(StatusCode::REQUEST_TIMEOUT, "request body timed out\n")
+        } else if body::chain_contains::<body::ClientBodyError>(error) || state == BodyState::Broken {
+            status_response(StatusCode::BAD_REQUEST, "malformed request body\n")
+        } else {
+            return None;
+        },
+    )
 }
 
 /// An HTTP/1.0 request may come without a Host, but it goes upstream as HTTP/1.1, which must
@@ -604,7 +637,7 @@ fn default_host(headers: &mut HeaderMap, endpoint: &http::uri::Authority) {
 fn outcome(
     cluster: &upstream::UpstreamCluster,
     endpoint: &upstream::Endpoint,
-    started: Instant,
+    blame: Blame,
     result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, tokio::time::error::Elapsed>,
 ) -> Attempt {
     let od = &cluster.config.outlier_detection;
@@ -615,23 +648,21 @@ fn outcome(
         }
     };
     match result {
+        // A client that stalls its body or sets a short deadline must not get endpoints ejected.
+        Err(_) if blame.body != BodyState::Ended => Attempt::Final(status_response(
+            StatusCode::REQUEST_TIMEOUT,
+            "request body not received within the route's timeout\n",
+        )),
         Err(_) => {
-            endpoint.observe_latency(started.elapsed());
-            eject(endpoint);
+            endpoint.observe_latency(blame.started.elapsed());
+            if !blame.clients_deadline {
+                eject(endpoint);
+            }
             Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
         }
         Ok(Err(e)) => {
-            if body::chain_contains::<body::BodyTooLarge>(&*e.error) {
-                return Attempt::Final(status_response(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    "request body too large\n",
-                ));
-            }
-            if body::chain_contains::<body::BodyTimedOut>(&*e.error) {
-                return Attempt::Final(status_response(StatusCode::REQUEST_TIMEOUT, "request body timed out\n"));
-            }
-            if body::chain_contains::<body::ClientBodyError>(&*e.error) {
-                return Attempt::Final(status_response(StatusCode::BAD_REQUEST, "malformed request body\n"));
+            if let Some(resp) = client_body_failure(&*e.error, blame.body) {
+                return Attempt::Final(resp);
             }
             eject(endpoint);
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&*e.error), "upstream request failed");
@@ -642,7 +673,7 @@ fn outcome(
             }
         }
         Ok(Ok((resp, reused))) => {
-            endpoint.observe_latency(started.elapsed());
+            endpoint.observe_latency(blame.started.elapsed());
             if reused {
                 cluster.metrics.request_reused.inc();
             } else {

@@ -85,3 +85,27 @@ async fn the_proxys_own_failures_are_grpc_statuses() {
     assert!(c.check(req).await.is_ok(), "a generous deadline passes");
     proxy.running.drain();
 }
+
+/// An HTTP/2 upstream connection only resets the stream when the client's body fails: the
+/// answer is still the client's 413 (as gRPC's RESOURCE_EXHAUSTED), and the upstream is not
+/// blamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_the_limit_to_an_h2_upstream_is_413_not_502() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("grpc-body-limit");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nlimits: {{maxRequestBodyBytes: 1024}}\nroutes:\n  - {{name: grpc, upstream: g, timeout: 5s}}\nupstreams:\n  - {{name: g, endpoints: [\"{up}\"], protocol: h2, outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s}}}}\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let chunk = "x".repeat(1000);
+    let request = format!(
+        "POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\ncontent-type: application/grpc\r\nte: trailers\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3e8\r\n{chunk}\r\n3e8\r\n{chunk}\r\n0\r\n\r\n"
+    );
+    let answer = raw(proxy.addr("http"), request.as_bytes()).await;
+    assert!(answer.contains("grpc-status: 8\r\n"), "{answer}");
+    assert!(answer.contains("grpc-message: proxyfleet:%20413%20"), "{answer}");
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 0.0, "{m}");
+    proxy.running.drain();
+}

@@ -274,3 +274,35 @@ async fn a_body_longer_or_shorter_than_its_content_length_is_refused() {
     assert_eq!(r.body, "h1 /a 5");
     s.proxy.running.drain();
 }
+
+/// A connection with no request in flight for `limits.idleTimeout` is ended, as an HTTP/2 one
+/// is, however often the client PINGs (QUIC's own idle timer counts PINGs as traffic).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_without_requests_is_ended_even_while_it_pings() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("h3-idle");
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&dir, "c", &c);
+    write(&dir, "k", &k);
+    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
+    let h1 = upstream("h1", None, false).await;
+    let h2 = upstream("h2", Some(ca.leaf(&["localhost"])), false).await;
+    let yaml = config(&dir, "{idleTimeout: 60s}", &h1, &h2, &ca_file).replace(
+        "admin: {address: \"127.0.0.1:0\"}\n",
+        "admin: {address: \"127.0.0.1:0\"}\nlimits: {idleTimeout: 1s}\n",
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let mut pinging = client_config(ca.roots(), false).unwrap();
+    let mut transport = quinn::TransportConfig::default();
+    transport.keep_alive_interval(Some(Duration::from_millis(200)));
+    pinging.transport_config(std::sync::Arc::new(transport));
+    let ep = endpoint("127.0.0.1:0".parse().unwrap(), pinging).unwrap();
+    let mut c = Client::connect(&ep, proxy.addr("https"), "localhost", false)
+        .await
+        .unwrap();
+    assert_eq!(c.request(get("/one")).await.unwrap().head.status(), 200);
+    let closed = tokio::time::timeout(Duration::from_secs(20), c.connection.closed()).await;
+    assert!(closed.is_ok(), "the idle connection is still open after 20 s of PINGs");
+    proxy.running.drain();
+}

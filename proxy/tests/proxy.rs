@@ -304,6 +304,57 @@ upstreams:
     proxy.running.drain();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_stalls_its_body_or_sets_a_short_deadline_ejects_no_endpoint() {
+    init();
+    // An upstream that takes connections and never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            held.push(c);
+        }
+    });
+    let dir = tempdir("client-late");
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 300ms}}]
+upstreams:
+  - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: 2, ejectionTime: 60s}}}}
+"#
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    for _ in 0..3 {
+        // Ten bytes of a hundred, then nothing: the route's timeout passes while the client sends.
+        let stalled = raw(
+            a,
+            b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
+        )
+        .await;
+        assert!(stalled.starts_with("HTTP/1.1 408"), "{stalled}");
+        // A gRPC client's own deadline, shorter than the route's, passes.
+        let expired = raw(
+            a,
+            b"GET /r HTTP/1.1\r\nHost: x\r\ngrpc-timeout: 50m\r\nConnection: close\r\n\r\n",
+        )
+        .await;
+        assert!(expired.starts_with("HTTP/1.1 504"), "{expired}");
+    }
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 0.0, "{m}");
+    // The upstream's own silence still counts against it.
+    for _ in 0..2 {
+        assert_eq!(get(a, "x", "/r").await.0, 504);
+    }
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 1.0, "{m}");
+    proxy.running.drain();
+}
+
 fn tls_config(dir: &std::path::Path, certs: &[(&str, &str, &str, bool)], upstream: &str, upstream_tls: &str) -> String {
     let mut c =
         String::from("listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      certificates:\n");

@@ -126,6 +126,34 @@ async fn a_server_stream_arrives_as_json_lines() {
         .unwrap();
     let line = String::from_utf8(frame.into_data().unwrap().to_vec()).unwrap();
     assert_eq!(line, "{\"result\":{\"status\":\"SERVING\"}}\n");
+    drop((body, send));
+    // An HTTP/2 client cancels the stream while the upstream has nothing more to say: the call
+    // ends now (as cancelled), not at the upstream's next message.
+    let (mut h2, _conn) = h2_client(proxy.addr("http")).await;
+    let req = http::Request::get("http://api.test/v1/health/app:watch")
+        .body(http_body_util::Empty::<bytes::Bytes>::new())
+        .unwrap();
+    let mut body = h2.send_request(req).await.unwrap().into_body();
+    let first = tokio::time::timeout(std::time::Duration::from_secs(5), body.frame()).await;
+    assert!(matches!(first, Ok(Some(Ok(_)))), "a first line over HTTP/2");
+    drop(body);
+    let cancelled = |m: &str| metric_sum(m, "proxyfleet_grpc_transcoded_requests_total", &["code=\"CANCELLED\""]);
+    let m = metrics_when(&proxy, |m| cancelled(m) >= 1.0).await;
+    assert!(cancelled(&m) >= 1.0, "{m}");
+    proxy.running.drain();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_body_over_the_transcoding_limit_is_413() {
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-limit");
+    let proxy = start_proxy(&dir, &config(up, ", maxRequestBodyBytes: 1024")).await;
+    let big = format!(r#"{{"service": "{}"}}"#, "a".repeat(2000));
+    let (status, _, body) = call(&proxy, "POST", "/v1/health:check", &big).await;
+    assert_eq!(status, 413, "{body}");
+    let (status, _, body) = call(&proxy, "POST", "/v1/health:check", r#"{"service": "app"}"#).await;
+    assert_eq!(status, 200, "{body}");
     proxy.running.drain();
 }
 

@@ -87,11 +87,8 @@ pub async fn reconcile(ar: Arc<AppRollout>, ctx: Arc<Context>) -> Result<Action,
         .map(|s| s.template.clone())
         .unwrap_or_default();
     let revision = objects::template_revision(&template);
-    let command = ar.annotations().get(COMMAND_ANNOTATION).and_then(|c| Command::parse(c));
+    let command = take_command(&ctx, &owner, &ar).await;
     let decision = decide(&ar, &owner, &ctx, &inputs, &revision, command).await;
-    if command.is_some() {
-        clear_command(&ctx, &owner, &ar).await?;
-    }
     let previous = ar.status.clone().unwrap_or_default();
     let moved = push::move_weights(&ar, &owner, &ctx, &previous, &decision).await;
     let canary_replicas = canary_kept(&decision, &inputs, &moved);
@@ -393,7 +390,24 @@ async fn publish_events(ar: &AppRollout, ctx: &Context, decision: &Decision) {
     }
 }
 
-/// Removes the command annotation before the pass acts on the decision it made.
+/// The AppRollout's command, removed before the machine decides on it so it acts once. One
+/// that cannot be removed is left for a later pass (at most a minute on): this pass decides
+/// without it, so its measurement is still recorded.
+async fn take_command(ctx: &Context, owner: &AppOwner, ar: &AppRollout) -> Option<Command> {
+    let command = ar
+        .annotations()
+        .get(COMMAND_ANNOTATION)
+        .and_then(|c| Command::parse(c))?;
+    match clear_command(ctx, owner, ar).await {
+        Ok(()) => Some(command),
+        Err(error) => {
+            tracing::warn!(%error, "the command could not be removed; deciding without it this pass");
+            None
+        }
+    }
+}
+
+/// Removes the command annotation.
 async fn clear_command(ctx: &Context, owner: &AppOwner, ar: &AppRollout) -> Result<(), AppError> {
     let api: Api<AppRollout> = Api::namespaced(ctx.client.clone(), &owner.namespace);
     crate::command_annotation::clear(&api, ar, COMMAND_ANNOTATION, &ctx.latest_apps)

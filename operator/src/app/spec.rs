@@ -67,16 +67,22 @@ fn default_replicas() -> i32 {
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct WorkloadRef {
-    /// Name of the Deployment.
-    #[schemars(length(min = 1, max = 253))]
+    /// Name of the Deployment (of the AppRollout's namespace).
+    #[schemars(
+        length(min = 1, max = 253),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub name: String,
 }
 
 #[derive(Serialize, Deserialize, Clone, Debug, PartialEq, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RouteRef {
-    /// The ProxyDeployment.
-    #[schemars(length(min = 1, max = 54))]
+    /// The ProxyDeployment (of the AppRollout's namespace).
+    #[schemars(
+        length(min = 1, max = 54),
+        pattern(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+    )]
     pub proxy_deployment: String,
     /// One of its `spec.routes[].name`. Its upstream's settings (TLS, pool, timeouts) are kept;
     /// its endpoints become the `<name>-stable` and `<name>-canary` Services.

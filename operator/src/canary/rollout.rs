@@ -2,7 +2,6 @@
 //! an analysis is due, and turns the decision into Deployments to apply.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::Deployment;
@@ -29,7 +28,6 @@ pub struct RolloutPlan {
     pub kept_stable: Option<Deployment>,
     /// ConfigMap the kept stable Deployment mounts (must not be deleted as an orphan).
     pub kept_config_map: Option<String>,
-    pub decision: Option<Decision>,
 }
 
 fn now() -> i64 {
@@ -86,48 +84,20 @@ fn config_map_of(d: &Deployment) -> Option<String> {
         .map(|c| c.name.clone())
 }
 
-pub async fn plan(
+/// The canary machine's decision for this pass: `None` for a fleet without a canary strategy
+/// (a plain rolling update). Measures first when an analysis is due.
+pub async fn decide(
     pxd: &ProxyDeployment,
     owner: &Owner,
     ctx: &Context,
-    revision: RevisionObjects,
-    stable: Option<Arc<Deployment>>,
-    canary: Option<Arc<Deployment>>,
+    revision: &RevisionObjects,
+    tracks: (Option<&Deployment>, Option<&Deployment>),
     command: Option<Command>,
-) -> Result<RolloutPlan, kube::Error> {
-    let total = pxd.spec.replicas;
-    let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.clone());
-    let Some(strategy) = strategy else {
-        tracing::debug!("no canary strategy: plain rolling update");
-        return Ok(RolloutPlan {
-            plans: vec![TrackPlan {
-                track: Track::Stable,
-                replicas: total,
-                revision,
-            }],
-            kept_stable: None,
-            kept_config_map: None,
-            decision: None,
-        });
-    };
+) -> Option<Decision> {
+    let strategy = pxd.spec.strategy.as_ref().and_then(|s| s.canary.as_ref())?;
     let previous = pxd.status.as_ref().and_then(|s| s.canary.clone());
-    let obs = observe(
-        pxd,
-        owner,
-        ctx,
-        &strategy,
-        &revision,
-        (stable.as_deref(), canary.as_deref()),
-    )
-    .await;
-    let decision = machine::decide(&strategy, previous.as_ref(), total, &obs, command);
-    // The cache keeps no pod spec (cache_trim): a stable track kept on its current template is
-    // read whole, only then.
-    let stable_whole = match (decision.stable_template, stable.as_deref()) {
-        (StableTemplate::Current, Some(d)) => crate::cache_trim::untrimmed(&ctx.client, d).await?,
-        _ => None,
-    };
-    let mut out = tracks_of(&decision, revision, stable_whole.as_ref());
+    let obs = observe(pxd, owner, ctx, strategy, revision, tracks).await;
+    let decision = machine::decide(strategy, previous.as_ref(), pxd.spec.replicas, &obs, command);
     tracing::info!(
         phase = %decision.status.phase,
         step = decision.status.current_step_index,
@@ -135,7 +105,6 @@ pub async fn plan(
         stable_template = ?decision.stable_template,
         stable_replicas = decision.stable_replicas,
         canary_replicas = ?decision.canary_replicas,
-        kept_config_map = ?out.kept_config_map,
         "canary decision"
     );
     if matches!(
@@ -144,8 +113,35 @@ pub async fn plan(
     ) {
         ctx.snapshots.forget(&format!("{}/{}", owner.namespace, owner.name));
     }
-    out.decision = Some(decision);
-    Ok(out)
+    Some(decision)
+}
+
+/// The Deployments `decision` asks for (the spec's revision on one stable track without one).
+/// The cache keeps no pod spec (cache_trim): a stable track kept on its current template is
+/// read whole, only then; that read is the only thing that can fail.
+pub async fn plan(
+    ctx: &Context,
+    total: i32,
+    decision: Option<&Decision>,
+    revision: RevisionObjects,
+    stable: Option<&Deployment>,
+) -> Result<RolloutPlan, kube::Error> {
+    let Some(decision) = decision else {
+        return Ok(RolloutPlan {
+            plans: vec![TrackPlan {
+                track: Track::Stable,
+                replicas: total,
+                revision,
+            }],
+            kept_stable: None,
+            kept_config_map: None,
+        });
+    };
+    let stable_whole = match (decision.stable_template, stable) {
+        (StableTemplate::Current, Some(d)) => crate::cache_trim::untrimmed(&ctx.client, d).await?,
+        _ => None,
+    };
+    Ok(tracks_of(decision, revision, stable_whole.as_ref()))
 }
 
 /// The tracks a decision asks for: pure. The stable track keeps its current template (and
@@ -155,7 +151,6 @@ fn tracks_of(decision: &machine::Decision, revision: RevisionObjects, stable: Op
         plans: Vec::new(),
         kept_stable: None,
         kept_config_map: None,
-        decision: None,
     };
     let desired_stable = |revision: RevisionObjects| TrackPlan {
         track: Track::Stable,

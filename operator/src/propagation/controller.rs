@@ -102,6 +102,7 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
             Some(again) => Action::requeue(again),
             None => {
                 ctx.latest_fleets.forget(&owner.reference.uid);
+                ctx.backoff.succeeded(&backoff_key(&pxd));
                 Action::await_change()
             }
         });
@@ -118,6 +119,10 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
         Some((_, message)) => reconcile::held(&pxd, message),
     };
     write(&pxd, &owner, &ctx, &outcome).await?;
+    if outcome.retry {
+        return Ok(Action::requeue(ctx.backoff.failed(&backoff_key(&pxd))));
+    }
+    ctx.backoff.succeeded(&backoff_key(&pxd));
     Ok(match outcome.requeue {
         Some(again) => Action::requeue(again),
         None if pxd.spec.placement.is_some() => Action::requeue(ctx.propagation.resync),
@@ -127,11 +132,17 @@ pub async fn reconcile(pxd: Arc<ProxyDeployment>, ctx: Arc<Context>) -> Result<A
 
 fn error_policy(pxd: Arc<ProxyDeployment>, error: &Error, ctx: Arc<Context>) -> Action {
     tracing::warn!(name = %pxd.name_any(), error = %error, "propagation failed");
-    let key = format!(
-        "propagation/{}",
-        pxd.metadata.uid.clone().unwrap_or_else(|| pxd.name_any())
-    );
-    Action::requeue(ctx.backoff.failed(&key))
+    Action::requeue(ctx.backoff.failed(&backoff_key(&pxd)))
+}
+
+/// A fleet's failures in a row on the propagation path: one success resets them.
+fn backoff_key(pxd: &ProxyDeployment) -> String {
+    let id = pxd
+        .metadata
+        .uid
+        .as_deref()
+        .map_or_else(|| pxd.name_any(), str::to_string);
+    format!("propagation/{id}")
 }
 
 /// Runs until `stop` completes, over the fleet controller's cache of ProxyDeployments and its
@@ -196,6 +207,7 @@ mod tests {
             }],
             requeue: None,
             waves: None,
+            retry: false,
         }
     }
 
@@ -237,6 +249,7 @@ mod tests {
             clusters: Vec::new(),
             requeue: None,
             waves: None,
+            retry: false,
         };
         let cleared = status_patch(&pxd, &gone, &later).expect("placement removed");
         assert_eq!(cleared["conditions"], serde_json::json!([]));

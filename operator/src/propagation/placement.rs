@@ -4,6 +4,7 @@
 
 use std::collections::BTreeMap;
 
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -43,10 +44,34 @@ pub struct Selection<'a> {
     pub denied: Vec<String>,
 }
 
-/// `spec.placement.clusterSelector` is not a selector.
+/// A selector of `spec.placement` (`clusterSelector`, a wave's `clusterSelector`) is not one.
 #[derive(Debug, thiserror::Error)]
-#[error("spec.placement.clusterSelector: {0}")]
-pub struct BadSelector(#[from] kube::core::ParseExpressionError);
+#[error("{field}: {source}")]
+pub struct BadSelector {
+    field: String,
+    source: kube::core::ParseExpressionError,
+}
+
+fn parse_selector(s: &LabelSelector, field: impl FnOnce() -> String) -> Result<Selector, BadSelector> {
+    Selector::try_from(s.clone()).map_err(|source| BadSelector { field: field(), source })
+}
+
+/// Each wave's selector, parsed: one that is not a selector is refused by `select`, so that its
+/// clusters are not left to the last wave.
+fn wave_selectors(placement: &Placement) -> Result<Vec<Option<Selector>>, BadSelector> {
+    let field = |i: usize| move || format!("spec.placement.waves[{i}].clusterSelector");
+    placement
+        .waves
+        .iter()
+        .enumerate()
+        .map(|(i, w)| {
+            w.cluster_selector
+                .as_ref()
+                .map(|s| parse_selector(s, field(i)))
+                .transpose()
+        })
+        .collect()
+}
 
 /// The clusters `placement` selects for a fleet in `namespace`: only clusters whose Secret
 /// admits that namespace (`proxyfleet.io/allowed-namespaces`, deny by default).
@@ -55,7 +80,13 @@ pub fn select<'a>(
     namespace: &str,
     clusters: &'a [MemberCluster],
 ) -> Result<Selection<'a>, BadSelector> {
-    let selector = placement.cluster_selector.clone().map(Selector::try_from).transpose()?;
+    let field = || "spec.placement.clusterSelector".to_string();
+    let selector = placement
+        .cluster_selector
+        .as_ref()
+        .map(|s| parse_selector(s, field))
+        .transpose()?;
+    wave_selectors(placement)?;
     let mut selection = Selection::default();
     for c in clusters {
         let named = placement.clusters.iter().any(|n| n == &c.name);
@@ -178,14 +209,14 @@ pub fn assign_waves(placement: &Placement, targets: &[&MemberCluster]) -> (Vec<(
             )
         })
         .collect();
-    let selectors: Vec<Option<Selector>> = placement
-        .waves
-        .iter()
-        .map(|w| w.cluster_selector.clone().and_then(|s| Selector::try_from(s).ok()))
-        .collect();
+    // `select` refused the placement if one is not a selector.
+    let selectors = wave_selectors(placement).unwrap_or_default();
     let in_wave = |i: usize, c: &MemberCluster| {
         placement.waves[i].clusters.iter().any(|n| n == &c.name)
-            || selectors[i].as_ref().is_some_and(|s| s.matches(&c.labels))
+            || selectors
+                .get(i)
+                .and_then(Option::as_ref)
+                .is_some_and(|s| s.matches(&c.labels))
     };
     let rest = waves.len();
     let index: Vec<usize> = targets
@@ -363,6 +394,41 @@ mod tests {
         assert_eq!(s.unknown, ["ap-9"]);
         let none = select(&Placement::default(), "team-a", &clusters).unwrap();
         assert!(none.targets.is_empty());
+    }
+
+    #[test]
+    fn a_wave_selector_that_is_not_one_is_refused_with_its_field() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelectorRequirement;
+        let clusters = vec![cluster("eu-1", "eu"), cluster("us-1", "us")];
+        let bad = |operator: &str, values: Option<Vec<String>>| Placement {
+            cluster_selector: Some(LabelSelector::default()),
+            waves: vec![
+                super::super::spec::Wave::default(),
+                super::super::spec::Wave {
+                    cluster_selector: Some(LabelSelector {
+                        match_expressions: Some(vec![LabelSelectorRequirement {
+                            key: "tier".into(),
+                            operator: operator.into(),
+                            values,
+                        }]),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                },
+            ],
+            ..Default::default()
+        };
+        let canary = Some(vec!["canary".to_string()]);
+        for p in [bad("in", canary.clone()), bad("Within", canary.clone())] {
+            let Err(e) = select(&p, "team-a", &clusters) else {
+                panic!("a wave whose selector is not one must not leave its clusters to the last wave");
+            };
+            assert!(
+                e.to_string().starts_with("spec.placement.waves[1].clusterSelector: "),
+                "{e}"
+            );
+        }
+        assert!(select(&bad("In", canary), "team-a", &clusters).is_ok());
     }
 
     #[test]

@@ -40,6 +40,9 @@ pub struct Outcome {
     /// The wave rollout as this pass decided it; `None` keeps what the status shows while the
     /// placement has waves (a pass that could not judge them changes nothing there).
     pub waves: Option<super::spec::WaveStatus>,
+    /// The pass could not do its work (an API error, caches not loaded, members left to clean
+    /// up): retried on the fleet's backoff instead of `requeue`.
+    pub retry: bool,
 }
 
 impl Outcome {
@@ -49,6 +52,7 @@ impl Outcome {
             clusters: Vec::new(),
             requeue: None,
             waves: None,
+            retry: false,
         }
     }
 }
@@ -198,12 +202,10 @@ pub fn held(pxd: &ProxyDeployment, message: &str) -> Outcome {
         return Outcome::none();
     }
     let previous: Vec<ClusterStatus> = pxd.status.as_ref().map(|s| s.clusters.clone()).unwrap_or_default();
-    let mut out = keep(
+    settled(
         &previous,
         Want::new(crate::conditions::PROPAGATED, false, "PolicyViolation", message),
-    );
-    out.requeue = None;
-    out
+    )
 }
 
 fn not_propagated(reason: &str, message: String) -> Want {
@@ -232,11 +234,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
 
     let selection = match placement::select(placement, &owner.namespace, &registered) {
         Ok(s) => s,
-        Err(m) => {
-            let mut out = keep_previous(status::condition(&[], Some(&m.to_string())));
-            out.requeue = None;
-            return out;
-        }
+        Err(m) => return settled(&previous, status::condition(&[], Some(&m.to_string()))),
     };
     let prev = |name: &str| previous.iter().find(|c| c.name == name);
     let now = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
@@ -289,6 +287,7 @@ pub async fn propagate(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> O
         clusters: entries,
         requeue: Some(requeue),
         waves,
+        retry: false,
     }
 }
 
@@ -369,13 +368,23 @@ async fn ensure_finalizer(pxd: &ProxyDeployment, ctx: &Context) -> Result<(), Hu
     set_finalizers(pxd, ctx, f).await
 }
 
-/// The previous cluster entries with a new condition; checked again in 10 s.
+/// The previous cluster entries with a condition only a change of the spec (or the platform's
+/// policy) can resolve: nothing to retry.
+fn settled(previous: &[ClusterStatus], condition: Want) -> Outcome {
+    Outcome {
+        retry: false,
+        ..keep(previous, condition)
+    }
+}
+
+/// The previous cluster entries with a new condition; retried on the backoff.
 fn keep(previous: &[ClusterStatus], condition: Want) -> Outcome {
     Outcome {
         condition: Some(condition),
         clusters: previous.to_vec(),
-        requeue: Some(Duration::from_secs(10)),
+        requeue: None,
         waves: None,
+        retry: true,
     }
 }
 
@@ -515,6 +524,7 @@ async fn not_applied(
         clusters: entries,
         requeue: Some(ctx.propagation.resync),
         waves: None,
+        retry: false,
     }
 }
 

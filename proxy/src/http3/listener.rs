@@ -140,6 +140,9 @@ impl QuicListener {
             waited: self.counter(&self.shared.metrics.quic_early_requests, "waited"),
         });
         let mut requests = JoinSet::new();
+        // As HTTP/2's: no request in flight for this long ends the connection (GOAWAY), however
+        // often the client PINGs (QUIC's own idle timer counts PINGs as traffic).
+        let idle = self.shared.state.load().config.limits.idle_timeout();
         loop {
             tokio::select! {
                 accepted = h3.accept() => match accepted {
@@ -150,6 +153,10 @@ impl QuicListener {
                     Ok(None) | Err(_) => break,
                 },
                 Some(_) = requests.join_next(), if !requests.is_empty() => {}
+                _ = tokio::time::sleep(idle), if requests.is_empty() => {
+                    let _ = h3.shutdown(0).await;
+                    break;
+                }
                 _ = drain.changed() => {
                     let _ = h3.shutdown(0).await;
                     break;
@@ -178,7 +185,17 @@ impl QuicListener {
             // A server always gets its connection at once (0.5-RTT); `accepted` resolves when
             // the handshake completes (or the connection is lost).
             let (conn, accepted) = connecting.into_0rtt().ok()?;
-            (conn, Some(accepted.shared()))
+            // The rest of the handshake within the same limit as a full one's.
+            let (limit, lost) = (self.handshake_timeout, conn.clone());
+            let done = async move {
+                // (A server's `ZeroRttAccepted` value means nothing; only its completion does.)
+                let done = tokio::time::timeout(limit, accepted).await.is_ok();
+                if !done {
+                    lost.close(quinn::VarInt::from_u32(0x100), b"handshake timeout");
+                }
+                done
+            };
+            (conn, Some(done.boxed().shared()))
         } else {
             let conn = tokio::time::timeout(self.handshake_timeout, connecting)
                 .await

@@ -24,8 +24,9 @@ const SETTLE_AT_MOST: Duration = Duration::from_secs(1);
 /// RFC 8470 §5.1: tells the upstream a request came in early data (it may answer 425).
 const EARLY_DATA: HeaderName = HeaderName::from_static("early-data");
 
-/// Resolves when a 0-RTT connection's handshake completes or the connection is lost.
-pub type Handshake = futures_util::future::Shared<quinn::ZeroRttAccepted>;
+/// Resolves when a 0-RTT connection's handshake completes, the connection is lost, or the
+/// handshake took too long (the connection is closed then).
+pub type Handshake = futures_util::future::Shared<futures_util::future::BoxFuture<'static, bool>>;
 
 /// What a connection's requests need to know about 0-RTT.
 pub struct EarlyData {
@@ -58,7 +59,14 @@ impl EarlyData {
 
 /// Reads one request, serves it, and writes the response.
 pub async fn serve(resolver: Resolver, shared: Arc<Shared>, client: Arc<ClientInfo>, early: Arc<EarlyData>) {
-    let Ok((req, stream)) = resolver.resolve_request().await else {
+    // The request's HEADERS within the header timeout, as on TCP: a stream opened and left
+    // empty is dropped (reset), not kept for ever.
+    let limit = shared.state.load().config.limits.header_read_timeout.get();
+    let Ok(resolved) = tokio::time::timeout(limit, resolver.resolve_request()).await else {
+        shared.metrics.malformed_requests.inc();
+        return;
+    };
+    let Ok((req, stream)) = resolved else {
         // A malformed request stream: h3 has already answered it with a stream error.
         shared.metrics.malformed_requests.inc();
         return;

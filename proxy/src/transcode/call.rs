@@ -56,6 +56,10 @@ impl Transcoder {
         let (mut parts, body) = req.into_parts();
         // Read as any streamed body is: within the size limit, and cut off when the client
         // sends nothing for `clientBodyTimeout`.
+        let body_rules = BodyRules {
+            max_bytes: body_rules.max_bytes.min(self.max_body),
+            ..body_rules
+        };
         let body = match UpstreamBody::streaming(body, body_rules).collect().await {
             Ok(b) => b.to_bytes(),
             Err(e) if e.is::<BodyTooLarge>() => {
@@ -198,7 +202,17 @@ impl Call {
             };
             let mut buf = BytesMut::new();
             let mut end = (2, "the stream ended without a status".to_string());
-            while let Some(frame) = body.frame().await {
+            loop {
+                // A client gone ends the call at once, not at the upstream's next message
+                // (a quiet watch stream would hold its upstream stream for ever).
+                let frame = tokio::select! {
+                    frame = body.frame() => frame,
+                    _ = tx.closed() => {
+                        self.count(1);
+                        return;
+                    }
+                };
+                let Some(frame) = frame else { break };
                 let frame = match frame {
                     Ok(frame) => frame,
                     // The client fell behind and stayed too slow: its stream fails, as a
@@ -230,7 +244,8 @@ impl Call {
                         Err(e) => serde_json::json!({ "error": status::error_json(13, &e) }),
                     };
                     if tx.send(Ok(Bytes::from(format!("{line}\n")))).await.is_err() {
-                        return; // the client went away
+                        self.count(1); // the client went away: cancelled
+                        return;
                     }
                 }
                 if message::declared_too_large(&buf) {

@@ -36,6 +36,8 @@ pub struct Transcoder {
     options: JsonOptions,
     route: Arc<str>,
     metrics: crate::metrics::TranscodeFamily,
+    /// `maxRequestBodyBytes`, defaulted.
+    max_body: u64,
 }
 
 impl Transcoder {
@@ -68,6 +70,7 @@ impl Transcoder {
             },
             route: route.into(),
             metrics: metrics.transcoded.clone(),
+            max_body: config.max_request_body_bytes(),
         })
     }
 
