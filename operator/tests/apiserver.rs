@@ -320,6 +320,79 @@ async fn admission_refuses_a_malformed_proxydeployment_naming_the_field() {
     ns.delete().await;
 }
 
+/// Whatever admission lets through must decode into our types, or one object would fail the
+/// operator's list of its kind for every namespace: integers beyond their Rust type and names
+/// that are not names are refused with the field named; a duration beyond the longest is
+/// admitted and read as the longest.
+#[tokio::test]
+#[ignore = "needs the local cluster; run by e2e/tests/15-apiserver.sh"]
+async fn what_admission_lets_through_always_decodes() {
+    use kube::api::{ApiResource, DynamicObject};
+    use kube::Resource;
+    let client = client().await;
+    let ns = TestNamespace::new(&client, "decodes").await;
+    let fleets =
+        Api::<DynamicObject>::namespaced_with(client.clone(), &ns.name, &ApiResource::erase::<ProxyDeployment>(&()));
+    let dry_run = PostParams {
+        dry_run: true,
+        ..Default::default()
+    };
+    let fleet = |patch: serde_json::Value| {
+        let mut v = serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+            "metadata": {"name": "it"},
+            "spec": {
+                "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}],
+                "routes": [{"name": "all", "upstream": "app"}],
+                "upstreams": [{"name": "app", "endpoints": ["10.0.0.1:80"]}],
+            },
+        });
+        json_merge(&mut v, &patch);
+        serde_json::from_value::<DynamicObject>(v).expect("an object")
+    };
+    let too_big = fleet(serde_json::json!({"spec": {"limits": {"maxRequestsPerConnection": 5_000_000_000_u64}}}));
+    let err = fleets
+        .create(&dry_run, &too_big)
+        .await
+        .expect_err("admitted a u32 overflow");
+    assert!(
+        err.to_string().contains("spec.limits.maxRequestsPerConnection"),
+        "{err}"
+    );
+    let long =
+        fleet(serde_json::json!({"spec": {"routes": [{"name": "all", "upstream": "app", "timeout": "300000h"}]}}));
+    let admitted = fleets
+        .create(&dry_run, &long)
+        .await
+        .expect("a long timeout is admitted");
+    let read: ProxyDeployment =
+        serde_json::from_value(serde_json::to_value(&admitted).expect("json")).expect("what was admitted decodes");
+    assert_eq!(read.spec.routes[0].timeout.get(), Duration::from_secs(1_000_000_000));
+
+    let apps = Api::<DynamicObject>::namespaced_with(
+        client.clone(),
+        &ns.name,
+        &ApiResource::erase::<proxyfleet_operator::app::spec::AppRollout>(&()),
+    );
+    let app: DynamicObject = serde_json::from_value(serde_json::json!({
+        "apiVersion": proxyfleet_operator::app::spec::AppRollout::api_version(&()), "kind": "AppRollout",
+        "metadata": {"name": "shop"},
+        "spec": {
+            "workloadRef": {"name": "../../../namespaces/other/deployments/x"},
+            "port": 8080,
+            "route": {"proxyDeployment": "edge", "name": "shop"},
+            "strategy": {"steps": [{"setWeight": 100}]},
+        },
+    }))
+    .expect("an object");
+    let err = apps
+        .create(&dry_run, &app)
+        .await
+        .expect_err("admitted a path as a name");
+    assert!(err.to_string().contains("spec.workloadRef.name"), "{err}");
+    ns.delete().await;
+}
+
 /// RFC 7386 merge of `patch` into `target`.
 fn json_merge(target: &mut serde_json::Value, patch: &serde_json::Value) {
     match (target, patch) {
