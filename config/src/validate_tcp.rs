@@ -119,7 +119,14 @@ fn check_socks5(f: &str, t: &TcpProxy, has_connect: bool, errors: &mut Vec<Field
         }
     }
     if let Some(a) = &t.socks5 {
-        if a.credentials_dir.is_none() && a.credentials_secret.is_none() {
+        // The proxy reads only the directory: a Secret named in its own file would leave the
+        // listener without authentication.
+        if a.credentials_secret.is_some() {
+            errors.push(err(
+                format!("{f}.socks5.credentialsSecret"),
+                "a reference is resolved by the operator; the proxy itself reads credentialsDir",
+            ));
+        } else if a.credentials_dir.is_none() {
             errors.push(err(
                 format!("{f}.socks5.credentialsDir"),
                 "required (username and password files)",
@@ -165,6 +172,13 @@ mod tests {
         }))
         .unwrap();
         assert_eq!(messages(&config), Vec::<String>::new());
+        let e = errors(serde_json::json!({"name": "s", "address": "127.0.0.1:0",
+            "tcp": {"mode": "socks5", "socks5": {"credentialsSecret": "socks-user"}}}));
+        assert!(
+            e.iter()
+                .any(|m| m.starts_with("listeners[0].tcp.socks5.credentialsSecret: a reference")),
+            "a Secret the proxy cannot read must not leave it open: {e:?}"
+        );
         let e = errors(serde_json::json!({"name": "p", "address": "127.0.0.1:0",
             "tcp": {"defaultUpstream": "db", "socks5": {"credentialsDir": "/x"}}}));
         assert!(

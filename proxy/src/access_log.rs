@@ -247,8 +247,9 @@ fn trace_id(tp: &HeaderValue) -> Option<&str> {
 }
 
 fn render(r: &Record, out: &mut Vec<u8>) {
+    // Never a `user:password@` a client put in an absolute URI or `:authority`.
     let authority = match r.uri.authority() {
-        Some(a) => Some(a.as_str()),
+        Some(a) => Some(a.as_str().rsplit('@').next().unwrap_or_default()),
         None => r.host.as_ref().and_then(|h| h.to_str().ok()),
     };
     let path = match (r.include_query, r.uri.path_and_query()) {
@@ -382,5 +383,11 @@ mod tests {
         assert!(String::from_utf8(out)
             .unwrap()
             .contains(r#""path":"/a/b?token=secret""#));
+        // Credentials in an absolute URI's authority are not logged.
+        r.uri = "http://alice:s3cret@api.example.com:8080/a".parse().unwrap();
+        let mut out = Vec::new();
+        render(&r, &mut out);
+        let v: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(v["authority"], "api.example.com:8080");
     }
 }

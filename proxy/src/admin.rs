@@ -214,19 +214,27 @@ fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
 
 /// Admin connections served at once; more are closed (a scraper needs one or two).
 const MAX_ADMIN_CONNECTIONS: usize = 64;
+/// Of those, from one address: one client holding connections open cannot take the slots the
+/// kubelet's probes, the operator's pushes and the scraper need.
+const MAX_ADMIN_CONNECTIONS_PER_IP: u32 = 8;
 /// A request head must arrive within this, and a connection lives at most `ADMIN_LIFETIME`.
 const ADMIN_HEADER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 const ADMIN_LIFETIME: std::time::Duration = std::time::Duration::from_secs(120);
 
 pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
     let slots = Arc::new(tokio::sync::Semaphore::new(MAX_ADMIN_CONNECTIONS));
+    let per_ip = Arc::new(crate::client_slots::PerIpConnections::default());
     loop {
-        let Ok((tcp, _)) = listener.accept().await else {
+        let Ok((tcp, peer)) = listener.accept().await else {
             tokio::time::sleep(std::time::Duration::from_millis(50)).await;
             continue;
         };
+        // Dropping the stream closes it.
+        let Some(ip_slot) = per_ip.try_take(peer.ip(), MAX_ADMIN_CONNECTIONS_PER_IP) else {
+            continue;
+        };
         let Ok(slot) = slots.clone().try_acquire_owned() else {
-            continue; // dropping the stream closes it
+            continue;
         };
         let shared = shared.clone();
         tokio::spawn(async move {
@@ -237,7 +245,7 @@ pub async fn serve(listener: TcpListener, shared: Arc<Shared>) {
                 .max_buf_size(16 * 1024)
                 .serve_connection(TokioIo::new(tcp), svc);
             let _ = tokio::time::timeout(ADMIN_LIFETIME, conn).await;
-            drop(slot);
+            drop((slot, ip_slot));
         });
     }
 }

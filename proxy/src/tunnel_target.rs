@@ -44,7 +44,7 @@ fn is_internal(ip: IpAddr) -> bool {
                 || o[0] == 0
                 || (o[0] == 100 && (o[1] & 0xc0) == 64)
         }
-        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped().or_else(|| embedded_ipv4(v6)) {
             Some(v4) => is_internal(IpAddr::V4(v4)),
             None => {
                 let seg0 = v6.segments()[0];
@@ -55,6 +55,23 @@ fn is_internal(ip: IpAddr) -> bool {
                     || (seg0 & 0xffc0) == 0xfe80
             }
         },
+    }
+}
+
+/// The IPv4 address an IPv6 one reaches through a translator or tunnel: NAT64's well-known
+/// and local-use prefixes (RFC 6052, 8215: `64:ff9b::/96`, `64:ff9b:1::/48`), 6to4
+/// (`2002::/16`) and the deprecated IPv4-compatible form (`::a.b.c.d`). On an IPv6-only
+/// cluster with DNS64 a name resolving to `64:ff9b::a9fe:a9fe` is 169.254.169.254.
+fn embedded_ipv4(v6: std::net::Ipv6Addr) -> Option<std::net::Ipv4Addr> {
+    let s = v6.segments();
+    let o = v6.octets();
+    let last = std::net::Ipv4Addr::new(o[12], o[13], o[14], o[15]);
+    match s {
+        [0x64, 0xff9b, 0, 0, 0, 0, _, _] => Some(last),
+        [0x64, 0xff9b, 1, ..] => Some(last),
+        [0x2002, ..] => Some(std::net::Ipv4Addr::new(o[2], o[3], o[4], o[5])),
+        [0, 0, 0, 0, 0, 0, _, _] if !v6.is_loopback() && !v6.is_unspecified() => Some(last),
+        _ => None,
     }
 }
 
@@ -140,6 +157,10 @@ mod tests {
             "fd00::1",
             "fe80::1",
             "::ffff:127.0.0.1",
+            "64:ff9b::a9fe:a9fe",
+            "64:ff9b:1::a00:1",
+            "2002:a9fe:a9fe::1",
+            "::10.0.0.1",
         ] {
             assert!(!address_allowed(internal.parse().unwrap(), &[]), "{internal}");
         }
@@ -147,5 +168,9 @@ mod tests {
         assert!(!address_allowed("10.2.2.3".parse().unwrap(), &nets));
         assert!(address_allowed("93.184.216.34".parse().unwrap(), &[]));
         assert!(address_allowed("2606:2800:220:1::1".parse().unwrap(), &[]));
+        assert!(
+            address_allowed("64:ff9b::5db8:d822".parse().unwrap(), &[]),
+            "NAT64 of a public address"
+        );
     }
 }

@@ -495,3 +495,38 @@ async fn a_large_answer_to_a_stalled_http2_stream_closes_its_http11_upstream_con
     drop(resp);
     proxy.running.drain();
 }
+
+/// One address holding admin connections open gets at most eight; the ninth is closed at once,
+/// and a slot freed is served again (the kubelet's probes and the operator come from others).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_client_cannot_take_every_admin_connection() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("admin-per-ip");
+    let proxy = start_proxy(&dir, &config(up.addr, "")).await;
+    let mut held = Vec::new();
+    for _ in 0..8 {
+        held.push(tokio::net::TcpStream::connect(proxy.admin()).await.unwrap());
+    }
+    let mut ninth = tokio::net::TcpStream::connect(proxy.admin()).await.unwrap();
+    let mut buf = [0u8; 16];
+    let read = tokio::time::timeout(Duration::from_secs(10), ninth.read(&mut buf)).await;
+    assert!(
+        matches!(read, Ok(Ok(0)) | Ok(Err(_))),
+        "the ninth was not closed: {read:?}"
+    );
+    held.pop();
+    let served = within("a freed slot serves again", async {
+        loop {
+            let tcp = tokio::net::TcpStream::connect(proxy.admin()).await.unwrap();
+            if let Ok((status, _)) = h1_get(tcp, "admin", "/healthz").await {
+                return status;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert_eq!(served, 200);
+    drop(held);
+    proxy.running.drain();
+}

@@ -33,7 +33,8 @@ pub enum HubAppsError {
 pub struct HubApps {
     /// The copies every member gets, sorted by name.
     pub copies: Vec<AppCopy>,
-    /// Apps whose Deployment is missing on the hub: their copies stay as they are.
+    /// Apps whose Deployment is missing on the hub, or that the hub's policy refuses: their
+    /// copies stay as they are.
     pub held: Vec<String>,
 }
 
@@ -69,6 +70,14 @@ pub async fn desired(pxd: &ProxyDeployment, owner: &Owner, ctx: &Context) -> Res
     for rollout in rollouts {
         let name = &rollout.spec.workload_ref.name;
         let app = rollout.metadata.name.clone().unwrap_or_default();
+        // What the hub's policy refuses here is not sent anywhere else either.
+        let stores = (&ctx.stores.policies, &ctx.stores.namespaces);
+        if let Some((_, why)) = crate::policy::app_refusal(stores.0, stores.1, &owner.namespace, &rollout.spec.strategy)
+        {
+            tracing::info!(app = %app, %why, "the hub's policy refuses the app: its copies are held");
+            out.held.push(app);
+            continue;
+        }
         let workload = deployments.get_opt(name).await.map_err(|source| HubAppsError::Read {
             namespace: owner.namespace.clone(),
             name: name.clone(),

@@ -92,12 +92,13 @@ pub async fn observe(client: &Client, namespace: &str, name: &str) -> Result<Opt
 }
 
 /// Creates the namespace when missing (never deletes it).
-/// The namespace, created when missing with our label and `pod_security` (the hub namespace's Pod
-/// Security labels); one that exists is left as the member's platform team made it.
+/// The namespace, created when missing with our label and `hub_labels` (the hub namespace's
+/// labels: its Pod Security level, what policies select it by); one that exists is left as
+/// the member's platform team made it.
 async fn ensure_namespace(
     client: &Client,
     namespace: &str,
-    pod_security: &BTreeMap<String, String>,
+    hub_labels: &BTreeMap<String, String>,
 ) -> Result<(), MemberError> {
     let api: Api<Namespace> = Api::all(client.clone());
     if bounded("reading the namespace", api.get_opt(namespace))
@@ -110,7 +111,7 @@ async fn ensure_namespace(
         metadata: kube::api::ObjectMeta {
             name: Some(namespace.into()),
             labels: Some(
-                pod_security
+                hub_labels
                     .clone()
                     .into_iter()
                     .chain([(labels::MANAGED_BY.to_string(), FIELD_MANAGER.to_string())])
@@ -132,10 +133,10 @@ pub async fn apply(
     client: &Client,
     namespace: &str,
     name: &str,
-    (object, pod_security): (&serde_json::Value, &BTreeMap<String, String>),
+    (object, hub_labels): (&serde_json::Value, &BTreeMap<String, String>),
     ca: Option<&Secret>,
 ) -> Result<ProxyDeployment, MemberError> {
-    ensure_namespace(client, namespace, pod_security).await?;
+    ensure_namespace(client, namespace, hub_labels).await?;
     let params = PatchParams::apply(FIELD_MANAGER).force();
     if let Some(ca) = ca {
         let secrets: Api<Secret> = Api::namespaced(client.clone(), namespace);

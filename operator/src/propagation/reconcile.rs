@@ -462,7 +462,7 @@ pub(super) fn allowed_for(
     );
     match refused {
         None => {
-            object.namespace_labels = pod_security_labels(ctx, &owner.namespace);
+            object.namespace_labels = hub_namespace_labels(ctx, &owner.namespace);
             Ok(object)
         }
         Some((_, message)) => Err(placement::OverrideError {
@@ -473,16 +473,21 @@ pub(super) fn allowed_for(
     }
 }
 
-/// The `pod-security.kubernetes.io/*` labels of the hub namespace.
-fn pod_security_labels(ctx: &Context, namespace: &str) -> std::collections::BTreeMap<String, String> {
+/// The hub namespace's labels (its platform team's, not the tenant's), for a member namespace we
+/// create: its Pod Security level, and what the member's ProxyFleetPolicies, NetworkPolicies
+/// and admission rules select namespaces by. Kubernetes' own name label is the member's.
+fn hub_namespace_labels(ctx: &Context, namespace: &str) -> std::collections::BTreeMap<String, String> {
     let ns = ctx
         .stores
         .namespaces
         .get(&kube::runtime::reflector::ObjectRef::new(namespace));
-    ns.and_then(|n| n.metadata.labels.clone())
-        .unwrap_or_default()
+    inherited(ns.and_then(|n| n.metadata.labels.clone()).unwrap_or_default())
+}
+
+fn inherited(labels: std::collections::BTreeMap<String, String>) -> std::collections::BTreeMap<String, String> {
+    labels
         .into_iter()
-        .filter(|(k, _)| k.starts_with("pod-security.kubernetes.io/"))
+        .filter(|(k, _)| k != "kubernetes.io/metadata.name" && k != crate::labels::MANAGED_BY)
         .collect()
 }
 
@@ -661,5 +666,22 @@ mod tests {
         argocd_writer.apply_watcher_event(&Event::Init);
         argocd_writer.apply_watcher_event(&Event::InitDone);
         assert!(registered(&p).expect("both loaded").is_empty());
+    }
+
+    /// A member namespace we create carries what the hub namespace's platform team labelled it
+    /// with (Pod Security, the labels policies select by), not Kubernetes' name or our mark.
+    #[test]
+    fn a_member_namespace_inherits_the_hub_namespaces_labels() {
+        let hub = std::collections::BTreeMap::from(
+            [
+                ("kubernetes.io/metadata.name", "team-a"),
+                ("pod-security.kubernetes.io/enforce", "restricted"),
+                ("tenant", "true"),
+                (crate::labels::MANAGED_BY, "someone"),
+            ]
+            .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        let got: Vec<_> = super::inherited(hub).into_keys().collect();
+        assert_eq!(got, ["pod-security.kubernetes.io/enforce", "tenant"]);
     }
 }
