@@ -550,8 +550,8 @@ async fn warn_once(ctx: &Context, pxd: &ProxyDeployment, owner: &Owner, reason: 
 }
 
 /// The fleet's command (`proxyfleet.io/command`), removed before the machine decides on it so
-/// it acts once. One that cannot be removed is left for a later pass (sooner than the backoff
-/// allows, never): this pass decides without it, so its measurement is still recorded.
+/// it acts once. One that cannot be removed is left for a later pass, on a backoff: this pass
+/// decides without it, so its measurement is still recorded.
 async fn take_command(
     ctx: &Context,
     owner: &Owner,
