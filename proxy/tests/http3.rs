@@ -35,6 +35,11 @@ struct Setup {
 }
 
 async fn setup(tag: &str, h3: &str) -> Setup {
+    setup_with(tag, h3, "").await
+}
+
+/// `setup` with `extra` top-level configuration (e.g. `limits: {…}`).
+async fn setup_with(tag: &str, h3: &str, extra: &str) -> Setup {
     init();
     let ca = TestCa::new("test ca");
     let dir = tempdir(tag);
@@ -44,7 +49,8 @@ async fn setup(tag: &str, h3: &str) -> Setup {
     let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
     let h1 = upstream("h1", None, false).await;
     let h2 = upstream("h2", Some(ca.leaf(&["localhost"])), false).await;
-    let proxy = start_proxy(&dir, &config(&dir, h3, &h1, &h2, &ca_file)).await;
+    let yaml = format!("{}{extra}\n", config(&dir, h3, &h1, &h2, &ca_file));
+    let proxy = start_proxy(&dir, &yaml).await;
     Setup { ca, h1, h2, proxy, dir }
 }
 
@@ -279,20 +285,8 @@ async fn a_body_longer_or_shorter_than_its_content_length_is_refused() {
 /// is, however often the client PINGs (QUIC's own idle timer counts PINGs as traffic).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_without_requests_is_ended_even_while_it_pings() {
-    init();
-    let ca = TestCa::new("test ca");
-    let dir = tempdir("h3-idle");
-    let (c, k) = ca.leaf(&["localhost"]);
-    write(&dir, "c", &c);
-    write(&dir, "k", &k);
-    let ca_file = write(&dir, "ca.pem", &ca.cert_pem);
-    let h1 = upstream("h1", None, false).await;
-    let h2 = upstream("h2", Some(ca.leaf(&["localhost"])), false).await;
-    let yaml = config(&dir, "{idleTimeout: 60s}", &h1, &h2, &ca_file).replace(
-        "admin: {address: \"127.0.0.1:0\"}\n",
-        "admin: {address: \"127.0.0.1:0\"}\nlimits: {idleTimeout: 1s}\n",
-    );
-    let proxy = start_proxy(&dir, &yaml).await;
+    let s = setup_with("h3-idle", "{idleTimeout: 60s}", "limits: {idleTimeout: 1s}").await;
+    let (ca, proxy) = (&s.ca, &s.proxy);
     let mut pinging = client_config(ca.roots(), false).unwrap();
     let mut transport = quinn::TransportConfig::default();
     transport.keep_alive_interval(Some(Duration::from_millis(200)));
