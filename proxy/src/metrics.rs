@@ -160,8 +160,9 @@ fn register_route_filters(
     )
 }
 
-/// Reloads by result, and whether the last one was taken (1 until one is refused).
-fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, Gauge) {
+/// Reloads by result, whether the last one was taken (1 until one is refused), and whether the
+/// files hold a change that waits for a restart.
+fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, Gauge, Gauge) {
     let reloads = register(
         registry,
         "config_reloads",
@@ -173,7 +174,12 @@ fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, 
         "Whether the last reload of configuration and certificate files was taken (1) or refused (0)",
     );
     last.set(1);
-    (reloads, last)
+    let pending: Gauge = register(
+        registry,
+        "config_restart_pending",
+        "Whether the configuration file holds a change only a restart applies (1); the rest of it was taken",
+    );
+    (reloads, last, pending)
 }
 
 fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>, Family<OcspLabels, Counter>) {
@@ -306,6 +312,9 @@ pub struct Metrics {
     /// 1 when the last reload was taken (or none failed yet), 0 while the files on disk are
     /// refused: the proxy then serves what it had, certificates included, so an alert must say.
     pub last_reload_successful: Gauge,
+    /// 1 while the file holds a change the running proxy cannot make (a listener, admin,
+    /// connection limits, workers): those parts keep their running values until a restart.
+    pub restart_pending: Gauge,
     pub certificate_not_after: Family<CertLabels, Gauge>,
     pub ocsp_staples: Family<OcspLabels, Counter>,
     pub faults: Family<FaultLabels, Counter>,
@@ -444,7 +453,7 @@ impl Metrics {
             register_guards(&mut registry);
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
         let (quic_connections, quic_early_requests, transcoded) = register_protocols(&mut registry);
-        let (reloads, last_reload_successful) = register_reloads(&mut registry);
+        let (reloads, last_reload_successful, restart_pending) = register_reloads(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -478,6 +487,7 @@ impl Metrics {
             active_connections: register(&mut registry, "active_connections", "Open client connections"),
             reloads,
             last_reload_successful,
+            restart_pending,
             certificate_not_after,
             ocsp_staples,
             faults: register(&mut registry, "fault_injections", "Faults injected by route and kind"),

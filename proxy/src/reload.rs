@@ -122,8 +122,8 @@ fn count_failure(shared: &Shared) {
 /// What a running proxy cannot change in place, the first that differs: its sockets, accept
 /// loops, connection builders and workers are made once, from the configuration it started
 /// with. Taking such a change would half-apply it (a renamed listener dropping every
-/// connection, a limit silently kept), so the reload is refused, saying what, and the rest
-/// waits for a restart.
+/// connection, a limit silently kept), so a reload keeps these parts as they run
+/// (`keep_running_shape`), says what waits for a restart, and takes the rest.
 pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static str> {
     let same_shape = |a: &proxyfleet_config::Listener, b: &proxyfleet_config::Listener| {
         a.name == b.name
@@ -157,6 +157,57 @@ pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static st
     }
 }
 
+/// The new configuration with what `needs_restart` names kept as the proxy runs it: every
+/// running listener keeps its name, address, redirect, access log, TCP mode and HTTP/3 (and
+/// its TLS, when the new file turns TLS on or off) and takes the rest (certificates, client
+/// CA, resumption, TCP targets) from the listener of the same name, if the new file has one;
+/// a listener the new file adds waits for the restart. Limits the connection builders hold,
+/// the admin listener and the workers stay too. Certificates, routes and upstreams are never
+/// held back by a change elsewhere that needs a restart.
+pub fn keep_running_shape(old: &ProxyConfig, mut new: ProxyConfig) -> ProxyConfig {
+    let listeners = old
+        .listeners
+        .iter()
+        .map(|running| match new.listeners.iter().find(|l| l.name == running.name) {
+            Some(wanted) => keep_listener_shape(running, wanted),
+            None => running.clone(),
+        })
+        .collect();
+    new.listeners = listeners;
+    let (l, running) = (&mut new.limits, &old.limits);
+    l.max_connections = running.max_connections;
+    l.header_read_timeout = running.header_read_timeout;
+    l.max_header_bytes = running.max_header_bytes;
+    l.http2.clone_from(&running.http2);
+    new.admin.clone_from(&old.admin);
+    new.worker_threads = old.worker_threads;
+    new.idle_spin_micros = old.idle_spin_micros;
+    new
+}
+
+fn keep_listener_shape(
+    running: &proxyfleet_config::Listener,
+    wanted: &proxyfleet_config::Listener,
+) -> proxyfleet_config::Listener {
+    let tls = match (&running.tls, &wanted.tls) {
+        (Some(r), Some(w)) => Some(proxyfleet_config::ListenerTls {
+            http3: r.http3.clone(),
+            ..w.clone()
+        }),
+        _ => running.tls.clone(),
+    };
+    let tcp = if running.tcp.is_some() == wanted.tcp.is_some() {
+        wanted.tcp.clone()
+    } else {
+        running.tcp.clone()
+    };
+    proxyfleet_config::Listener {
+        tls,
+        tcp,
+        ..running.clone()
+    }
+}
+
 /// Reloads from disk now. Returns whether the new state was taken.
 pub fn reload(shared: &Shared) -> bool {
     let current = shared.state.load_full();
@@ -171,14 +222,17 @@ pub fn reload(shared: &Shared) -> bool {
         },
         None => current.config.clone(),
     };
-    if let Some(what) = needs_restart(&current.config, &config) {
-        count_failure(shared);
-        tracing::error!(
-            changed = what,
-            "reload refused: this change needs a restart (the operator rolls pods for it); keeping the running configuration"
-        );
-        return false;
-    }
+    let pending = needs_restart(&current.config, &config);
+    let config = match pending {
+        Some(what) => {
+            tracing::warn!(
+                waiting = what,
+                "part of this change needs a restart (the operator rolls pods for it): that part keeps its running value, the rest is taken"
+            );
+            keep_running_shape(&current.config, config)
+        }
+        None => config,
+    };
     match ProxyState::build(config, Some(&current), &shared.metrics, &shared.resumption) {
         Ok(next) => {
             next.publish_metrics(&shared.metrics);
@@ -199,6 +253,7 @@ pub fn reload(shared: &Shared) -> bool {
                 .get_or_create(&ResultLabels { result: "success" })
                 .inc();
             shared.metrics.last_reload_successful.set(1);
+            shared.metrics.restart_pending.set(i64::from(pending.is_some()));
             tracing::info!(certificates = ?serials, "reloaded");
             true
         }
@@ -214,51 +269,85 @@ pub fn reload(shared: &Shared) -> bool {
 /// this returns, so a change made right after start-up is never missed.
 pub fn spawn_watch(shared: Arc<Shared>) {
     let (tx, rx) = mpsc::unbounded_channel::<()>();
-    let watcher = make_watcher(&shared, tx.clone());
-    tokio::spawn(watch(shared, tx, rx, watcher));
+    let watching = make_watcher(to_watch(&shared), tx.clone());
+    tokio::spawn(watch(shared, tx, rx, watching));
 }
+
+/// What is watched (the directories a watch was placed on, and the file names that matter in
+/// them), and the watcher.
+type Watching = (ToWatch, Option<notify::RecommendedWatcher>);
+type ToWatch = (Vec<PathBuf>, Vec<std::ffi::OsString>);
 
 async fn watch(
     shared: Arc<Shared>,
     tx: mpsc::UnboundedSender<()>,
     mut rx: mpsc::UnboundedReceiver<()>,
-    mut watcher: Option<notify::RecommendedWatcher>,
+    mut watching: Watching,
 ) {
     #[cfg(unix)]
-    {
-        // Listening first: a SIGHUP from here on is the listener's, one before it was noted.
-        let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
-        if HANGUP_SEEN.swap(false, std::sync::atomic::Ordering::Relaxed) {
-            tracing::info!("SIGHUP during start-up: reloading");
-            let _ = tx.send(());
-        }
-        let tx = tx.clone();
-        tokio::spawn(async move {
-            let Ok(mut hup) = hup else {
-                return;
-            };
-            while hup.recv().await.is_some() {
-                tracing::info!("SIGHUP: reloading");
-                let _ = tx.send(());
-            }
-        });
-    }
+    listen_for_hangups(&tx);
     while rx.recv().await.is_some() {
         // Debounce: a Secret update is several events (new dir, symlink swap, old dir removed).
         tokio::time::sleep(Duration::from_millis(200)).await;
         while rx.try_recv().is_ok() {}
         let s = shared.clone();
-        let changed = tokio::task::spawn_blocking(move || reload(&s)).await.unwrap_or(false);
-        if changed {
-            // New paths may need watching.
-            watcher = make_watcher(&shared, tx.clone());
+        let wanted = tokio::task::spawn_blocking(move || {
+            reload(&s);
+            to_watch(&s)
+        })
+        .await;
+        // Paths named by the file are watched even when its reload failed: the certificate
+        // it waits for may arrive in a directory the running configuration does not name. A
+        // directory that could not be watched (not there yet) is tried again.
+        if let Ok(wanted) = wanted {
+            if wanted != watching.0 {
+                watching = make_watcher(wanted, tx.clone());
+            }
         }
     }
-    drop(watcher);
+    drop(watching);
 }
 
-fn make_watcher(shared: &Shared, tx: mpsc::UnboundedSender<()>) -> Option<notify::RecommendedWatcher> {
-    let (dirs, names) = watched(&shared.state.load().config, shared.config_path.as_ref());
+/// Answers SIGHUPs: one noted during start-up at once, later ones as they come.
+#[cfg(unix)]
+fn listen_for_hangups(tx: &mpsc::UnboundedSender<()>) {
+    // Listening first: a SIGHUP from here on is the listener's, one before it was noted.
+    let hup = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup());
+    if HANGUP_SEEN.swap(false, std::sync::atomic::Ordering::Relaxed) {
+        tracing::info!("SIGHUP during start-up: reloading");
+        let _ = tx.send(());
+    }
+    let tx = tx.clone();
+    tokio::spawn(async move {
+        let Ok(mut hup) = hup else {
+            return;
+        };
+        while hup.recv().await.is_some() {
+            tracing::info!("SIGHUP: reloading");
+            let _ = tx.send(());
+        }
+    });
+}
+
+/// The paths the running configuration names, and those the file on disk names if it parses
+/// (it may have been refused, or wait in part for a restart).
+fn to_watch(shared: &Shared) -> ToWatch {
+    let path = shared.config_path.as_ref();
+    let (mut dirs, mut names) = watched(&shared.state.load().config, path);
+    if let Some(on_disk) = path.and_then(|p| read_config(p).ok()) {
+        let (more_dirs, more_names) = watched(&on_disk, path);
+        dirs.extend(more_dirs);
+        names.extend(more_names);
+    }
+    dirs.sort();
+    dirs.dedup();
+    names.sort();
+    names.dedup();
+    (dirs, names)
+}
+
+fn make_watcher((dirs, names): ToWatch, tx: mpsc::UnboundedSender<()>) -> Watching {
+    let wanted_names = names.clone();
     let mut watcher = match notify::recommended_watcher(move |ev: notify::Result<notify::Event>| {
         if let Ok(ev) = ev {
             if relevant(&ev, &names) {
@@ -269,15 +358,20 @@ fn make_watcher(shared: &Shared, tx: mpsc::UnboundedSender<()>) -> Option<notify
         Ok(w) => w,
         Err(e) => {
             tracing::error!(error = %e, "cannot watch files; only SIGHUP reloads");
-            return None;
+            return ((dirs, wanted_names), None);
         }
     };
-    for d in dirs {
-        if let Err(e) = watcher.watch(&d, RecursiveMode::NonRecursive) {
-            tracing::warn!(dir = %d.display(), error = %e, "cannot watch directory");
-        }
-    }
-    Some(watcher)
+    let watched_dirs = dirs
+        .into_iter()
+        .filter(|d| match watcher.watch(d, RecursiveMode::NonRecursive) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(dir = %d.display(), error = %e, "cannot watch directory");
+                false
+            }
+        })
+        .collect();
+    ((watched_dirs, wanted_names), Some(watcher))
 }
 
 #[cfg(test)]
@@ -314,7 +408,7 @@ mod tests {
 
 #[cfg(test)]
 mod restart_tests {
-    use super::needs_restart;
+    use super::{keep_running_shape, needs_restart};
 
     fn config(extra: &str) -> proxyfleet_config::ProxyConfig {
         let yaml = format!(
@@ -341,5 +435,28 @@ mod restart_tests {
         let mut workers = base.clone();
         workers.worker_threads = Some(3);
         assert!(needs_restart(&base, &workers).is_some_and(|w| w.starts_with("workerThreads")));
+    }
+
+    #[test]
+    fn what_waits_for_a_restart_keeps_its_running_value_and_the_rest_is_taken() {
+        let base = config("");
+        let mut wanted = config(", accessLog: {}");
+        wanted.listeners[0].address = "127.0.0.1:9090".into();
+        wanted.listeners.push(config("").listeners[0].clone());
+        wanted.listeners[1].name = "added".into();
+        wanted.limits.max_connections += 1;
+        wanted.limits.max_request_body_bytes += 1;
+        wanted.worker_threads = Some(3);
+        wanted.routes[0].name = "renamed".into();
+        let taken = keep_running_shape(&base, wanted.clone());
+        assert_eq!(needs_restart(&base, &taken), None);
+        assert_eq!(taken.listeners, base.listeners, "no listener added, renamed or moved");
+        assert_eq!(taken.limits.max_connections, base.limits.max_connections);
+        assert_eq!(
+            taken.limits.max_request_body_bytes,
+            wanted.limits.max_request_body_bytes
+        );
+        assert_eq!(taken.routes, wanted.routes);
+        assert_eq!(taken.worker_threads, None);
     }
 }

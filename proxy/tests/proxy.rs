@@ -592,6 +592,75 @@ async fn certificate_rotation_under_load_drops_nothing() {
     proxy.running.drain();
 }
 
+/// A standalone proxy whose file gains a change only a restart applies (here maxConnections)
+/// still takes the rest of it: a new certificate is served at once, and
+/// `config_restart_pending` says what waits. The certificate's directory is named before it
+/// holds one, so that first reload fails; it is watched all the same, and the certificate is
+/// taken when it arrives, with no SIGHUP.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_change_that_needs_a_restart_holds_back_no_certificate() {
+    init();
+    let ca = TestCa::new("test ca");
+    let dir = tempdir("restart-pending");
+    let (old, new) = (dir.join("old"), dir.join("new"));
+    std::fs::create_dir_all(&old).unwrap();
+    std::fs::create_dir_all(&new).unwrap();
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&old, "tls.crt", &c);
+    write(&old, "tls.key", &k);
+    let up = upstream("up", None, false).await;
+    let yaml = |certs: &std::path::Path, max_connections: u32| {
+        format!(
+            "listeners:\n  - name: https\n    address: \"127.0.0.1:0\"\n    tls:\n      certificates: [{{certFile: {0}/tls.crt, keyFile: {0}/tls.key, default: true}}]\nadmin: {{address: \"127.0.0.1:0\"}}\nlimits: {{maxConnections: {2}}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [\"{1}\"]}}]\n",
+            certs.display(),
+            up.addr,
+            max_connections
+        )
+    };
+    let proxy = start_proxy(&dir, &yaml(&old, 1000)).await;
+    let addr = proxy.addr("https");
+    let first = served_serial(&tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await);
+    std::fs::write(&proxy.config_path, yaml(&new, 2000)).unwrap();
+    let failures = |m: &str| metric_sum(m, "proxyfleet_config_reloads_total", &["result=\"failure\""]);
+    let mut m = String::new();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        m = metrics(&proxy).await;
+        if failures(&m) >= 1.0 {
+            break;
+        }
+    }
+    assert!(
+        failures(&m) >= 1.0,
+        "the reload naming a missing certificate was not refused"
+    );
+    let (c, k) = ca.leaf(&["localhost"]);
+    write(&new, "tls.key", &k);
+    write(&new, "tls.crt", &c);
+    let mut seen = first.clone();
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        seen = served_serial(&tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await);
+        if seen != first {
+            break;
+        }
+    }
+    assert_ne!(
+        seen, first,
+        "the certificate in the newly named directory was never served"
+    );
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_config_restart_pending", &[]), 1.0);
+    assert_eq!(metric_sum(&m, "proxyfleet_config_last_reload_successful", &[]), 1.0);
+    let s = tls_connect(addr, Some("localhost"), &ca, &[b"http/1.1"]).await;
+    assert_eq!(
+        tls_get(s, "localhost", "/").await.0,
+        200,
+        "the running listener still serves"
+    );
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn config_reload_applies_and_a_bad_reload_keeps_the_running_config() {
     init();
