@@ -148,7 +148,9 @@ pub struct Route {
     /// Copy a share of the requests to another upstream (shadow traffic).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub mirror: Option<crate::Mirror>,
-    /// Whole-request timeout (to the last response header). Default 15s.
+    /// How long the upstream has to answer (to the last response header), counted from the end
+    /// of the client's request body, as Envoy's route timeout is: while the proxy waits on the
+    /// client's body, `limits.clientBodyTimeout` bounds each wait instead. Default 15s.
     #[serde(default = "default_route_timeout")]
     pub timeout: HumanDuration,
     /// Retries of idempotent requests on connect failure or 502/503/504.

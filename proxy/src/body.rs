@@ -3,10 +3,10 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
@@ -90,32 +90,65 @@ pub struct BodyRules {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[repr(u8)]
 pub enum BodyState {
+    /// Waiting for the client's next part.
     Sending = 0,
     Ended = 1,
     TooLarge = 2,
     TimedOut = 3,
     Broken = 4,
+    /// A part was read and handed on: the next waits for the upstream to take it.
+    Held = 5,
+    /// Not asked for yet: the upstream has not begun to take it.
+    Unread = 6,
+}
+
+/// Where a watched body is, shared between the body and its `BodyWatch`.
+pub struct Watched {
+    state: AtomicU8,
+    since: Instant,
+    /// Microseconds from `since` to the last part read (or the end); 0 before the first.
+    progressed: AtomicU64,
 }
 
 /// Shared with the body it watches: an HTTP/2 upstream connection only logs a body's error and
-/// resets the stream, so the response's error cannot say whose fault it was.
-pub struct BodyWatch(Arc<AtomicU8>);
+/// resets the stream, so the response's error cannot say whose fault it was; and the route's
+/// timeout counts from the body's last part (`last_progress`), not from the request's start.
+pub struct BodyWatch(Arc<Watched>);
 
 impl BodyWatch {
     pub fn get(&self) -> BodyState {
-        match self.0.load(Ordering::Relaxed) {
+        match self.0.state.load(Ordering::Relaxed) {
             0 => BodyState::Sending,
             1 => BodyState::Ended,
             2 => BodyState::TooLarge,
             3 => BodyState::TimedOut,
+            5 => BodyState::Held,
+            6 => BodyState::Unread,
             _ => BodyState::Broken,
+        }
+    }
+
+    /// When a part of the body was last read from the client, or it ended; `None` before.
+    pub fn last_progress(&self) -> Option<Instant> {
+        match self.0.progressed.load(Ordering::Relaxed) {
+            0 => None,
+            us => Some(self.0.since + Duration::from_micros(us)),
         }
     }
 }
 
-fn mark(watch: &Option<Arc<AtomicU8>>, state: BodyState) {
+fn mark(watch: &Option<Arc<Watched>>, state: BodyState) {
     if let Some(w) = watch {
-        w.store(state as u8, Ordering::Relaxed);
+        w.state.store(state as u8, Ordering::Relaxed);
+    }
+}
+
+/// A part was read (or the end): the clock is read only for a watched body.
+fn progressed(watch: &Option<Arc<Watched>>, state: BodyState) {
+    if let Some(w) = watch {
+        let us = u64::try_from(w.since.elapsed().as_micros()).unwrap_or(u64::MAX);
+        w.progressed.store(us.max(1), Ordering::Relaxed);
+        w.state.store(state as u8, Ordering::Relaxed);
     }
 }
 
@@ -133,7 +166,7 @@ pin_project_lite::pin_project! {
             // Cancelled when the response beside it is given up (`crate::upstream::read_ahead::StreamCut`).
             cut: Option<Pin<Box<WaitForCancellationFutureOwned>>>,
             // Where the client's body is (`BodyWatch`).
-            watch: Option<Arc<AtomicU8>>,
+            watch: Option<Arc<Watched>>,
         },
         /// A small body read whole first (a mirrored request's: both copies send it).
         Buffered { data: Option<Bytes> },
@@ -156,7 +189,11 @@ impl UpstreamBody {
     /// is still sending is the client's, not the upstream's, and so is a body that failed.
     pub fn watched(mut self) -> Self {
         if let Self::Streaming { watch, .. } = &mut self {
-            *watch = Some(Arc::default());
+            *watch = Some(Arc::new(Watched {
+                state: AtomicU8::new(BodyState::Unread as u8),
+                since: Instant::now(),
+                progressed: AtomicU64::new(0),
+            }));
         }
         self
     }
@@ -212,9 +249,12 @@ impl Body for UpstreamBody {
                             *remaining -= len;
                         }
                         // A sender may stop polling once the body says it has ended.
-                        if inner.is_end_stream() {
-                            mark(watch, BodyState::Ended);
-                        }
+                        let now = if inner.is_end_stream() {
+                            BodyState::Ended
+                        } else {
+                            BodyState::Held
+                        };
+                        progressed(watch, now);
                         Poll::Ready(Some(Ok(frame)))
                     }
                     Poll::Ready(Some(Err(e))) => {
@@ -222,14 +262,17 @@ impl Body for UpstreamBody {
                         Poll::Ready(Some(Err(Box::new(ClientBodyError(e)))))
                     }
                     Poll::Ready(None) => {
-                        mark(watch, BodyState::Ended);
+                        progressed(watch, BodyState::Ended);
                         Poll::Ready(None)
                     }
                     Poll::Pending if wait.expired(cx, rules.read_timeout) => {
                         mark(watch, BodyState::TimedOut);
                         Poll::Ready(Some(Err(Box::new(BodyTimedOut(rules.read_timeout)))))
                     }
-                    Poll::Pending => Poll::Pending,
+                    Poll::Pending => {
+                        mark(watch, BodyState::Sending);
+                        Poll::Pending
+                    }
                 }
             }
         }

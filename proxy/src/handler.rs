@@ -12,7 +12,7 @@ use http_body::Body as _;
 use tracing::Instrument;
 
 use crate::access_log::{Destination, ListenerLog, LogWanted, PendingLog, RequestFacts};
-use crate::body::{self, BodyState, ClientBody, RequestBody, UpstreamBody};
+use crate::body::{self, BodyState, BodyWatch, ClientBody, RequestBody, UpstreamBody};
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
@@ -498,9 +498,7 @@ async fn attempts(
             .watched(),
     });
 
-    // A gRPC client's own deadline wins when it is shorter than the route's.
-    let timeout = crate::grpc::timeout(&parts.headers).map_or(route.timeout, |t| t.min(route.timeout));
-    let (deadline, clients_deadline) = (started + timeout, timeout < route.timeout);
+    let deadline = Deadline::new(route.timeout, started, &parts.headers);
     let mut attempt = 0u8;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
@@ -517,7 +515,7 @@ async fn attempts(
             &parts,
             headers,
             req_body,
-            (attempt_started, deadline, clients_deadline),
+            (attempt_started, deadline),
             last_endpoint,
         )
         .await;
@@ -527,7 +525,7 @@ async fn attempts(
             Attempt::Retryable(resp) => {
                 if retryable
                     && attempt < route.retry_attempts
-                    && Instant::now() < deadline
+                    && Instant::now() < deadline.for_retries()
                     && route.retry_budget.try_withdraw()
                 {
                     attempt += 1;
@@ -545,7 +543,7 @@ async fn attempt_once(
     parts: &http::request::Parts,
     headers: HeaderMap,
     body: UpstreamBody,
-    (started, deadline, clients_deadline): (Instant, Instant, bool),
+    (started, deadline): (Instant, Deadline),
     last_endpoint: &mut Option<http::uri::Authority>,
 ) -> Attempt {
     let cluster = &target.backend.upstream;
@@ -580,21 +578,72 @@ async fn attempt_once(
     // A free permit is the rule; only a full endpoint needs a timer.
     let _permit = match endpoint.permits.try_acquire() {
         Ok(p) => p,
-        Err(_) => match tokio::time::timeout_at(deadline.into(), endpoint.permits.acquire()).await {
+        Err(_) => match deadline.bound(endpoint.permits.acquire(), None).await {
             Ok(Ok(p)) => p,
             _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
         },
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-    let result = tokio::time::timeout_at(deadline.into(), cluster.send(&endpoint, req)).await;
+    let result = deadline.bound(cluster.send(&endpoint, req), watch.as_ref()).await;
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let blame = Blame {
         started,
         body: watch.map_or(BodyState::Ended, |w| w.get()),
-        clients_deadline,
+        clients_deadline: deadline.client.is_some(),
     };
     outcome(cluster, &endpoint, blame, result)
 }
+
+/// When an attempt gives up. The route's `timeout` counts from the client body's last part
+/// (its end, once sent), as Envoy's route timeout starts at the end of the downstream request:
+/// an upload's own time is bounded by `limits.clientBodyTimeout` between parts, and a long
+/// upload needs no long `timeout`. A gRPC client's own deadline (`grpc-timeout`), when shorter
+/// than the route's, counts from the request's start and wins.
+#[derive(Clone, Copy)]
+struct Deadline {
+    route: Duration,
+    from: Instant,
+    client: Option<Instant>,
+}
+
+impl Deadline {
+    fn new(route: Duration, from: Instant, headers: &HeaderMap) -> Self {
+        let client = crate::grpc::timeout(headers).filter(|t| *t < route).map(|t| from + t);
+        Self { route, from, client }
+    }
+
+    /// The end of a retry's window: retried requests have no body.
+    fn for_retries(&self) -> Instant {
+        self.client.unwrap_or(self.from + self.route)
+    }
+
+    /// `work`, or `Elapsed` once the deadline passes while `body` (if any) makes no progress.
+    async fn bound<F: std::future::Future>(&self, work: F, body: Option<&BodyWatch>) -> Result<F::Output, Elapsed> {
+        let first = self.for_retries();
+        let Some(body) = body.filter(|_| self.client.is_none()) else {
+            return tokio::time::timeout_at(first.into(), work).await.map_err(|_| Elapsed);
+        };
+        let mut work = std::pin::pin!(work);
+        let mut at = first;
+        loop {
+            if let Ok(out) = tokio::time::timeout_at(at.into(), work.as_mut()).await {
+                return Ok(out);
+            }
+            let next = match body.get() {
+                // The client's pace between parts is `clientBodyTimeout`'s to judge.
+                BodyState::Sending => Instant::now() + self.route,
+                _ => body.last_progress().map_or(at, |p| p + self.route),
+            };
+            if next <= at {
+                return Err(Elapsed);
+            }
+            at = next;
+        }
+    }
+}
+
+/// An attempt's deadline passed.
+struct Elapsed;
 
 /// What an attempt's failure may be the client's: only the upstream's counts against it.
 struct Blame {
@@ -638,7 +687,7 @@ fn outcome(
     cluster: &upstream::UpstreamCluster,
     endpoint: &upstream::Endpoint,
     blame: Blame,
-    result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, tokio::time::error::Elapsed>,
+    result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, Elapsed>,
 ) -> Attempt {
     let od = &cluster.config.outlier_detection;
     let eject = |e: &upstream::Endpoint| {
@@ -649,10 +698,12 @@ fn outcome(
     };
     match result {
         // A client that stalls its body or sets a short deadline must not get endpoints ejected.
-        Err(_) if blame.body != BodyState::Ended => Attempt::Final(status_response(
-            StatusCode::REQUEST_TIMEOUT,
-            "request body not received within the route's timeout\n",
-        )),
+        Err(_) if !matches!(blame.body, BodyState::Ended | BodyState::Held | BodyState::Unread) => {
+            Attempt::Final(status_response(
+                StatusCode::REQUEST_TIMEOUT,
+                "request body not received within the route's timeout\n",
+            ))
+        }
         Err(_) => {
             endpoint.observe_latency(blame.started.elapsed());
             if !blame.clients_deadline {

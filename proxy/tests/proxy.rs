@@ -304,6 +304,117 @@ upstreams:
     proxy.running.drain();
 }
 
+/// Sends a request's head, then its body in `parts` spaced `gap` apart; returns the response
+/// and the time from the last part to the response's end.
+async fn upload_slowly(addr: std::net::SocketAddr, path: &str, parts: usize, gap: Duration) -> (String, Duration) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        parts * 10
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    for _ in 0..parts {
+        tokio::time::sleep(gap).await;
+        tcp.write_all(b"0123456789").await.unwrap();
+    }
+    let sent = std::time::Instant::now();
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), tcp.read_to_end(&mut out)).await;
+    (String::from_utf8_lossy(&out).into_owned(), sent.elapsed())
+}
+
+/// The route's timeout counts from the end of the client's body, as Envoy's does: an upload
+/// longer than the timeout succeeds, and the upstream then has the whole timeout to answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_route_timeout_starts_when_the_upload_ends() {
+    init();
+    let up = upstream("up", None, false).await;
+    let dir = tempdir("slow-upload");
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 400ms}}]
+upstreams: [{{name: u, endpoints: ["{}"]}}]
+"#,
+        up.addr
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let a = proxy.addr("http");
+    // Five parts 200 ms apart: a second of upload against a 400 ms timeout.
+    let (resp, _) = upload_slowly(a, "/r", 5, Duration::from_millis(200)).await;
+    assert!(resp.starts_with("HTTP/1.1 200") && resp.ends_with("up /r 50"), "{resp}");
+    // The upstream answers 250 ms after the upload's end (it waits before reading the body,
+    // which the kernel holds meanwhile): within the timeout counted from the end.
+    let (resp, _) = upload_slowly(a, "/delay/850", 3, Duration::from_millis(200)).await;
+    assert!(resp.starts_with("HTTP/1.1 200"), "{resp}");
+    // One that answers long after: 504, never sooner than the timeout after the upload's end.
+    let (resp, waited) = upload_slowly(a, "/delay/3000", 3, Duration::from_millis(200)).await;
+    assert!(resp.starts_with("HTTP/1.1 504"), "{resp}");
+    assert!(
+        waited >= Duration::from_millis(380),
+        "504 {waited:?} after the upload's end"
+    );
+    proxy.running.drain();
+}
+
+/// An upstream that takes a connection but never reads the body it is sent: the proxy's reads
+/// stop once the socket buffers fill, with the client ready to send more. The route's timeout
+/// runs from the last part taken, and the upstream is blamed (504, ejection), not the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_takes_the_body_times_out_and_is_blamed() {
+    use tokio::io::AsyncWriteExt;
+    init();
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((c, _)) = silent.accept().await {
+            held.push(c);
+        }
+    });
+    let dir = tempdir("never-read");
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 300ms}}]
+upstreams:
+  - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s}}}}
+limits: {{maxRequestBodyBytes: 67108864}}
+"#
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let len = 64usize << 20;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let head = format!("POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    let (mut rd, mut wr) = tcp.into_split();
+    tokio::spawn(async move {
+        let chunk = vec![b'x'; 1 << 16];
+        for _ in 0..len / chunk.len() {
+            if wr.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    // The head is enough: the client is still sending, so the connection stays open.
+    let mut out = vec![0u8; 12];
+    tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::io::AsyncReadExt::read_exact(&mut rd, &mut out),
+    )
+    .await
+    .expect("an answer within 10 s")
+    .unwrap();
+    let resp = String::from_utf8_lossy(&out);
+    assert_eq!(resp, "HTTP/1.1 504");
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 1.0, "{m}");
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stalls_its_body_or_sets_a_short_deadline_ejects_no_endpoint() {
     init();
@@ -324,12 +435,14 @@ admin: {{address: "127.0.0.1:0"}}
 routes: [{{name: all, upstream: u, timeout: 300ms}}]
 upstreams:
   - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: 2, ejectionTime: 60s}}}}
+limits: {{clientBodyTimeout: 1s}}
 "#
     );
     let proxy = start_proxy(&dir, &yaml).await;
     let a = proxy.addr("http");
     for _ in 0..3 {
-        // Ten bytes of a hundred, then nothing: the route's timeout passes while the client sends.
+        // Ten bytes of a hundred, then nothing: the client's body timeout passes (the route's
+        // does not run while the proxy waits on the client).
         let stalled = raw(
             a,
             b"POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n0123456789",
