@@ -117,7 +117,8 @@ pub struct BodyWatch(Arc<Watched>);
 
 impl BodyWatch {
     pub fn get(&self) -> BodyState {
-        match self.0.state.load(Ordering::Relaxed) {
+        // Acquire: pairs with `progressed`'s Release, so a part's time is seen with its state.
+        match self.0.state.load(Ordering::Acquire) {
             0 => BodyState::Sending,
             1 => BodyState::Ended,
             2 => BodyState::TooLarge,
@@ -128,12 +129,10 @@ impl BodyWatch {
         }
     }
 
-    /// When a part of the body was last read from the client, or it ended; `None` before.
-    pub fn last_progress(&self) -> Option<Instant> {
-        match self.0.progressed.load(Ordering::Relaxed) {
-            0 => None,
-            us => Some(self.0.since + Duration::from_micros(us)),
-        }
+    /// When a part of the body was last read from the client, or it ended; before the first,
+    /// when the body was made (a body read whole before, a transcoded one, starts there).
+    pub fn last_progress(&self) -> Instant {
+        self.0.since + Duration::from_micros(self.0.progressed.load(Ordering::Relaxed))
     }
 }
 
@@ -147,8 +146,8 @@ fn mark(watch: &Option<Arc<Watched>>, state: BodyState) {
 fn progressed(watch: &Option<Arc<Watched>>, state: BodyState) {
     if let Some(w) = watch {
         let us = u64::try_from(w.since.elapsed().as_micros()).unwrap_or(u64::MAX);
-        w.progressed.store(us.max(1), Ordering::Relaxed);
-        w.state.store(state as u8, Ordering::Relaxed);
+        w.progressed.store(us, Ordering::Relaxed);
+        w.state.store(state as u8, Ordering::Release);
     }
 }
 

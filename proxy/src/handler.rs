@@ -486,19 +486,12 @@ async fn attempts(
     append_forwarded(&mut parts.headers, client, trusted);
     route.apply_request_rules(&mut parts);
 
-    // A mirror's copy is made of the headers as the upstream gets them (forwarded-for, rules).
-    let mut body = Some(match &route.mirror {
-        Some(mirror) if mirror.sampled() => match mirrored(mirror, &parts, incoming, body_rules).await {
-            Ok(b) => b.cut_by(parts.extensions.get()),
-            Err(resp) => return resp,
-        },
-        _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_rules)
-            .cut_by(parts.extensions.get())
-            .watched(),
-    });
+    let mut deadline = Deadline::new(route.timeout, started, &parts.headers);
+    let mut body = match upstream_body(route, &parts, incoming, body_rules, &mut deadline).await {
+        Ok(b) => Some(b),
+        Err(resp) => return resp,
+    };
 
-    let deadline = Deadline::new(route.timeout, started, &parts.headers);
     let mut attempt = 0u8;
     loop {
         let req_body = body.take().unwrap_or(UpstreamBody::Empty);
@@ -536,6 +529,29 @@ async fn attempts(
             }
         }
     }
+}
+
+/// The body sent upstream. A mirror's copy is made of the headers as the upstream gets them
+/// (forwarded-for, rules); a body read whole for it moves the route's timeout on.
+async fn upstream_body(
+    route: &CompiledRoute,
+    parts: &http::request::Parts,
+    incoming: RequestBody,
+    body_rules: body::BodyRules,
+    deadline: &mut Deadline,
+) -> Result<UpstreamBody, Response<ClientBody>> {
+    Ok(match &route.mirror {
+        Some(mirror) if mirror.sampled() => {
+            let b = mirrored(mirror, parts, incoming, body_rules).await?;
+            // A body read whole first is the client's time, not the upstream's.
+            deadline.from = Instant::now();
+            b.cut_by(parts.extensions.get()).watched()
+        }
+        _ if incoming.is_end_stream() => UpstreamBody::Empty,
+        _ => UpstreamBody::streaming(incoming, body_rules)
+            .cut_by(parts.extensions.get())
+            .watched(),
+    })
 }
 
 async fn attempt_once(
@@ -602,6 +618,8 @@ async fn attempt_once(
 #[derive(Clone, Copy)]
 struct Deadline {
     route: Duration,
+    /// When the route's timeout starts at the latest: the request's start, or the end of a
+    /// body read whole before the attempt. A streamed body moves it on (`bound`).
     from: Instant,
     client: Option<Instant>,
 }
@@ -632,7 +650,7 @@ impl Deadline {
             let next = match body.get() {
                 // The client's pace between parts is `clientBodyTimeout`'s to judge.
                 BodyState::Sending => Instant::now() + self.route,
-                _ => body.last_progress().map_or(at, |p| p + self.route),
+                _ => body.last_progress() + self.route,
             };
             if next <= at {
                 return Err(Elapsed);

@@ -133,8 +133,12 @@ pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static st
             && a.access_log == b.access_log
             && a.tcp.is_some() == b.tcp.is_some()
     };
+    // By name, as the running proxy finds its listeners: a reordered file changes nothing.
     let listeners_kept = old.listeners.len() == new.listeners.len()
-        && old.listeners.iter().zip(&new.listeners).all(|(a, b)| same_shape(a, b));
+        && new
+            .listeners
+            .iter()
+            .all(|b| old.listeners.iter().any(|a| same_shape(a, b)));
     let limits = |c: &ProxyConfig| {
         let l = &c.limits;
         (
@@ -160,17 +164,22 @@ pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static st
 /// The new configuration with what `needs_restart` names kept as the proxy runs it: every
 /// running listener keeps its name, address, redirect, access log, TCP mode and HTTP/3 (and
 /// its TLS, when the new file turns TLS on or off) and takes the rest (certificates, client
-/// CA, resumption, TCP targets) from the listener of the same name, if the new file has one;
-/// a listener the new file adds waits for the restart. Limits the connection builders hold,
+/// CA, resumption, TCP targets) from the listener of the same name in the new file, or else
+/// from the one at its position (a renamed listener); one the new file adds waits for the
+/// restart. Limits the connection builders hold,
 /// the admin listener and the workers stay too. Certificates, routes and upstreams are never
 /// held back by a change elsewhere that needs a restart.
 pub fn keep_running_shape(old: &ProxyConfig, mut new: ProxyConfig) -> ProxyConfig {
     let listeners = old
         .listeners
         .iter()
-        .map(|running| match new.listeners.iter().find(|l| l.name == running.name) {
-            Some(wanted) => keep_listener_shape(running, wanted),
-            None => running.clone(),
+        .enumerate()
+        .map(|(i, running)| {
+            let by_name = new.listeners.iter().find(|l| l.name == running.name);
+            match by_name.or_else(|| new.listeners.get(i)) {
+                Some(wanted) => keep_listener_shape(running, wanted),
+                None => running.clone(),
+            }
         })
         .collect();
     new.listeners = listeners;
@@ -301,7 +310,12 @@ async fn watch(
         // directory that could not be watched (not there yet) is tried again.
         if let Ok(wanted) = wanted {
             if wanted != watching.0 {
+                let before = std::mem::take(&mut watching.0 .0);
                 watching = make_watcher(wanted, tx.clone());
+                // What arrived in a newly watched directory before its watch is read now.
+                if watching.0 .0.iter().any(|d| !before.contains(d)) {
+                    let _ = tx.send(());
+                }
             }
         }
     }
@@ -339,11 +353,42 @@ fn to_watch(shared: &Shared) -> ToWatch {
         dirs.extend(more_dirs);
         names.extend(more_names);
     }
-    dirs.sort();
-    dirs.dedup();
+    // A directory not there yet is watched through its nearest existing ancestor, for the
+    // name of the part missing: its creation is a change too.
+    let dirs = dirs
+        .into_iter()
+        .map(|d| match missing_below_existing(&d) {
+            Some((ancestor, missing)) => {
+                names.push(missing);
+                ancestor
+            }
+            None => d,
+        })
+        .collect::<std::collections::BTreeSet<_>>();
     names.sort();
     names.dedup();
-    (dirs, names)
+    (dirs.into_iter().collect(), names)
+}
+
+/// For a directory that does not exist: its nearest existing ancestor and the name of that
+/// ancestor's missing child on the way to it.
+fn missing_below_existing(dir: &std::path::Path) -> Option<(PathBuf, std::ffi::OsString)> {
+    let mut missing = dir;
+    loop {
+        let parent = missing.parent()?;
+        if missing.exists() {
+            return None;
+        }
+        let parent = if parent.as_os_str().is_empty() {
+            std::path::Path::new(".")
+        } else {
+            parent
+        };
+        if parent.exists() {
+            return Some((parent.to_path_buf(), missing.file_name()?.to_os_string()));
+        }
+        missing = parent;
+    }
 }
 
 fn make_watcher((dirs, names): ToWatch, tx: mpsc::UnboundedSender<()>) -> Watching {
@@ -458,5 +503,38 @@ mod restart_tests {
         );
         assert_eq!(taken.routes, wanted.routes);
         assert_eq!(taken.worker_threads, None);
+    }
+
+    #[test]
+    fn reordered_listeners_need_no_restart_and_a_renamed_one_keeps_its_place() {
+        let two = |a: &str, b: &str| {
+            let mut c = config("");
+            let mut second = c.listeners[0].clone();
+            (c.listeners[0].name, second.name) = (a.into(), b.into());
+            second.address = "127.0.0.1:8081".into();
+            c.listeners.push(second);
+            c
+        };
+        let base = two("a", "b");
+        let mut reordered = base.clone();
+        reordered.listeners.reverse();
+        assert_eq!(needs_restart(&base, &reordered), None);
+        let renamed = two("a", "c");
+        assert!(needs_restart(&base, &renamed).is_some());
+        let taken = keep_running_shape(&base, renamed);
+        assert_eq!(taken.listeners, base.listeners);
+    }
+
+    #[test]
+    fn a_directory_not_there_yet_is_watched_through_its_nearest_ancestor() {
+        let root = std::env::temp_dir().join(format!("proxyfleet-reload-{}", std::process::id()));
+        std::fs::create_dir_all(&root).expect("temp dir");
+        let deep = root.join("new").join("certs");
+        assert_eq!(
+            super::missing_below_existing(&deep),
+            Some((root.clone(), std::ffi::OsString::from("new")))
+        );
+        assert_eq!(super::missing_below_existing(&root), None);
+        std::fs::remove_dir_all(&root).expect("clean up");
     }
 }

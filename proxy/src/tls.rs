@@ -595,7 +595,9 @@ pub fn hex(bytes: &[u8]) -> String {
 /// The directories to watch for a set of files (Kubernetes swaps a symlink in the directory).
 pub fn parent_dirs<'a>(paths: impl Iterator<Item = &'a str>) -> Vec<std::path::PathBuf> {
     let mut dirs: Vec<_> = paths
-        .filter_map(|p| Path::new(p).parent().map(|d| d.to_path_buf()))
+        .filter_map(|p| Path::new(p).parent())
+        // A bare file name is in the working directory.
+        .map(|d| if d.as_os_str().is_empty() { Path::new(".") } else { d }.to_path_buf())
         .collect();
     dirs.sort();
     dirs.dedup();

@@ -335,16 +335,24 @@ async fn the_route_timeout_starts_when_the_upload_ends() {
         r#"
 listeners: [{{name: http, address: "127.0.0.1:0"}}]
 admin: {{address: "127.0.0.1:0"}}
-routes: [{{name: all, upstream: u, timeout: 400ms}}]
+routes:
+  - {{name: mirrored, match: {{pathPrefix: /m/}}, upstream: u, mirror: {{upstream: u, percent: 100}}, timeout: 400ms}}
+  - {{name: all, upstream: u, timeout: 400ms}}
 upstreams: [{{name: u, endpoints: ["{}"]}}]
 "#,
         up.addr
     );
     let proxy = start_proxy(&dir, &yaml).await;
     let a = proxy.addr("http");
-    // Five parts 200 ms apart: a second of upload against a 400 ms timeout.
+    // Five parts 200 ms apart: a second of upload against a 400 ms timeout; streamed, and
+    // read whole first for a mirror.
     let (resp, _) = upload_slowly(a, "/r", 5, Duration::from_millis(200)).await;
     assert!(resp.starts_with("HTTP/1.1 200") && resp.ends_with("up /r 50"), "{resp}");
+    let (resp, _) = upload_slowly(a, "/m/r", 5, Duration::from_millis(200)).await;
+    assert!(
+        resp.starts_with("HTTP/1.1 200") && resp.ends_with("up /m/r 50"),
+        "{resp}"
+    );
     // The upstream answers 250 ms after the upload's end (it waits before reading the body,
     // which the kernel holds meanwhile): within the timeout counted from the end.
     let (resp, _) = upload_slowly(a, "/delay/850", 3, Duration::from_millis(200)).await;
@@ -708,8 +716,8 @@ async fn certificate_rotation_under_load_drops_nothing() {
 /// A standalone proxy whose file gains a change only a restart applies (here maxConnections)
 /// still takes the rest of it: a new certificate is served at once, and
 /// `config_restart_pending` says what waits. The certificate's directory is named before it
-/// holds one, so that first reload fails; it is watched all the same, and the certificate is
-/// taken when it arrives, with no SIGHUP.
+/// exists, so that first reload fails; it is watched for all the same (through its parent),
+/// and the certificate is taken when it arrives, with no SIGHUP.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_change_that_needs_a_restart_holds_back_no_certificate() {
     init();
@@ -717,7 +725,6 @@ async fn a_change_that_needs_a_restart_holds_back_no_certificate() {
     let dir = tempdir("restart-pending");
     let (old, new) = (dir.join("old"), dir.join("new"));
     std::fs::create_dir_all(&old).unwrap();
-    std::fs::create_dir_all(&new).unwrap();
     let (c, k) = ca.leaf(&["localhost"]);
     write(&old, "tls.crt", &c);
     write(&old, "tls.key", &k);
@@ -748,6 +755,7 @@ async fn a_change_that_needs_a_restart_holds_back_no_certificate() {
         "the reload naming a missing certificate was not refused"
     );
     let (c, k) = ca.leaf(&["localhost"]);
+    std::fs::create_dir_all(&new).unwrap();
     write(&new, "tls.key", &k);
     write(&new, "tls.crt", &c);
     let mut seen = first.clone();
@@ -935,6 +943,20 @@ async fn connect_tunnels_only_to_allowed_targets() {
 
 /// A proxy whose `https` listener serves `api.example.com` from `ca` and asks clients for a
 /// certificate from `client_ca` (file `client-ca.pem` in the returned directory).
+/// Sends a GET over `s` and reads the answer's first bytes; `None` when the connection fails
+/// or ends first.
+async fn answer_to_raw_get(mut s: tokio_rustls::client::TlsStream<tokio::net::TcpStream>) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    s.write_all(b"GET /x HTTP/1.1\r\nHost: api.example.com\r\n\r\n")
+        .await
+        .ok()?;
+    let mut buf = [0u8; 64];
+    match s.read(&mut buf).await {
+        Ok(n) if n > 0 => Some(String::from_utf8_lossy(&buf[..n]).into_owned()),
+        _ => None,
+    }
+}
+
 async fn mtls_proxy(name: &str, ca: &TestCa, client_ca: &TestCa) -> (std::path::PathBuf, Upstream, Proxy) {
     let dir = tempdir(name);
     let (c, k) = ca.leaf(&["api.example.com"]);
@@ -980,9 +1002,9 @@ async fn mtls_listener_serves_only_clients_with_a_trusted_certificate() {
         let handshake = tls_connect_as(a, Some("api.example.com"), &ca, &[b"http/1.1"], cert);
         let refused = match within("refused handshake", handshake).await {
             Err(_) => true,
-            Ok(s) => within("refused request", h1_get(s, "api.example.com", "/x"))
-                .await
-                .is_err(),
+            // Raw bytes, not a client library: what is tested is that the proxy ends the
+            // connection unanswered (an alert, a reset or an end), not how a client reports it.
+            Ok(s) => within("refused request", answer_to_raw_get(s)).await.is_none(),
         };
         assert!(refused, "a client presenting {cert:?} was served");
     }

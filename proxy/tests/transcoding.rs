@@ -320,3 +320,36 @@ async fn a_stalled_json_body_is_answered_408() {
     );
     proxy.running.drain();
 }
+
+/// A JSON body is read whole before the gRPC call is made: the route's timeout counts from
+/// then, so an upload slower than the timeout is answered, and no endpoint is charged.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_json_body_slower_than_the_route_timeout_is_answered() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let up = grpc_upstream().await;
+    let dir = tempdir("transcode-slow");
+    let proxy = start_proxy(&dir, &config(up, "").replace("timeout: 5s", "timeout: 400ms")).await;
+    let body = br#"{"service": "app"}"#;
+    let mut tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    let head = format!(
+        "POST /v1/health:check HTTP/1.1\r\nHost: api.test\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+        body.len()
+    );
+    tcp.write_all(head.as_bytes()).await.unwrap();
+    for part in body.chunks(6) {
+        tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+        tcp.write_all(part).await.unwrap();
+    }
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(5), tcp.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(
+        answer.ends_with("{\"status\":\"SERVING\"}\n") || answer.contains("SERVING"),
+        "{answer}"
+    );
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 0.0, "{m}");
+    proxy.running.drain();
+}
