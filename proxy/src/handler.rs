@@ -487,10 +487,15 @@ async fn attempts(
     route.apply_request_rules(&mut parts);
 
     let mut deadline = Deadline::new(route.timeout, started, &parts.headers);
-    let mut body = match upstream_body(route, &parts, incoming, body_rules, &mut deadline).await {
-        Ok(b) => Some(b),
-        Err(resp) => return resp,
-    };
+    let mut body = Some(match &route.mirror {
+        Some(mirror) if mirror.sampled() => {
+            match mirrored_body(mirror, &parts, incoming, body_rules, &mut deadline).await {
+                Ok(b) => b,
+                Err(resp) => return resp,
+            }
+        }
+        _ => streamed_body(&parts, incoming, body_rules),
+    });
 
     let mut attempt = 0u8;
     loop {
@@ -531,27 +536,29 @@ async fn attempts(
     }
 }
 
-/// The body sent upstream. A mirror's copy is made of the headers as the upstream gets them
-/// (forwarded-for, rules); a body read whole for it moves the route's timeout on.
-async fn upstream_body(
-    route: &CompiledRoute,
+/// The body sent upstream when the request is not mirrored: none, or the client's as it streams.
+fn streamed_body(parts: &http::request::Parts, incoming: RequestBody, body_rules: body::BodyRules) -> UpstreamBody {
+    if incoming.is_end_stream() {
+        return UpstreamBody::Empty;
+    }
+    UpstreamBody::streaming(incoming, body_rules)
+        .cut_by(parts.extensions.get())
+        .watched()
+}
+
+/// The body sent upstream beside a mirror's copy, which is made of the headers as the upstream
+/// gets them (forwarded-for, rules). A body read whole for it is the client's time, not the
+/// upstream's: the route's timeout starts after it.
+async fn mirrored_body(
+    mirror: &crate::mirror::CompiledMirror,
     parts: &http::request::Parts,
     incoming: RequestBody,
     body_rules: body::BodyRules,
     deadline: &mut Deadline,
 ) -> Result<UpstreamBody, Response<ClientBody>> {
-    Ok(match &route.mirror {
-        Some(mirror) if mirror.sampled() => {
-            let b = mirrored(mirror, parts, incoming, body_rules).await?;
-            // A body read whole first is the client's time, not the upstream's.
-            deadline.from = Instant::now();
-            b.cut_by(parts.extensions.get()).watched()
-        }
-        _ if incoming.is_end_stream() => UpstreamBody::Empty,
-        _ => UpstreamBody::streaming(incoming, body_rules)
-            .cut_by(parts.extensions.get())
-            .watched(),
-    })
+    let b = mirrored(mirror, parts, incoming, body_rules).await?;
+    deadline.from = Instant::now();
+    Ok(b.cut_by(parts.extensions.get()).watched())
 }
 
 async fn attempt_once(
@@ -594,13 +601,20 @@ async fn attempt_once(
     // A free permit is the rule; only a full endpoint needs a timer.
     let _permit = match endpoint.permits.try_acquire() {
         Ok(p) => p,
-        Err(_) => match deadline.bound(endpoint.permits.acquire(), None).await {
+        Err(_) => match tokio::time::timeout_at(deadline.for_retries().into(), endpoint.permits.acquire()).await {
             Ok(Ok(p)) => p,
             _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
         },
     };
     endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-    let result = deadline.bound(cluster.send(&endpoint, req), watch.as_ref()).await;
+    let send = cluster.send(&endpoint, req);
+    // Without a streamed body (the rule) one timer, as before there were bodies to watch.
+    let result = match watch.as_ref().filter(|_| deadline.client.is_none()) {
+        None => tokio::time::timeout_at(deadline.for_retries().into(), send)
+            .await
+            .map_err(|_| Elapsed),
+        Some(body) => deadline.after_body(send, body).await,
+    };
     endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
     let blame = Blame {
         started,
@@ -635,14 +649,11 @@ impl Deadline {
         self.client.unwrap_or(self.from + self.route)
     }
 
-    /// `work`, or `Elapsed` once the deadline passes while `body` (if any) makes no progress.
-    async fn bound<F: std::future::Future>(&self, work: F, body: Option<&BodyWatch>) -> Result<F::Output, Elapsed> {
-        let first = self.for_retries();
-        let Some(body) = body.filter(|_| self.client.is_none()) else {
-            return tokio::time::timeout_at(first.into(), work).await.map_err(|_| Elapsed);
-        };
+    /// `work`, or `Elapsed` once the route's timeout has passed since `body`'s last progress
+    /// (with no client deadline: that one does not move).
+    async fn after_body<F: std::future::Future>(&self, work: F, body: &BodyWatch) -> Result<F::Output, Elapsed> {
         let mut work = std::pin::pin!(work);
-        let mut at = first;
+        let mut at = self.for_retries();
         loop {
             if let Ok(out) = tokio::time::timeout_at(at.into(), work.as_mut()).await {
                 return Ok(out);
