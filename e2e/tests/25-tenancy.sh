@@ -67,6 +67,7 @@ spec:
   allowPodOverrides: false
   allowSecretReferences: false
   allowedAcmeDirectories: [https://acme.example.com/directory]
+  allowedClusterIssuers: [public]
   allowedPrometheusAddresses: [http://prometheus.monitoring:9090]
   dnsNameSuffixes: [.example.com]
   maxReplicas: 2
@@ -96,6 +97,11 @@ refused spec.pod e2e-tenants '.spec.pod = {priorityClassName: "system-cluster-cr
 refused spec.replicas e2e-tenants '.spec.replicas = 5'
 refused "naming Secrets" e2e-tenants '.spec.tls = {secretName: "someone-elses-certificate"}'
 refused spec.tls.acme.directory e2e-tenants '.spec.tls = {acme: {directory: "https://acme.elsewhere.example.net/dir"}} | .spec.listeners += [{name: "http", port: 8080, servicePort: 80, protocol: "HTTP"}]'
+# An allowed ClusterIssuer's name in another API group (an external issuer) is another issuer.
+issuer() { echo ".spec.tls = {certManager: {issuerRef: {name: \"public\", kind: \"ClusterIssuer\"$1}}, dnsNames: [\"a.example.com\"]}"; }
+refused spec.tls.certManager.issuerRef e2e-tenants "$(issuer ', group: "issuers.example.com"')"
+out=$(jq "$(issuer '')" /tmp/e2e-tenant-pxd.json | kubectl apply --dry-run=server -n "$ns" --as="$tenant" -f - 2>&1) \
+  || fail "cert-manager's allowed ClusterIssuer was refused: $out"
 # The operator would query it from its own namespace, which every fleet's NetworkPolicy admits
 # to the admin port: another team's proxy is not the tenant's to ask.
 # A passthrough route claims its SNI names as a hostname does.

@@ -268,18 +268,24 @@ fn check_certificates(spec: &ProxyDeploymentSpec, p: &ProxyFleetPolicySpec, deny
     }
     if let (Some(cm), Some(allowed)) = (&tls.cert_manager, &p.allowed_cluster_issuers) {
         let issuer = &cm.issuer_ref;
-        if issuer.kind == IssuerKind::ClusterIssuer && !allowed.contains(&issuer.name) {
+        // Another API group's ClusterIssuer (an external issuer) is another object: it is
+        // allowed only when the list names it with its group.
+        let key = if issuer.group == CERT_MANAGER_GROUP {
+            issuer.name.clone()
+        } else {
+            format!("{}/{}", issuer.group, issuer.name)
+        };
+        if issuer.kind == IssuerKind::ClusterIssuer && !allowed.contains(&key) {
             deny(
                 "spec.tls.certManager.issuerRef".into(),
-                format!(
-                    "ClusterIssuer {:?} is not allowed ({})",
-                    issuer.name,
-                    allowed.join(", ")
-                ),
+                format!("ClusterIssuer {key:?} is not allowed ({})", allowed.join(", ")),
             );
         }
     }
 }
+
+/// cert-manager's own API group: its ClusterIssuers are named in a policy without it.
+const CERT_MANAGER_GROUP: &str = "cert-manager.io";
 
 #[cfg(test)]
 mod tests {
@@ -380,6 +386,16 @@ mod tests {
                     "dnsNames": ["team-a.example.com", "*.api.team-a.example.com"]},
         }));
         assert!(fields(&good, &p).is_empty(), "{:?}", fields(&good, &p));
+        let other_group = fleet(serde_json::json!({"tls": {"certManager": {"issuerRef":
+            {"name": "public", "kind": "ClusterIssuer", "group": "issuers.example.com"}}}}));
+        assert_eq!(
+            fields(&other_group, &p),
+            vec!["spec.tls.certManager.issuerRef".to_string()],
+            "another group's ClusterIssuer of an allowed name is another issuer"
+        );
+        let mut named_with_group = p.as_ref().clone();
+        named_with_group.spec.allowed_cluster_issuers = Some(vec!["issuers.example.com/public".into()]);
+        assert!(fields(&other_group, &Arc::new(named_with_group)).is_empty());
         let own_issuer = fleet(serde_json::json!({"tls": {"certManager": {"issuerRef": {"name": "mine"}}}}));
         assert!(
             fields(&own_issuer, &p).is_empty(),

@@ -40,7 +40,8 @@ pub struct ProxyFleetPolicySpec {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allow_service_annotations: Option<bool>,
     /// ClusterIssuers `spec.tls.certManager.issuerRef` may name (Issuers of the fleet's own
-    /// namespace are always allowed).
+    /// namespace are always allowed): cert-manager's by name, another API group's (an external
+    /// issuer) as `group/name`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub allowed_cluster_issuers: Option<Vec<String>>,
     /// ACME directory URLs `spec.tls.acme.directory` may name (absent: any). Which names a fleet
