@@ -212,8 +212,12 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
             errors.push(err(format!("{f}.match.pathPrefix"), "must start with /"));
         }
         if let Some(rl) = &r.rate_limit {
-            if !(rl.requests_per_second > 0.0 && rl.requests_per_second.is_finite()) {
-                errors.push(err(format!("{f}.rateLimit.requestsPerSecond"), "must be positive"));
+            // The CRD's bounds: a rate below one request in 1 000 s is a mistake, not a limit.
+            if !(0.001..=1_000_000.0).contains(&rl.requests_per_second) {
+                errors.push(err(
+                    format!("{f}.rateLimit.requestsPerSecond"),
+                    "must be between 0.001 and 1000000",
+                ));
             }
             if rl.burst == Some(0) {
                 errors.push(err(format!("{f}.rateLimit.burst"), "must be at least 1"));

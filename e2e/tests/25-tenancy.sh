@@ -31,7 +31,8 @@ expect() { # expect yes|no ACCOUNT VERB RESOURCE [ARGS...]
 say "the operator's account (cluster-wide install): what it needs, and nothing that makes it cluster-admin"
 op=system:serviceaccount:proxyfleet-system:proxyfleet-operator
 for check in "create deployments.apps -n $ns" "patch proxydeployments.proxyfleet.io --subresource=status -n $ns" \
-  "list proxyfleetpolicies.proxyfleet.io" "watch namespaces" "update leases.coordination.k8s.io -n proxyfleet-system"; do
+  "list proxyfleetpolicies.proxyfleet.io" "watch namespaces" "update leases.coordination.k8s.io -n proxyfleet-system" \
+  "update proxydeployments.proxyfleet.io --subresource=finalizers -n $ns"; do
   # shellcheck disable=SC2086
   expect yes "$op" $check
 done
@@ -46,7 +47,7 @@ for check in "create pods -n $ns" "create pods --subresource=exec -n $ns" "creat
   # shellcheck disable=SC2086
   expect no "$op" $check
 done
-say "operator account: 5 needed rights granted, 23 dangerous or unneeded ones refused"
+say "operator account: 6 needed rights granted, 23 dangerous or unneeded ones refused"
 
 say "a tenant bound to $ns (a ServiceAccount with a Role on ProxyDeployments only)"
 kubectl label ns "$ns" proxyfleet.io/e2e-tenant=true >/dev/null

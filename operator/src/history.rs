@@ -183,6 +183,8 @@ pub enum UndoError {
     NoEarlier,
     #[error("the kept revision {0} has no spec data")]
     NoSpecData(i64),
+    #[error("the spec is already revision {0}'s; nothing to undo")]
+    AlreadyThere(i64),
 }
 
 /// Pure: which record an undo goes back to. Without `to`, the newest record whose template is
@@ -195,10 +197,16 @@ pub fn undo_target<'a>(
     to: Option<i64>,
 ) -> Result<&'a ControllerRevision, UndoError> {
     if let Some(n) = to {
-        return kept
+        let target = kept
             .iter()
             .find(|c| c.revision == n)
-            .ok_or(UndoError::NoSuchRevision(n));
+            .ok_or(UndoError::NoSuchRevision(n))?;
+        // A patch that changes nothing must not be reported as a rollback.
+        return if same_template(target, current) {
+            Err(UndoError::AlreadyThere(n))
+        } else {
+            Ok(target)
+        };
     }
     let mut sorted: Vec<&ControllerRevision> = kept.iter().collect();
     sorted.sort_by_key(|c| std::cmp::Reverse(c.revision));
@@ -375,6 +383,11 @@ mod tests {
         // newest record, the revision before it, whatever the status names.
         assert_eq!(undo_target(&kept, &template(Some("d")), None).unwrap().revision, 3);
         assert_eq!(undo_target(&kept, &template(None), Some(1)).unwrap().revision, 1);
+        assert_eq!(
+            undo_target(&kept, &template(None), Some(3)).unwrap_err(),
+            UndoError::AlreadyThere(3),
+            "the revision the spec already is"
+        );
         assert_eq!(
             undo_target(&kept, &template(None), Some(9)).unwrap_err(),
             UndoError::NoSuchRevision(9)

@@ -2,7 +2,6 @@
 //! response filter → metrics.
 
 use std::convert::Infallible;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -606,7 +605,8 @@ async fn attempt_once(
             _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
         },
     };
-    endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+    // Given back on drop: a client that cancels (an HTTP/2 reset) drops this future mid-await.
+    let in_flight = upstream::InFlight::count(&endpoint);
     let send = cluster.send(&endpoint, req);
     // Without a streamed body (the rule) one timer, as before there were bodies to watch.
     let result = match watch.as_ref().filter(|_| deadline.client.is_none()) {
@@ -615,7 +615,7 @@ async fn attempt_once(
             .map_err(|_| Elapsed),
         Some(body) => deadline.after_body(send, body).await,
     };
-    endpoint.in_flight.fetch_sub(1, Ordering::Relaxed);
+    drop(in_flight);
     let blame = Blame {
         started,
         body: watch.map_or(BodyState::Ended, |w| w.get()),

@@ -13,6 +13,8 @@ use proxyfleet_config::RateLimit;
 
 /// Keyed buckets kept at most; beyond it, full (idle) buckets are dropped first, then all.
 const MAX_KEYS: usize = 65_536;
+/// The longest wait a refusal names (as `proxyfleet_config::duration`'s cap).
+const MAX_WAIT_SECS: f64 = 1e9;
 
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
@@ -30,7 +32,10 @@ impl Bucket {
             self.tokens -= 1.0;
             return Ok(());
         }
-        Err(Duration::from_secs_f64((1.0 - self.tokens) / rate))
+        // Capped as every duration is (10⁹ s): a tiny rate must not overflow a Duration.
+        Err(Duration::from_secs_f64(
+            ((1.0 - self.tokens) / rate).clamp(0.0, MAX_WAIT_SECS),
+        ))
     }
 
     fn full(&self, rate: f64, burst: f64, now: Instant) -> bool {
@@ -48,7 +53,10 @@ pub struct RateLimiter {
     rate: f64,
     burst: f64,
     key: Key,
-    buckets: Mutex<HashMap<Vec<u8>, Bucket>>,
+    /// By key: the client's address, or a keyed hash of the header's value, so a bucket costs
+    /// the same whatever a client sends (a 64 KiB header value is not kept 65 536 times).
+    buckets: Mutex<HashMap<u128, Bucket>>,
+    hasher: std::hash::RandomState,
 }
 
 impl RateLimiter {
@@ -66,18 +74,21 @@ impl RateLimiter {
             burst,
             key,
             buckets: Mutex::new(HashMap::new()),
+            hasher: std::hash::RandomState::new(),
         }
     }
 
     /// Admits one request now, or returns how long the client should wait.
     pub fn check(&self, headers: &HeaderMap, client: IpAddr, now: Instant) -> Result<(), Duration> {
-        let key: Vec<u8> = match &self.key {
-            Key::Route => Vec::new(),
+        let key: u128 = match &self.key {
+            Key::Route => 0,
             Key::ClientIp => match client {
-                IpAddr::V4(a) => a.octets().to_vec(),
-                IpAddr::V6(a) => a.octets().to_vec(),
+                IpAddr::V4(a) => u128::from(a.to_ipv6_mapped()),
+                IpAddr::V6(a) => u128::from(a),
             },
-            Key::Header(h) => headers.get(h).map(|v| v.as_bytes().to_vec()).unwrap_or_default(),
+            Key::Header(h) => headers.get(h).map_or(0, |v| {
+                u128::from(std::hash::BuildHasher::hash_one(&self.hasher, v.as_bytes()))
+            }),
         };
         let Ok(mut buckets) = self.buckets.lock() else {
             return Ok(()); // a poisoned lock must not turn into an outage
@@ -142,5 +153,23 @@ mod tests {
         let l = limiter("{requestsPerSecond: 2.5}");
         let (h, ip, t0) = (HeaderMap::new(), IpAddr::from([10, 0, 0, 1]), Instant::now());
         assert_eq!((0..10).filter(|_| l.check(&h, ip, t0).is_ok()).count(), 3);
+    }
+
+    #[test]
+    fn a_rate_too_small_to_wait_for_is_a_capped_wait_not_a_panic() {
+        // Validation refuses it; the limiter must not abort the process if one slips through.
+        let l = limiter("{requestsPerSecond: 1e-20, burst: 1}");
+        let (h, ip, t0) = (HeaderMap::new(), IpAddr::from([10, 0, 0, 1]), Instant::now());
+        assert!(l.check(&h, ip, t0).is_ok());
+        assert_eq!(l.check(&h, ip, t0), Err(Duration::from_secs(1_000_000_000)));
+    }
+
+    #[test]
+    fn an_ipv4_client_and_its_mapped_ipv6_address_share_a_bucket() {
+        let l = limiter("{requestsPerSecond: 1, burst: 1, perClientIp: true}");
+        let (h, t0) = (HeaderMap::new(), Instant::now());
+        assert!(l.check(&h, IpAddr::from([10, 0, 0, 1]), t0).is_ok());
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert!(l.check(&h, mapped, t0).is_err());
     }
 }

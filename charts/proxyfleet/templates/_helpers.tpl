@@ -12,8 +12,9 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 {{- define "proxyfleet.image" -}}{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}{{- end -}}
 {{- define "proxyfleet.proxyImage" -}}{{ .Values.proxyImage.repository }}:{{ .Values.proxyImage.tag | default .Chart.AppVersion }}{{- end -}}
 {{- /* The admission policies' shared variables: is the object's namespace governed by the
-ProxyFleetPolicy given as a parameter (its namespaceSelector; an operator it does not know
-governs, failing closed as the operator does), and the policy's name for messages. */ -}}
+ProxyFleetPolicy given as a parameter (its namespaceSelector; an operator it does not know,
+or In/NotIn without values, governs, failing closed as the operator does), and the policy's
+name for messages. */ -}}
 {{- define "proxyfleet.policyVariables" -}}
 - name: labels
   expression: "namespaceObject.metadata.?labels.orValue({})"
@@ -23,7 +24,8 @@ governs, failing closed as the operator does), and the policy's name for message
     || ((!has(params.spec.namespaceSelector.matchLabels) || params.spec.namespaceSelector.matchLabels.all(k,
           k in variables.labels && variables.labels[k] == params.spec.namespaceSelector.matchLabels[k]))
         && (!has(params.spec.namespaceSelector.matchExpressions) || params.spec.namespaceSelector.matchExpressions.all(e,
-          (e.operator == 'In' && e.key in variables.labels && variables.labels[e.key] in e.values)
+          (e.operator in ['In', 'NotIn'] && (!has(e.values) || size(e.values) == 0))
+          || (e.operator == 'In' && e.key in variables.labels && variables.labels[e.key] in e.values)
           || (e.operator == 'NotIn' && !(e.key in variables.labels && variables.labels[e.key] in e.values))
           || (e.operator == 'Exists' && e.key in variables.labels)
           || (e.operator == 'DoesNotExist' && !(e.key in variables.labels))

@@ -128,6 +128,13 @@ async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), Str
         Some(n) => Api::namespaced(client, n),
         None => Api::default_namespaced(client),
     };
+    let secret = secrets
+        .get(CA_SECRET)
+        .await
+        .map_err(|e| format!("secret/{CA_SECRET}: {e}"))?;
+    if let Some(why) = rotation_refusal(&secret) {
+        return Err(format!("secret/{CA_SECRET}: rotation not requested: {why}"));
+    }
     let mut annotations = serde_json::Map::new();
     annotations.insert(ca_rotation::ROTATE_ANNOTATION.into(), "requested".into());
     if let Some(o) = overlap {
@@ -135,13 +142,37 @@ async fn rotate_ca(ns: &Option<String>, overlap: Option<&str>) -> Result<(), Str
             .map_err(|e| format!("--overlap {o}: {e}"))?;
         annotations.insert(ca_rotation::OVERLAP_ANNOTATION.into(), o.into());
     }
-    let patch = serde_json::json!({"metadata": {"annotations": annotations}});
+    // To the version read: a rotation the operator starts meanwhile is not asked for twice.
+    let patch = serde_json::json!({"metadata": {
+        "annotations": annotations,
+        "resourceVersion": secret.metadata.resource_version,
+    }});
     secrets
         .patch(CA_SECRET, &PatchParams::default(), &Patch::Merge(&patch))
         .await
-        .map_err(|e| format!("secret/{CA_SECRET}: {e}"))?;
+        .map_err(|e| format!("secret/{CA_SECRET}: {e} (read it again and retry)"))?;
     println!("secret/{CA_SECRET}: rotation requested; follow it with `kubectl get pxd -o custom-columns=NAME:.metadata.name,CA:.status.caRotation.phase`");
     Ok(())
+}
+
+/// Why a rotation of this CA Secret would not be taken as asked: a hub's copy is rotated on the
+/// hub; one under way (or pending) would start another as soon as it is done.
+fn rotation_refusal(secret: &k8s_openapi::api::core::v1::Secret) -> Option<String> {
+    use proxyfleet_operator::certs::ca_rotation;
+    let annotations = secret.metadata.annotations.clone().unwrap_or_default();
+    if let Some(hub) = annotations.get(proxyfleet_operator::propagation::placement::HUB_OBJECT) {
+        return Some(format!("this CA is the hub's ({hub}); rotate it on the hub cluster"));
+    }
+    let phase = annotations
+        .get(ca_rotation::PHASE_ANNOTATION)
+        .map(|p| ca_rotation::RotationPhase::parse(p))
+        .unwrap_or_default();
+    if phase != ca_rotation::STABLE {
+        return Some(format!("a rotation is under way ({}); wait for Stable", phase.as_str()));
+    }
+    annotations
+        .contains_key(ca_rotation::ROTATE_ANNOTATION)
+        .then(|| "a rotation is already requested".to_string())
 }
 
 /// On a fleet whose placement has waves the verbs steer the rollout across clusters
@@ -171,10 +202,14 @@ async fn command_once(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Resu
     let refused = |e: String| Sent::Refused(format!("{name}: {e}"));
     let pxd = api.get(name).await.map_err(|e| refused(e.to_string()))?;
     let waves = pxd.spec.placement.as_ref().is_some_and(|p| !p.waves.is_empty());
+    if waves && cmd == "promote-full" {
+        return Err(refused(
+            "promote --full not sent: a rollout across waves moves a wave at a time (`promote` ends its soak or pause); no wave's analysis is skipped".into(),
+        ));
+    }
     let (annotation, verb) = match cmd {
         _ if !waves => (COMMAND_ANNOTATION, cmd),
         "retry" => (WAVE_COMMAND, "resume"),
-        "promote-full" => (WAVE_COMMAND, "promote"),
         other => (WAVE_COMMAND, other),
     };
     if !waves {
@@ -203,6 +238,25 @@ async fn command_once(api: &Api<ProxyDeployment>, name: &str, cmd: &str) -> Resu
         Err(kube::Error::Api(e)) if e.code == 409 => Err(Sent::Conflict),
         Err(e) => Err(refused(e.to_string())),
     }
+}
+
+/// A member cluster's copy of a hub fleet follows the hub's spec: a change made here is set
+/// back by the hub's next sync, so it is refused, naming the hub's fleet.
+fn refuse_member_copy(pxd: &ProxyDeployment, what: &str) -> Result<(), String> {
+    let labels = pxd.metadata.labels.as_ref();
+    if !labels.is_some_and(|l| l.contains_key(proxyfleet_operator::propagation::placement::HUB_UID)) {
+        return Ok(());
+    }
+    let hub = pxd
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(proxyfleet_operator::propagation::placement::HUB_OBJECT))
+        .map_or("the hub cluster's fleet", String::as_str);
+    Err(format!(
+        "{}: {what} not sent: this is a member cluster's copy of {hub}, whose next sync would set it back; run it on the hub",
+        pxd.metadata.name.as_deref().unwrap_or("-")
+    ))
 }
 
 /// The fleet and its kept stable revisions, newest first.
@@ -249,6 +303,7 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
 
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
     let (pxd, kept) = with_revisions(api, name).await?;
+    refuse_member_copy(&pxd, "undo")?;
     let target = undo_target(&kept, &template_of(&pxd.spec), to).map_err(|e| e.to_string())?;
     let current = serde_json::to_value(&pxd).map_err(|e| format!("{name}: {e}"))?;
     let patch = undo_patch(target, &current).map_err(|e| e.to_string())?;
@@ -444,5 +499,57 @@ fn quiet_on_closed_stdout() {
     // (no code that could run on a signal) is installed.
     unsafe {
         libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::Secret;
+    use proxyfleet_operator::certs::ca_rotation;
+
+    fn secret(annotations: &[(&str, &str)]) -> Secret {
+        let mut s = Secret::default();
+        s.metadata.annotations = Some(
+            annotations
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+        );
+        s
+    }
+
+    #[test]
+    fn a_rotation_is_asked_only_of_a_stable_ca_of_this_cluster() {
+        assert_eq!(rotation_refusal(&secret(&[])), None);
+        assert_eq!(
+            rotation_refusal(&secret(&[(ca_rotation::PHASE_ANNOTATION, "Stable")])),
+            None
+        );
+        let under_way = rotation_refusal(&secret(&[(ca_rotation::PHASE_ANNOTATION, "Overlap")]));
+        assert!(under_way.is_some_and(|w| w.contains("Overlap")));
+        assert!(rotation_refusal(&secret(&[(ca_rotation::ROTATE_ANNOTATION, "requested")])).is_some());
+        let hub = rotation_refusal(&secret(&[(
+            proxyfleet_operator::propagation::placement::HUB_OBJECT,
+            "team-a/edge",
+        )]));
+        assert!(hub.is_some_and(|w| w.contains("team-a/edge")));
+    }
+
+    #[test]
+    fn undo_is_refused_on_a_member_copy_naming_the_hub_fleet() {
+        use proxyfleet_operator::propagation::placement::{HUB_OBJECT, HUB_UID};
+        let mut pxd: ProxyDeployment = serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+            "metadata": {"name": "edge"},
+            "spec": {"replicas": 1, "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}],
+                     "routes": [{"name": "all", "upstream": "u"}],
+                     "upstreams": [{"name": "u", "endpoints": ["u:80"]}]}
+        }))
+        .expect("a fleet");
+        assert!(refuse_member_copy(&pxd, "undo").is_ok());
+        pxd.metadata.labels = Some([(HUB_UID.to_string(), "abc".to_string())].into());
+        pxd.metadata.annotations = Some([(HUB_OBJECT.to_string(), "team-a/edge".to_string())].into());
+        assert!(refuse_member_copy(&pxd, "undo").is_err_and(|e| e.contains("team-a/edge")));
     }
 }

@@ -123,7 +123,8 @@ async fn read_client_hello(client: &mut TcpStream) -> Result<(Vec<u8>, Option<St
 }
 
 /// Connects to an endpoint of the upstream: P2C, at most two endpoints tried, each within the
-/// upstream's connect timeout and connection limit; failures count towards ejection.
+/// upstream's connect timeout (a wait for one of its connection permits first, within the same
+/// timeout again); connect failures count towards ejection, a full endpoint does not.
 async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)> {
     let endpoints = cluster.endpoints.load_full();
     let timeout = cluster.config.pool.connect_timeout.get();
@@ -131,12 +132,13 @@ async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)>
     let mut tried: Option<http::uri::Authority> = None;
     for _ in 0..2.min(endpoints.len()) {
         let endpoint = pick_avoiding(&endpoints, tried.as_ref())?.clone();
-        let attempt = tokio::time::timeout(timeout, async {
-            let slot = EndpointSlot::take(endpoint.clone()).await?;
-            let tcp = TcpStream::connect(endpoint.authority.as_str()).await.ok()?;
-            Some((tcp, slot))
-        });
-        if let Ok(Some((tcp, slot))) = attempt.await {
+        tried = Some(endpoint.authority.clone());
+        // An endpoint at its own connection limit is our limit, not its failure: no ejection.
+        let Ok(Some(slot)) = tokio::time::timeout(timeout, EndpointSlot::take(endpoint.clone())).await else {
+            continue;
+        };
+        let attempt = tokio::time::timeout(timeout, TcpStream::connect(endpoint.authority.as_str()));
+        if let Ok(Ok(tcp)) = attempt.await {
             cluster.metrics.connect_ok.inc();
             endpoint.record_success();
             let _ = tcp.set_nodelay(true);
@@ -147,7 +149,6 @@ async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)>
             cluster.metrics.ejections.inc();
             tracing::warn!(upstream = %cluster.name, endpoint = %endpoint.authority, "endpoint ejected after consecutive failures");
         }
-        tried = Some(endpoint.authority.clone());
     }
     None
 }

@@ -37,6 +37,23 @@ pub struct Endpoint {
     pub(super) alpn: std::sync::atomic::AtomicU8,
 }
 
+/// A request waiting on an endpoint, counted in its load (P2C's `cost`) until dropped, so a
+/// request given up mid-wait (its client reset the stream) is never counted for ever.
+pub struct InFlight<'a>(&'a Endpoint);
+
+impl<'a> InFlight<'a> {
+    pub fn count(endpoint: &'a Endpoint) -> Self {
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        Self(endpoint)
+    }
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// A connection held to an endpoint for as long as it lives (a TCP pass-through, a WebSocket
 /// tunnel): one of its connection permits, counted in flight (so P2C prefers the endpoint with
 /// fewer open connections); both given back on drop.
@@ -167,14 +184,28 @@ pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<En
             match (ea.available(now), eb.available(now)) {
                 (true, false) => Some(ea),
                 (false, true) => Some(eb),
-                (false, false) => endpoints.iter().find(|e| e.available(now)).or(Some(ea)),
+                (false, false) => any_available(endpoints, now).or(Some(ea)),
                 (true, true) => Some(if ea.cost() <= eb.cost() { ea } else { eb }),
             }
         }
     }
 }
 
-/// Like `pick`, but never the endpoint `avoid` when another one is available.
+/// One of the available endpoints, each as likely (the first in the list would take the
+/// share of every unavailable one before it).
+fn any_available(endpoints: &[std::sync::Arc<Endpoint>], now: u64) -> Option<&std::sync::Arc<Endpoint>> {
+    let count = endpoints.iter().filter(|e| e.available(now)).count();
+    if count == 0 {
+        return None;
+    }
+    endpoints
+        .iter()
+        .filter(|e| e.available(now))
+        .nth(fastrand::usize(..count))
+}
+
+/// Like `pick`, but never the endpoint `avoid` when another one is available; when none other
+/// is, `avoid` again if it is available, else another (fail-open).
 pub fn pick_avoiding<'a>(
     endpoints: &'a [std::sync::Arc<Endpoint>],
     avoid: Option<&http::uri::Authority>,
@@ -189,7 +220,10 @@ pub fn pick_avoiding<'a>(
         .filter(|e| &e.authority != avoid && e.available(now))
         .collect();
     match others.len() {
-        0 => endpoints.iter().find(|e| &e.authority != avoid),
+        0 => endpoints
+            .iter()
+            .find(|e| &e.authority == avoid && e.available(now))
+            .or_else(|| endpoints.iter().find(|e| &e.authority != avoid)),
         1 => Some(others[0]),
         n => {
             let a = others[fastrand::usize(..n)];
@@ -243,5 +277,42 @@ mod tests {
         eps[0].record_failure(1, Duration::from_secs(60));
         eps[1].record_failure(1, Duration::from_secs(60));
         assert!(pick(&eps).is_some());
+    }
+
+    #[test]
+    fn the_endpoints_left_share_the_traffic_of_those_ejected() {
+        // Ten endpoints, the first eight ejected: the two left get about half each, not the
+        // first of them the share of every ejected one before it.
+        let eps: Vec<_> = (1..=10).map(ep).collect();
+        for e in &eps[..8] {
+            e.record_failure(1, Duration::from_secs(60));
+        }
+        let picks = (0..4000)
+            .filter(|_| pick(&eps).unwrap().authority.port_u16() == Some(9))
+            .count();
+        assert!((1600..=2400).contains(&picks), "endpoint 9 got {picks} of 4000");
+    }
+
+    #[test]
+    fn a_retry_goes_back_to_the_only_available_endpoint_not_to_an_ejected_one() {
+        let eps = vec![ep(1), ep(2)];
+        eps[1].record_failure(1, Duration::from_secs(60));
+        let avoid = eps[0].authority.clone();
+        assert_eq!(pick_avoiding(&eps, Some(&avoid)).unwrap().authority, avoid);
+        eps[0].record_failure(1, Duration::from_secs(60));
+        assert_eq!(
+            pick_avoiding(&eps, Some(&avoid)).unwrap().authority,
+            eps[1].authority,
+            "all ejected: another one (fail-open)"
+        );
+    }
+
+    #[test]
+    fn a_request_given_up_mid_wait_leaves_no_load_behind() {
+        let e = ep(1);
+        let waiting = InFlight::count(&e);
+        assert_eq!(e.in_flight.load(Ordering::Relaxed), 1);
+        drop(waiting); // what dropping the attempt's future does, at any await
+        assert_eq!(e.in_flight.load(Ordering::Relaxed), 0);
     }
 }
