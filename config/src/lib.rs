@@ -23,7 +23,7 @@ pub use acme_challenges::{
     is_valid_token as is_valid_acme_token, AcmeChallenges, ACME_CHALLENGES_PATH, ACME_CHALLENGE_PREFIX,
 };
 pub use admin_report::{AdminReport, LoadedCertificate, ADMIN_REPORT_PATH};
-pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN};
+pub use duration::{DurationParseError, HumanDuration, DURATION_PATTERN, MAX_SECS as MAX_DURATION_SECS};
 pub use field::FieldError;
 pub use grpc_transcoding::{GrpcTranscoding, DESCRIPTOR_SET_KEY};
 pub use http3::{Http3, HTTP3_DEFAULT_IDLE_TIMEOUT};

@@ -522,7 +522,7 @@ async fn attempts(
             Attempt::Retryable(resp) => {
                 if retryable
                     && attempt < route.retry_attempts
-                    && Instant::now() < deadline.for_retries()
+                    && Instant::now() < deadline.fixed()
                     && route.retry_budget.try_withdraw()
                 {
                     attempt += 1;
@@ -600,7 +600,7 @@ async fn attempt_once(
     // A free permit is the rule; only a full endpoint needs a timer.
     let _permit = match endpoint.permits.try_acquire() {
         Ok(p) => p,
-        Err(_) => match tokio::time::timeout_at(deadline.for_retries().into(), endpoint.permits.acquire()).await {
+        Err(_) => match tokio::time::timeout_at(deadline.fixed().into(), endpoint.permits.acquire()).await {
             Ok(Ok(p)) => p,
             _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
         },
@@ -610,7 +610,7 @@ async fn attempt_once(
     let send = cluster.send(&endpoint, req);
     // Without a streamed body (the rule) one timer, as before there were bodies to watch.
     let result = match watch.as_ref().filter(|_| deadline.client.is_none()) {
-        None => tokio::time::timeout_at(deadline.for_retries().into(), send)
+        None => tokio::time::timeout_at(deadline.fixed().into(), send)
             .await
             .map_err(|_| Elapsed),
         Some(body) => deadline.after_body(send, body).await,
@@ -633,7 +633,7 @@ async fn attempt_once(
 struct Deadline {
     route: Duration,
     /// When the route's timeout starts at the latest: the request's start, or the end of a
-    /// body read whole before the attempt. A streamed body moves it on (`bound`).
+    /// body read whole before the attempt. A streamed body moves it on (`after_body`).
     from: Instant,
     client: Option<Instant>,
 }
@@ -644,8 +644,9 @@ impl Deadline {
         Self { route, from, client }
     }
 
-    /// The end of a retry's window: retried requests have no body.
-    fn for_retries(&self) -> Instant {
+    /// The deadline no body moves: the client's, else the route's from `from`. A request
+    /// without a streamed body (every retried one) has this one only.
+    fn fixed(&self) -> Instant {
         self.client.unwrap_or(self.from + self.route)
     }
 
@@ -653,7 +654,7 @@ impl Deadline {
     /// (with no client deadline: that one does not move).
     async fn after_body<F: std::future::Future>(&self, work: F, body: &BodyWatch) -> Result<F::Output, Elapsed> {
         let mut work = std::pin::pin!(work);
-        let mut at = self.for_retries();
+        let mut at = self.fixed();
         loop {
             if let Ok(out) = tokio::time::timeout_at(at.into(), work.as_mut()).await {
                 return Ok(out);
@@ -730,7 +731,7 @@ fn outcome(
         Err(_) if !matches!(blame.body, BodyState::Ended | BodyState::Held | BodyState::Unread) => {
             Attempt::Final(status_response(
                 StatusCode::REQUEST_TIMEOUT,
-                "request body not received within the route's timeout\n",
+                "request body not received before the deadline\n",
             ))
         }
         Err(_) => {

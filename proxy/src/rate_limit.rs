@@ -13,8 +13,6 @@ use proxyfleet_config::RateLimit;
 
 /// Keyed buckets kept at most; beyond it, full (idle) buckets are dropped first, then all.
 const MAX_KEYS: usize = 65_536;
-/// The longest wait a refusal names (as `proxyfleet_config::duration`'s cap).
-const MAX_WAIT_SECS: f64 = 1e9;
 
 #[derive(Clone, Copy, Debug)]
 struct Bucket {
@@ -34,7 +32,7 @@ impl Bucket {
         }
         // Capped as every duration is (10⁹ s): a tiny rate must not overflow a Duration.
         Err(Duration::from_secs_f64(
-            ((1.0 - self.tokens) / rate).clamp(0.0, MAX_WAIT_SECS),
+            ((1.0 - self.tokens) / rate).clamp(0.0, proxyfleet_config::MAX_DURATION_SECS),
         ))
     }
 

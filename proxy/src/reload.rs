@@ -166,9 +166,9 @@ pub fn needs_restart(old: &ProxyConfig, new: &ProxyConfig) -> Option<&'static st
 /// its TLS, when the new file turns TLS on or off) and takes the rest (certificates, client
 /// CA, resumption, TCP targets) from the listener of the same name in the new file, or else
 /// from the one at its position (a renamed listener); one the new file adds waits for the
-/// restart. Limits the connection builders hold,
-/// the admin listener and the workers stay too. Certificates, routes and upstreams are never
-/// held back by a change elsewhere that needs a restart.
+/// restart. Limits the connection builders hold, the admin listener and the workers stay too.
+/// Certificates, routes and upstreams are never held back by a change elsewhere that needs a
+/// restart.
 pub fn keep_running_shape(old: &ProxyConfig, mut new: ProxyConfig) -> ProxyConfig {
     let listeners = old
         .listeners

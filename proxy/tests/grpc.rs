@@ -98,11 +98,17 @@ async fn a_body_over_the_limit_to_an_h2_upstream_is_413_not_502() {
         "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nlimits: {{maxRequestBodyBytes: 1024}}\nroutes:\n  - {{name: grpc, upstream: g, timeout: 5s}}\nupstreams:\n  - {{name: g, endpoints: [\"{up}\"], protocol: h2, outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s}}}}\n"
     );
     let proxy = start_proxy(&dir, &yaml).await;
-    let chunk = "x".repeat(1000);
-    let request = format!(
-        "POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\ncontent-type: application/grpc\r\nte: trailers\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3e8\r\n{chunk}\r\n3e8\r\n{chunk}\r\n0\r\n\r\n"
-    );
-    let answer = raw(proxy.addr("http"), request.as_bytes()).await;
+    // One gRPC message of 1 995 bytes (its 5-byte frame header first), sent in two chunks of
+    // 1 000: the upstream waits for the whole message, so the answer is the proxy's, not the
+    // upstream's verdict on a message it could already parse.
+    let mut request = b"POST /grpc.health.v1.Health/Check HTTP/1.1\r\nHost: x\r\ncontent-type: application/grpc\r\nte: trailers\r\nTransfer-Encoding: chunked\r\nConnection: close\r\n\r\n3e8\r\n".to_vec();
+    request.push(0);
+    request.extend_from_slice(&1995u32.to_be_bytes());
+    request.extend_from_slice(&[b'x'; 995]);
+    request.extend_from_slice(b"\r\n3e8\r\n");
+    request.extend_from_slice(&[b'x'; 1000]);
+    request.extend_from_slice(b"\r\n0\r\n\r\n");
+    let answer = raw(proxy.addr("http"), &request).await;
     assert!(answer.contains("grpc-status: 8\r\n"), "{answer}");
     assert!(answer.contains("grpc-message: proxyfleet:%20413%20"), "{answer}");
     let m = metrics(&proxy).await;

@@ -367,13 +367,9 @@ upstreams: [{{name: u, endpoints: ["{}"]}}]
     proxy.running.drain();
 }
 
-/// An upstream that takes a connection but never reads the body it is sent: the proxy's reads
-/// stop once the socket buffers fill, with the client ready to send more. The route's timeout
-/// runs from the last part taken, and the upstream is blamed (504, ejection), not the client.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_upstream_that_never_takes_the_body_times_out_and_is_blamed() {
-    use tokio::io::AsyncWriteExt;
-    init();
+/// A proxy (route timeout 300 ms, `limits` as given) before an upstream that takes
+/// connections and never reads or answers; `failures` in a row eject it.
+async fn before_a_silent_upstream(tag: &str, failures: u32, limits: &str) -> Proxy {
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();
     tokio::spawn(async move {
@@ -382,18 +378,27 @@ async fn an_upstream_that_never_takes_the_body_times_out_and_is_blamed() {
             held.push(c);
         }
     });
-    let dir = tempdir("never-read");
     let yaml = format!(
         r#"
 listeners: [{{name: http, address: "127.0.0.1:0"}}]
 admin: {{address: "127.0.0.1:0"}}
 routes: [{{name: all, upstream: u, timeout: 300ms}}]
 upstreams:
-  - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s}}}}
-limits: {{maxRequestBodyBytes: 67108864}}
+  - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: {failures}, ejectionTime: 60s}}}}
+limits: {{{limits}}}
 "#
     );
-    let proxy = start_proxy(&dir, &yaml).await;
+    start_proxy(&tempdir(tag), &yaml).await
+}
+
+/// An upstream that takes a connection but never reads the body it is sent: the proxy's reads
+/// stop once the socket buffers fill, with the client ready to send more. The route's timeout
+/// runs from the last part taken, and the upstream is blamed (504, ejection), not the client.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_upstream_that_never_takes_the_body_times_out_and_is_blamed() {
+    use tokio::io::AsyncWriteExt;
+    init();
+    let proxy = before_a_silent_upstream("never-read", 1, "maxRequestBodyBytes: 67108864").await;
     let len = 64usize << 20;
     let mut tcp = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
     let head = format!("POST /r HTTP/1.1\r\nHost: x\r\nContent-Length: {len}\r\n\r\n");
@@ -426,27 +431,7 @@ limits: {{maxRequestBodyBytes: 67108864}}
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_that_stalls_its_body_or_sets_a_short_deadline_ejects_no_endpoint() {
     init();
-    // An upstream that takes connections and never answers.
-    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = silent.local_addr().unwrap();
-    tokio::spawn(async move {
-        let mut held = Vec::new();
-        while let Ok((c, _)) = silent.accept().await {
-            held.push(c);
-        }
-    });
-    let dir = tempdir("client-late");
-    let yaml = format!(
-        r#"
-listeners: [{{name: http, address: "127.0.0.1:0"}}]
-admin: {{address: "127.0.0.1:0"}}
-routes: [{{name: all, upstream: u, timeout: 300ms}}]
-upstreams:
-  - {{name: u, endpoints: ["{addr}"], outlierDetection: {{consecutiveFailures: 2, ejectionTime: 60s}}}}
-limits: {{clientBodyTimeout: 1s}}
-"#
-    );
-    let proxy = start_proxy(&dir, &yaml).await;
+    let proxy = before_a_silent_upstream("client-late", 2, "clientBodyTimeout: 1s").await;
     let a = proxy.addr("http");
     for _ in 0..3 {
         // Ten bytes of a hundred, then nothing: the client's body timeout passes (the route's
