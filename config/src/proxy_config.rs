@@ -181,6 +181,21 @@ pub struct Route {
     /// Default 1h.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub upgrade_idle_timeout: Option<HumanDuration>,
+    /// Longest wait for the next part of the upstream's response body once its headers have
+    /// come (nginx's `proxy_read_timeout`, Envoy's stream idle timeout): an upstream silent
+    /// for longer has its response cut off (the client sees it end unfinished) and its
+    /// connection closed. Set it above the longest quiet spell of a stream (server-sent events,
+    /// a gRPC server stream) that sends no keep-alives of its own. Default 5m.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub response_idle_timeout: Option<HumanDuration>,
+}
+
+impl Route {
+    /// `responseIdleTimeout`, defaulted.
+    pub fn response_idle_timeout(&self) -> std::time::Duration {
+        self.response_idle_timeout
+            .map_or(std::time::Duration::from_secs(300), |d| d.get())
+    }
 }
 
 /// A token bucket: `requestsPerSecond` refill, `burst` capacity; one bucket for the route, or

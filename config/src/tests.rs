@@ -81,6 +81,14 @@ fn bad_values_are_named() {
             "routes[0].timeout",
         ),
         (
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    responseIdleTimeout: 0s"),
+            "routes[0].responseIdleTimeout",
+        ),
+        (
+            MINIMAL.replace("upstream: echo", "upstream: echo\n    upgradeIdleTimeout: 0ms"),
+            "routes[0].upgradeIdleTimeout",
+        ),
+        (
             MINIMAL.replace("upstream: echo", "upstream: echo\n    timeout: soon"),
             "invalid duration",
         ),

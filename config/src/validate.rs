@@ -250,8 +250,15 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
                 ));
             }
         }
-        if r.timeout.get().is_zero() {
-            errors.push(err(format!("{f}.timeout"), "must be positive"));
+        let timeouts = [
+            ("timeout", Some(r.timeout)),
+            ("upgradeIdleTimeout", r.upgrade_idle_timeout),
+            ("responseIdleTimeout", r.response_idle_timeout),
+        ];
+        for (field, t) in timeouts {
+            if t.is_some_and(|t| t.get().is_zero()) {
+                errors.push(err(format!("{f}.{field}"), "must be positive"));
+            }
         }
         if let Some(fault) = &r.fault {
             if let Some(a) = &fault.abort {

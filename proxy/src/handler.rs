@@ -597,16 +597,11 @@ async fn attempt_once(
     *req.headers_mut() = headers;
     default_host(req.headers_mut(), &endpoint.authority);
 
-    // A free permit is the rule; only a full endpoint needs a timer.
-    let _permit = match endpoint.permits.try_acquire() {
-        Ok(p) => p,
-        Err(_) => match tokio::time::timeout_at(deadline.fixed().into(), endpoint.permits.acquire()).await {
-            Ok(Ok(p)) => p,
-            _ => return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n")),
-        },
+    // Given back on drop: a client that cancels (an HTTP/2 reset) drops this future
+    // mid-await; else the response body holds it until it ends.
+    let Some(slot) = take_slot(&endpoint, deadline.fixed()).await else {
+        return Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"));
     };
-    // Given back on drop: a client that cancels (an HTTP/2 reset) drops this future mid-await.
-    let in_flight = upstream::InFlight::count(&endpoint);
     let send = cluster.send(&endpoint, req);
     // Without a streamed body (the rule) one timer, as before there were bodies to watch.
     let result = match watch.as_ref().filter(|_| deadline.client.is_none()) {
@@ -615,13 +610,29 @@ async fn attempt_once(
             .map_err(|_| Elapsed),
         Some(body) => deadline.after_body(send, body).await,
     };
-    drop(in_flight);
+    let idle = target.route.response_idle_timeout;
+    let result = result.map(|sent| {
+        sent.map(|(resp, reused)| {
+            let resp = resp.map(|b| b.until_end(slot, idle, &cluster.metrics.response_stalls));
+            (resp, reused)
+        })
+    });
     let blame = Blame {
         started,
         body: watch.map_or(BodyState::Ended, |w| w.get()),
         clients_deadline: deadline.client.is_some(),
     };
     outcome(cluster, &endpoint, blame, result)
+}
+
+/// One of `endpoint`'s connection permits, waiting for one until `deadline`. A free permit is
+/// the rule; only a full endpoint needs a timer.
+async fn take_slot(endpoint: &Arc<upstream::Endpoint>, deadline: Instant) -> Option<upstream::EndpointSlot> {
+    if let Some(slot) = upstream::EndpointSlot::try_take(endpoint.clone()) {
+        return Some(slot);
+    }
+    let wait = upstream::EndpointSlot::take(endpoint.clone());
+    tokio::time::timeout_at(deadline.into(), wait).await.ok().flatten()
 }
 
 /// When an attempt gives up. The route's `timeout` counts from the client body's last part

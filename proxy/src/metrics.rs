@@ -325,6 +325,7 @@ pub struct Metrics {
     pub cors_preflights: Family<RouteResultLabels, Counter>,
     pub tcp: TcpMetrics,
     pub ejections: Family<UpstreamOnly, Counter>,
+    pub response_stalls: Family<UpstreamOnly, Counter>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
     pub mirror_requests: Family<MirrorLabels, Counter>,
@@ -506,6 +507,11 @@ impl Metrics {
                 "outlier_ejections",
                 "Endpoints ejected by outlier detection",
             ),
+            response_stalls: register(
+                &mut registry,
+                "upstream_response_stalls",
+                "Upstream responses cut off because the upstream sent nothing for the route's responseIdleTimeout",
+            ),
             trust_bundle: register(
                 &mut registry,
                 "trust_bundle_info",
@@ -632,6 +638,10 @@ impl Metrics {
             })
             .clone();
         let ejections = self.ejections.get_or_create(&UpstreamOnly { upstream: u() }).clone();
+        let response_stalls = self
+            .response_stalls
+            .get_or_create(&UpstreamOnly { upstream: u() })
+            .clone();
         UpstreamMetrics {
             connect_ok,
             connect_error,
@@ -640,6 +650,7 @@ impl Metrics {
             request_new,
             request_reused,
             ejections,
+            response_stalls,
         }
     }
 
@@ -686,4 +697,6 @@ pub struct UpstreamMetrics {
     pub request_new: Counter,
     pub request_reused: Counter,
     pub ejections: Counter,
+    /// Responses cut off by the route's `responseIdleTimeout`.
+    pub response_stalls: Counter,
 }

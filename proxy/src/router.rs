@@ -102,6 +102,7 @@ pub struct CompiledRoute {
     pub response_headers: Option<CompiledHeaderOps>,
     pub rewrite: Option<CompiledRewrite>,
     pub upgrade_idle_timeout: Duration,
+    pub response_idle_timeout: Duration,
     /// JWT validation and CORS, compiled by the state (with the key set and the route's
     /// counters); None when the route has none.
     pub jwt: Option<crate::jwt::CompiledJwt>,
@@ -143,6 +144,7 @@ impl CompiledRoute {
                 .as_ref()
                 .and_then(|rw| CompiledRewrite::new(&route.matches.path_prefix, rw)),
             upgrade_idle_timeout: route.upgrade_idle_timeout.map_or(UPGRADE_IDLE_TIMEOUT, |d| d.get()),
+            response_idle_timeout: route.response_idle_timeout(),
             jwt: None,
             cors: None,
             transcoder: None,

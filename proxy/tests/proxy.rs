@@ -1286,3 +1286,87 @@ async fn a_rate_limited_route_answers_429_with_retry_after() {
     assert!(after.contains(&429), "a reload refilled the bucket: {after:?}");
     proxy.running.drain();
 }
+
+/// An upstream that answers the head and one chunk of a chunked body, then goes silent with
+/// the connection open; it records the most connections it ever had open at once.
+async fn a_stalling_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let open = Arc::new(AtomicUsize::new(0));
+    let most = Arc::new(AtomicUsize::new(0));
+    let seen = most.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let (open, most) = (open.clone(), most.clone());
+            most.fetch_max(open.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = c.read(&mut buf).await;
+                let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
+                let _ = c.write_all(head).await;
+                // Until the proxy closes it.
+                while matches!(c.read(&mut buf).await, Ok(n) if n > 0) {}
+                open.fetch_sub(1, Ordering::SeqCst);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// The endpoint's connection permit is held until the response body ends, not given back at
+/// its head: with `maxConnectionsPerEndpoint: 1`, a second request waits while the first one's
+/// answer streams. An upstream silent mid-body for `responseIdleTimeout` has its answer cut
+/// off (no last chunk), over HTTP/1.1 and HTTP/2, and the permit comes back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_streamed_answer_holds_its_permit_and_a_silent_one_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let (addr, most_open) = a_stalling_upstream().await;
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 10s, responseIdleTimeout: 500ms}}]
+upstreams:
+  - {{name: u, endpoints: ["{addr}"], pool: {{maxConnectionsPerEndpoint: 1}}}}
+"#
+    );
+    let proxy = start_proxy(&tempdir("stall"), &yaml).await;
+    let a = proxy.addr("http");
+    let mut first = tokio::net::TcpStream::connect(a).await.unwrap();
+    first.write_all(b"GET /1 HTTP/1.1\r\nHost: x\r\n\r\n").await.unwrap();
+    let mut got = Vec::new();
+    let mut buf = [0u8; 1024];
+    while !String::from_utf8_lossy(&got).contains("hello") {
+        let n = within("the first chunk", first.read(&mut buf)).await.unwrap();
+        assert!(n > 0, "{}", String::from_utf8_lossy(&got));
+        got.extend_from_slice(&buf[..n]);
+    }
+    // The first answer is open: the second request waits for its permit.
+    let second = tokio::spawn(async move {
+        let mut c = tokio::net::TcpStream::connect(a).await.unwrap();
+        c.write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        let mut out = Vec::new();
+        within("the second answer", c.read_to_end(&mut out)).await.unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    });
+    within("the first answer cut off", first.read_to_end(&mut got)).await.unwrap();
+    let first = String::from_utf8_lossy(&got);
+    assert!(first.starts_with("HTTP/1.1 200"), "{first}");
+    assert!(!first.contains("\r\n0\r\n"), "cut off, not ended: {first}");
+    let second = second.await.unwrap();
+    assert!(second.starts_with("HTTP/1.1 200") && second.contains("hello"), "{second}");
+    assert!(!second.contains("\r\n0\r\n"), "{second}");
+    // Over HTTP/2 (the answer read ahead of the client by a task): the stream is reset.
+    let (mut h2, _conn) = h2_client(a).await;
+    let req = http::Request::get(format!("http://{a}/3")).body(Default::default()).unwrap();
+    let resp = within("the h2 head", h2.send_request(req)).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let body = within("the h2 body", http_body_util::BodyExt::collect(resp.into_body())).await;
+    assert!(body.is_err(), "an h2 answer cut off ends in a reset");
+    assert_eq!(most_open.load(Ordering::SeqCst), 1, "one upstream connection at a time");
+    let m = metrics(&proxy).await;
+    assert_eq!(metric_sum(&m, "proxyfleet_upstream_response_stalls_total", &[]), 3.0, "{m}");
+    proxy.running.drain();
+}

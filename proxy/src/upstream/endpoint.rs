@@ -37,29 +37,21 @@ pub struct Endpoint {
     pub(super) alpn: std::sync::atomic::AtomicU8,
 }
 
-/// A request waiting on an endpoint, counted in its load (P2C's `cost`) until dropped, so a
-/// request given up mid-wait (its client reset the stream) is never counted for ever.
-pub struct InFlight<'a>(&'a Endpoint);
-
-impl<'a> InFlight<'a> {
-    pub fn count(endpoint: &'a Endpoint) -> Self {
-        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
-        Self(endpoint)
-    }
-}
-
-impl Drop for InFlight<'_> {
-    fn drop(&mut self) {
-        self.0.in_flight.fetch_sub(1, Ordering::Relaxed);
-    }
-}
-
-/// A connection held to an endpoint for as long as it lives (a TCP pass-through, a WebSocket
-/// tunnel): one of its connection permits, counted in flight (so P2C prefers the endpoint with
-/// fewer open connections); both given back on drop.
+/// What a request or a connection holds of an endpoint for as long as it lives (a request
+/// until its response body ends, a TCP pass-through, a WebSocket tunnel): one of its connection
+/// permits, counted in flight (P2C's `cost`, so it prefers the endpoint with less open work);
+/// both given back on drop, so a request given up mid-wait (its client reset the stream) is
+/// never counted for ever.
 pub struct EndpointSlot(std::sync::Arc<Endpoint>);
 
 impl EndpointSlot {
+    /// A permit of `endpoint` if one is free now (the rule: no timer needed).
+    pub fn try_take(endpoint: std::sync::Arc<Endpoint>) -> Option<Self> {
+        endpoint.permits.try_acquire().ok()?.forget();
+        endpoint.in_flight.fetch_add(1, Ordering::Relaxed);
+        Some(Self(endpoint))
+    }
+
     /// Waits for a permit of `endpoint`.
     pub async fn take(endpoint: std::sync::Arc<Endpoint>) -> Option<Self> {
         endpoint.permits.acquire().await.ok()?.forget();
@@ -309,10 +301,12 @@ mod tests {
 
     #[test]
     fn a_request_given_up_mid_wait_leaves_no_load_behind() {
-        let e = ep(1);
-        let waiting = InFlight::count(&e);
+        let e = Arc::new(Endpoint::new("127.0.0.1:1".parse().unwrap(), 1));
+        let waiting = EndpointSlot::try_take(e.clone()).unwrap();
         assert_eq!(e.in_flight.load(Ordering::Relaxed), 1);
+        assert!(EndpointSlot::try_take(e.clone()).is_none(), "one permit");
         drop(waiting); // what dropping the attempt's future does, at any await
         assert_eq!(e.in_flight.load(Ordering::Relaxed), 0);
+        assert!(EndpointSlot::try_take(e.clone()).is_some(), "the permit is back");
     }
 }

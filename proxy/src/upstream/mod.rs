@@ -18,7 +18,7 @@ use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
-pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot, InFlight};
+pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
 pub use pool::UpstreamConnector;
 pub use read_ahead::{ClientStalled, StreamCut};
 pub use response::UpstreamResponse;

@@ -1,81 +1,151 @@
 //! A response body as it comes from an upstream: hyper's (HTTP/2, and HTTP/1.1 requests that
 //! stream a body or upgrade), our own HTTP/1.1 exchange's (`h1relay`), or an HTTP/2 one read
 //! ahead of an HTTP/2 client (`read_ahead`).
+//!
+//! Once an attempt has its answer, the body also carries what the request holds until the body
+//! ends (`until_end`): its endpoint's connection permit and in-flight count, so
+//! `maxConnectionsPerEndpoint` bounds the connections a streamed answer keeps busy and P2C sees
+//! it as load; and the route's `responseIdleTimeout`, the longest wait for the upstream's next
+//! part (nginx's `proxy_read_timeout` past the headers, Envoy's stream idle timeout).
 
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use hyper::body::Incoming;
+use prometheus_client::metrics::counter::Counter;
 
+use super::endpoint::EndpointSlot;
 use super::h1relay::RelayBody;
 use super::read_ahead::{ReadAhead, StreamCut};
 
+/// The upstream sent no part of its response body for the route's `responseIdleTimeout`.
+#[derive(Debug, thiserror::Error)]
+#[error("the upstream sent nothing for {0:?} (responseIdleTimeout); its response was cut off")]
+pub struct UpstreamStalled(pub Duration);
+
 pin_project_lite::pin_project! {
-    #[project = FromUpstreamProj]
-    pub enum FromUpstream {
+    #[project = SourceProj]
+    enum Source {
         Hyper { #[pin] inner: Incoming },
         Relay { #[pin] inner: RelayBody },
         Ahead { #[pin] inner: ReadAhead },
     }
 }
 
+pin_project_lite::pin_project! {
+    pub struct FromUpstream {
+        #[pin]
+        source: Source,
+        // Given back when the body ends, fails or is dropped.
+        slot: Option<EndpointSlot>,
+        idle: Option<Idle>,
+    }
+}
+
+/// `responseIdleTimeout`'s timer, and where a stall is counted.
+struct Idle {
+    limit: Duration,
+    wait: crate::stall::Wait,
+    stalls: Counter,
+}
+
 impl FromUpstream {
+    fn of(source: Source) -> Self {
+        Self {
+            source,
+            slot: None,
+            idle: None,
+        }
+    }
+
+    /// The body holds `slot` until it ends, and fails once the upstream sends nothing for
+    /// `idle` (counted in `stalls`). A body that has ended (the rule for a small answer over
+    /// HTTP/1.1) gives the slot back at once.
+    pub fn until_end(mut self, slot: EndpointSlot, idle: Duration, stalls: &Counter) -> Self {
+        if self.is_end_stream() {
+            return self;
+        }
+        self.slot = Some(slot);
+        self.idle = Some(Idle {
+            limit: idle,
+            wait: Default::default(),
+            stalls: stalls.clone(),
+        });
+        self
+    }
+
     /// For an HTTP/2 client: a body still open is read ahead by a task that drops it (an
     /// HTTP/2 upstream stream is reset, an HTTP/1.1 connection closed), and cancels `cut`, when
     /// the client falls behind and stays too slow for `limit` (`read_ahead`); a body that has
-    /// ended is as it is.
-    pub fn read_ahead(self, limit: std::time::Duration, cut: Option<StreamCut>) -> Self {
-        match self {
-            Self::Hyper { inner } if !inner.is_end_stream() => Self::Ahead {
-                inner: ReadAhead::start(inner, limit, cut),
-            },
-            Self::Relay { inner } if !inner.is_end_stream() => Self::Ahead {
-                inner: ReadAhead::start(inner, limit, cut),
-            },
-            other => other,
+    /// ended is as it is. The task owns what the body holds, and its idle timer.
+    pub fn read_ahead(self, limit: Duration, cut: Option<StreamCut>) -> Self {
+        match &self.source {
+            Source::Hyper { inner } if !inner.is_end_stream() => {}
+            Source::Relay { inner } if !inner.is_end_stream() => {}
+            _ => return self,
         }
+        Self::of(Source::Ahead {
+            inner: ReadAhead::start(self, limit, cut),
+        })
     }
 }
 
 impl From<Incoming> for FromUpstream {
     fn from(inner: Incoming) -> Self {
-        Self::Hyper { inner }
+        Self::of(Source::Hyper { inner })
     }
 }
 
 impl From<RelayBody> for FromUpstream {
     fn from(inner: RelayBody) -> Self {
-        Self::Relay { inner }
+        Self::of(Source::Relay { inner })
     }
 }
 
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
 impl Body for FromUpstream {
     type Data = Bytes;
-    type Error = Box<dyn std::error::Error + Send + Sync>;
+    type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        match self.project() {
-            FromUpstreamProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
-            FromUpstreamProj::Relay { inner } => inner.poll_frame(cx).map_err(Into::into),
-            FromUpstreamProj::Ahead { inner } => inner.poll_frame(cx),
+        let this = self.project();
+        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match this.source.project() {
+            SourceProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
+            SourceProj::Relay { inner } => inner.poll_frame(cx).map_err(Into::into),
+            SourceProj::Ahead { inner } => inner.poll_frame(cx),
+        };
+        match (&polled, this.idle.as_mut()) {
+            (Poll::Ready(Some(Ok(_))), Some(idle)) => idle.wait.progressed(),
+            (Poll::Ready(Some(Ok(_))), None) | (Poll::Pending, None) => {}
+            (Poll::Ready(_), _) => *this.slot = None,
+            (Poll::Pending, Some(idle)) => {
+                if idle.wait.expired(cx, idle.limit) {
+                    idle.stalls.inc();
+                    *this.slot = None;
+                    return Poll::Ready(Some(Err(UpstreamStalled(idle.limit).into())));
+                }
+            }
         }
+        polled
     }
 
     fn is_end_stream(&self) -> bool {
-        match self {
-            Self::Hyper { inner } => inner.is_end_stream(),
-            Self::Relay { inner } => inner.is_end_stream(),
-            Self::Ahead { inner } => inner.is_end_stream(),
+        match &self.source {
+            Source::Hyper { inner } => inner.is_end_stream(),
+            Source::Relay { inner } => inner.is_end_stream(),
+            Source::Ahead { inner } => inner.is_end_stream(),
         }
     }
 
     fn size_hint(&self) -> SizeHint {
-        match self {
-            Self::Hyper { inner } => inner.size_hint(),
-            Self::Relay { inner } => inner.size_hint(),
-            Self::Ahead { inner } => inner.size_hint(),
+        match &self.source {
+            Source::Hyper { inner } => inner.size_hint(),
+            Source::Relay { inner } => inner.size_hint(),
+            Source::Ahead { inner } => inner.size_hint(),
         }
     }
 }
