@@ -476,6 +476,13 @@ pub struct OutlierDetection {
     /// How long an ejected endpoint is skipped. Default 10s.
     #[serde(default = "default_ejection_time")]
     pub ejection_time: HumanDuration,
+    /// Most of the upstream's endpoints ejected at once, in percent; one may always be, however
+    /// few there are (Envoy's `max_ejection_percent`). An endpoint that fails past it stays in
+    /// use, so a fault shared by many endpoints (an overload, a bad dependency) cannot send all
+    /// the traffic to the few left. Default 10.
+    #[serde(default = "default_max_ejection_percent")]
+    #[schemars(range(min = 0, max = 100))]
+    pub max_ejection_percent: u32,
 }
 
 /// Active health check.
@@ -679,6 +686,9 @@ fn default_consecutive_failures() -> u32 {
 fn default_ejection_time() -> HumanDuration {
     HumanDuration::from_secs(10)
 }
+fn default_max_ejection_percent() -> u32 {
+    10
+}
 fn default_health_path() -> String {
     "/healthz".to_string()
 }
@@ -725,6 +735,7 @@ impl Default for OutlierDetection {
         Self {
             consecutive_failures: default_consecutive_failures(),
             ejection_time: default_ejection_time(),
+            max_ejection_percent: default_max_ejection_percent(),
         }
     }
 }

@@ -85,6 +85,13 @@ fn bad_values_are_named() {
             "routes[0].responseIdleTimeout",
         ),
         (
+            MINIMAL.replace(
+                "endpoints: [\"127.0.0.1:8080\"]",
+                "endpoints: [\"127.0.0.1:8080\"]\n    outlierDetection: {maxEjectionPercent: 101}",
+            ),
+            "upstreams[0].outlierDetection.maxEjectionPercent",
+        ),
+        (
             MINIMAL.replace("upstream: echo", "upstream: echo\n    upgradeIdleTimeout: 0ms"),
             "routes[0].upgradeIdleTimeout",
         ),

@@ -730,13 +730,7 @@ fn outcome(
     blame: Blame,
     result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, Elapsed>,
 ) -> Attempt {
-    let od = &cluster.config.outlier_detection;
-    let eject = |e: &upstream::Endpoint| {
-        if e.record_failure(od.consecutive_failures, od.ejection_time.get()) {
-            cluster.metrics.ejections.inc();
-            tracing::warn!(upstream = %cluster.name, endpoint = %e.authority, "endpoint ejected after consecutive failures");
-        }
-    };
+    let eject = |e: &upstream::Endpoint| cluster.record_failure(e);
     match result {
         // A client that stalls its body or sets a short deadline must not get endpoints ejected.
         Err(_) if !matches!(blame.body, BodyState::Ended | BodyState::Held | BodyState::Unread) => {

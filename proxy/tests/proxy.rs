@@ -286,7 +286,7 @@ listeners: [{{name: http, address: "127.0.0.1:0"}}]
 admin: {{address: "127.0.0.1:0"}}
 routes: [{{name: all, upstream: u}}]
 upstreams:
-  - {{name: u, endpoints: ["127.0.0.1:1", "{}"], outlierDetection: {{consecutiveFailures: 2, ejectionTime: 60s}}}}
+  - {{name: u, endpoints: ["127.0.0.1:1", "{}"], outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s}}}}
 "#,
         good.addr
     );
@@ -297,11 +297,50 @@ upstreams:
             failures += 1;
         }
     }
-    // Only the failures before ejection (2) can fail; after that the dead endpoint is skipped.
-    assert!(failures <= 2, "{failures} failures");
+    // Only the failure that ejects it fails; after that the dead endpoint is skipped. (With
+    // more failures needed, the first one already makes P2C avoid it: `Endpoint::penalize`.)
+    assert!(failures <= 1, "{failures} failures");
     let m = metrics(&proxy).await;
     assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), 1.0);
     proxy.running.drain();
+}
+
+/// Three dead endpoints of four: by default (`maxEjectionPercent` 10) one is ejected and the
+/// other two stay in use, P2C drawing them less (a failure weighs as a slow answer, so a dead
+/// endpoint loses every draw beside the live one); at 75 % all three are ejected, and only the
+/// live one answers after them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ejections_stop_at_max_ejection_percent() {
+    init();
+    let good = upstream("good", None, false).await;
+    for (cap, ejected) in [("", 1.0), (", maxEjectionPercent: 75", 3.0)] {
+        let yaml = format!(
+            r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u}}]
+upstreams:
+  - {{name: u, endpoints: ["127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3", "{}"], outlierDetection: {{consecutiveFailures: 1, ejectionTime: 60s{cap}}}}}
+"#,
+            good.addr
+        );
+        let proxy = start_proxy(&tempdir("max-ejection"), &yaml).await;
+        let mut late_failures = 0;
+        for i in 0..60 {
+            if get(proxy.addr("http"), "x", "/r").await.0 != 200 && i >= 10 {
+                late_failures += 1;
+            }
+        }
+        let m = metrics(&proxy).await;
+        assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), ejected, "{cap}: {m}");
+        if ejected == 3.0 {
+            assert_eq!(late_failures, 0, "every dead endpoint skipped");
+        } else {
+            // Only a draw of the two dead ones fails: about a third of 50 (unweighed, all 50).
+            assert!(late_failures < 35, "{late_failures} of 50 failed");
+        }
+        proxy.running.drain();
+    }
 }
 
 /// Sends a request's head, then its body in `parts` spaced `gap` apart; returns the response

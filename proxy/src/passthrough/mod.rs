@@ -128,7 +128,6 @@ async fn read_client_hello(client: &mut TcpStream) -> Result<(Vec<u8>, Option<St
 async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)> {
     let endpoints = cluster.endpoints.load_full();
     let timeout = cluster.config.pool.connect_timeout.get();
-    let od = &cluster.config.outlier_detection;
     let mut tried: Option<http::uri::Authority> = None;
     for _ in 0..2.min(endpoints.len()) {
         let endpoint = pick_avoiding(&endpoints, tried.as_ref())?.clone();
@@ -145,10 +144,7 @@ async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)>
             return Some((tcp, slot));
         }
         cluster.metrics.connect_error.inc();
-        if endpoint.record_failure(od.consecutive_failures, od.ejection_time.get()) {
-            cluster.metrics.ejections.inc();
-            tracing::warn!(upstream = %cluster.name, endpoint = %endpoint.authority, "endpoint ejected after consecutive failures");
-        }
+        cluster.record_failure(&endpoint);
     }
     None
 }

@@ -15,6 +15,14 @@ pub fn now_ms() -> u64 {
 /// Peak-EWMA decay time constant: a latency spike is believed at once and forgotten over ~10 s.
 const EWMA_TAU_MS: f64 = 10_000.0;
 
+/// What a failure (a 5xx, a connect failure, a timeout) counts as in the latency estimate, so
+/// that P2C keeps away from an endpoint that fails fast and is not ejected (the cap of
+/// `maxEjectionPercent`, or failures below `consecutiveFailures`): without it, a refused
+/// connection looks like the fastest answer there is, and such an endpoint would draw most of
+/// the traffic. It decays like any sample (`cost`): the endpoint is tried again within about
+/// a minute beside endpoints answering in a millisecond, sooner beside slower ones.
+const FAILURE_PENALTY: Duration = Duration::from_secs(1);
+
 pub struct Endpoint {
     /// `host:port`, the request URI's authority and the pool key.
     pub authority: http::uri::Authority,
@@ -116,10 +124,19 @@ impl Endpoint {
         self.healthy.load(Ordering::Relaxed) && self.ejected_until_ms.load(Ordering::Relaxed) <= now
     }
 
-    /// Load estimate used by power-of-two-choices: latency × outstanding requests.
-    pub fn cost(&self) -> f64 {
-        let ewma = f64::from_bits(self.ewma_us.load(Ordering::Relaxed)).max(1.0);
-        ewma * (self.in_flight.load(Ordering::Relaxed) as f64 + 1.0)
+    /// Load estimate used by power-of-two-choices: latency × outstanding requests. The
+    /// latency decays since its last sample (as Finagle's peak EWMA does), so an endpoint
+    /// that was slow or failed and has been left alone since is tried again in time.
+    pub fn cost(&self, now: u64) -> f64 {
+        let ewma = f64::from_bits(self.ewma_us.load(Ordering::Relaxed));
+        let age = now.saturating_sub(self.ewma_stamp_ms.load(Ordering::Relaxed));
+        let decayed = if age == 0 { ewma } else { ewma * (-(age as f64) / EWMA_TAU_MS).exp() };
+        decayed.max(1.0) * (self.in_flight.load(Ordering::Relaxed) as f64 + 1.0)
+    }
+
+    /// A failure, in the latency estimate (`FAILURE_PENALTY`).
+    pub fn penalize(&self) {
+        self.observe_latency(FAILURE_PENALTY);
     }
 
     /// Peak EWMA: a slower sample replaces the estimate, faster ones pull it down with decay.
@@ -143,19 +160,38 @@ impl Endpoint {
         }
     }
 
-    /// Counts a 5xx or connect failure; returns true when this failure ejects the endpoint.
-    pub fn record_failure(&self, threshold: u32, ejection: Duration) -> bool {
+    /// Counts a 5xx or connect failure; true when it is the `threshold`th in a row (the count
+    /// starts again), so the endpoint is due for ejection.
+    pub fn failure_reaches(&self, threshold: u32) -> bool {
         if threshold == 0 {
             return false;
         }
         let n = self.consecutive_failures.fetch_add(1, Ordering::Relaxed) + 1;
         if n >= threshold {
             self.consecutive_failures.store(0, Ordering::Relaxed);
-            self.ejected_until_ms
-                .store(now_ms() + ejection.as_millis() as u64, Ordering::Relaxed);
             return true;
         }
         false
+    }
+
+    /// Skipped by `pick` for `ejection`.
+    pub fn eject_for(&self, ejection: Duration) {
+        self.ejected_until_ms
+            .store(now_ms() + ejection.as_millis() as u64, Ordering::Relaxed);
+    }
+
+    pub fn is_ejected(&self, now: u64) -> bool {
+        self.ejected_until_ms.load(Ordering::Relaxed) > now
+    }
+
+    /// `failure_reaches`, then `eject_for` when it does (tests of `pick`).
+    #[cfg(test)]
+    pub fn record_failure(&self, threshold: u32, ejection: Duration) -> bool {
+        let due = self.failure_reaches(threshold);
+        if due {
+            self.eject_for(ejection);
+        }
+        due
     }
 }
 
@@ -167,33 +203,65 @@ pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<En
         1 => endpoints.first(),
         n => {
             let now = now_ms();
-            let a = fastrand::usize(..n);
-            let mut b = fastrand::usize(..n - 1);
-            if b >= a {
-                b += 1;
-            }
+            let (a, b) = two_of(n);
             let (ea, eb) = (&endpoints[a], &endpoints[b]);
-            match (ea.available(now), eb.available(now)) {
-                (true, false) => Some(ea),
-                (false, true) => Some(eb),
-                (false, false) => any_available(endpoints, now).or(Some(ea)),
-                (true, true) => Some(if ea.cost() <= eb.cost() { ea } else { eb }),
+            if ea.available(now) && eb.available(now) {
+                return Some(cheaper(ea, eb, now));
             }
+            // Some are out: the two drawn among those left (an available one drawn beside an
+            // ejected one is not handed the request unweighed), or any when none is left.
+            p2c_among(endpoints, |e| e.available(now), now).or(Some(ea))
         }
     }
 }
 
-/// One of the available endpoints, each as likely (the first in the list would take the
-/// share of every unavailable one before it).
-fn any_available(endpoints: &[std::sync::Arc<Endpoint>], now: u64) -> Option<&std::sync::Arc<Endpoint>> {
-    let count = endpoints.iter().filter(|e| e.available(now)).count();
-    if count == 0 {
-        return None;
+/// Two distinct indices below `n` (≥ 2), at random.
+fn two_of(n: usize) -> (usize, usize) {
+    let a = fastrand::usize(..n);
+    let mut b = fastrand::usize(..n - 1);
+    if b >= a {
+        b += 1;
     }
-    endpoints
-        .iter()
-        .filter(|e| e.available(now))
-        .nth(fastrand::usize(..count))
+    (a, b)
+}
+
+/// The one of `a` and `b` with the lower `cost` (`a` on a tie).
+fn cheaper<'a>(a: &'a std::sync::Arc<Endpoint>, b: &'a std::sync::Arc<Endpoint>, now: u64) -> &'a std::sync::Arc<Endpoint> {
+    if a.cost(now) <= b.cost(now) {
+        a
+    } else {
+        b
+    }
+}
+
+/// Power of two choices among the endpoints `keep` takes, two distinct ones drawn uniformly
+/// (the first of them in the list would otherwise take the share of every one left out
+/// before it); None when it takes none. Only runs while some endpoint is out.
+fn p2c_among(
+    endpoints: &[std::sync::Arc<Endpoint>],
+    keep: impl Fn(&Endpoint) -> bool,
+    now: u64,
+) -> Option<&std::sync::Arc<Endpoint>> {
+    let count = endpoints.iter().filter(|e| keep(e)).count();
+    let (a, b) = match count {
+        0 => return None,
+        1 => (0, 0),
+        n => two_of(n),
+    };
+    let (mut first, mut second) = (None, None);
+    for (i, e) in endpoints.iter().filter(|e| keep(e)).enumerate() {
+        if i == a {
+            first = Some(e);
+        }
+        if i == b {
+            second = Some(e);
+        }
+    }
+    match (first, second) {
+        (Some(x), Some(y)) => Some(cheaper(x, y, now)),
+        // One became available or not between the two passes.
+        (x, y) => x.or(y),
+    }
 }
 
 /// Like `pick`, but never the endpoint `avoid` when another one is available; when none other
@@ -207,22 +275,12 @@ pub fn pick_avoiding<'a>(
         return endpoints.first();
     }
     let now = now_ms();
-    let others: Vec<_> = endpoints
-        .iter()
-        .filter(|e| &e.authority != avoid && e.available(now))
-        .collect();
-    match others.len() {
-        0 => endpoints
+    p2c_among(endpoints, |e| &e.authority != avoid && e.available(now), now).or_else(|| {
+        endpoints
             .iter()
             .find(|e| &e.authority == avoid && e.available(now))
-            .or_else(|| endpoints.iter().find(|e| &e.authority != avoid)),
-        1 => Some(others[0]),
-        n => {
-            let a = others[fastrand::usize(..n)];
-            let b = others[fastrand::usize(..n)];
-            Some(if a.cost() <= b.cost() { a } else { b })
-        }
-    }
+            .or_else(|| endpoints.iter().find(|e| &e.authority != avoid))
+    })
 }
 
 #[cfg(test)]
@@ -297,6 +355,34 @@ mod tests {
             eps[1].authority,
             "all ejected: another one (fail-open)"
         );
+    }
+
+    #[test]
+    fn an_endpoint_that_fails_fast_is_avoided_then_tried_again_in_time() {
+        let eps: Vec<_> = (1..=2).map(ep).collect();
+        eps[1].observe_latency(Duration::from_millis(2));
+        // A refused connection is the fastest answer there is; counted as a failure, it is
+        // the costliest.
+        eps[0].penalize();
+        for _ in 0..100 {
+            assert_eq!(pick(&eps).unwrap().authority, eps[1].authority);
+        }
+        let now = now_ms();
+        assert!(eps[0].cost(now + 60_000) < eps[0].cost(now) / 100.0, "decays unsampled");
+        assert!(eps[0].cost(now + 120_000) < eps[1].cost(now), "tried again");
+    }
+
+    #[test]
+    fn an_ejected_endpoint_drawn_hands_its_turn_to_a_weighed_pair() {
+        // e0 ejected, e1 failing (penalized, not ejected: the cap), e2 fine: a draw of
+        // (e0, e1) must not hand e1 the request unweighed.
+        let eps: Vec<_> = (1..=3).map(ep).collect();
+        eps[0].record_failure(1, Duration::from_secs(60));
+        eps[1].penalize();
+        eps[2].observe_latency(Duration::from_millis(2));
+        for _ in 0..200 {
+            assert_eq!(pick(&eps).unwrap().authority, eps[2].authority);
+        }
     }
 
     #[test]

@@ -6,6 +6,7 @@ mod h1pool;
 mod h1relay;
 mod h1wire;
 mod h2pool;
+pub mod outlier;
 mod pool;
 pub mod read_ahead;
 pub mod response;
