@@ -153,7 +153,9 @@ pub struct Route {
     /// client's body, `limits.clientBodyTimeout` bounds each wait instead. Default 15s.
     #[serde(default = "default_route_timeout")]
     pub timeout: HumanDuration,
-    /// Retries of idempotent requests on connect failure or 502/503/504.
+    /// Retries of idempotent requests without a body, on another endpoint when there is one:
+    /// after a connect failure, an answer that never came (an HTTP/1.1 connection closed before
+    /// a byte of it, an HTTP/2 stream refused or above a GOAWAY's last one), or 502/503/504.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub retries: Option<Retries>,
     /// Fault injection for chaos drills and canary tests.

@@ -754,6 +754,8 @@ fn outcome(
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&*e.error), "upstream request failed");
             if e.connect {
                 Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
+            } else if e.unanswered {
+                Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
             } else {
                 Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
             }

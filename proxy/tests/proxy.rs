@@ -275,6 +275,83 @@ upstreams:
     proxy.running.drain();
 }
 
+/// An upstream that takes connections and closes each after reading a request, unanswered;
+/// counts the requests it dropped.
+async fn a_closing_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    use tokio::io::AsyncReadExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let dropped = Arc::new(AtomicUsize::new(0));
+    let count = dropped.clone();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = listener.accept().await {
+            let mut buf = [0u8; 4096];
+            if matches!(c.read(&mut buf).await, Ok(n) if n > 0) {
+                count.fetch_add(1, Ordering::SeqCst);
+            }
+        }
+    });
+    (addr, dropped)
+}
+
+/// An HTTP/2 (h2c) upstream that refuses every stream with REFUSED_STREAM; counts them.
+async fn a_refusing_h2_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let refused = Arc::new(AtomicUsize::new(0));
+    let count = refused.clone();
+    tokio::spawn(async move {
+        while let Ok((c, _)) = listener.accept().await {
+            let count = count.clone();
+            tokio::spawn(async move {
+                let Ok(mut conn) = h2::server::handshake(c).await else { return };
+                while let Some(Ok((_req, mut respond))) = conn.accept().await {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    respond.send_reset(h2::Reason::REFUSED_STREAM);
+                }
+            });
+        }
+    });
+    (addr, refused)
+}
+
+/// A request an endpoint left unanswered (an HTTP/1.1 connection closed before a byte of
+/// answer, an HTTP/2 stream refused) goes to another endpoint when it is idempotent and the
+/// route retries, as one whose connection failed does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unanswered_idempotent_requests_go_to_another_endpoint() {
+    init();
+    let good = upstream("good", None, false).await;
+    let (closer, dropped) = a_closing_upstream().await;
+    let (refuser, refused) = a_refusing_h2_upstream().await;
+    let grpc = grpc_upstream().await;
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes:
+  - {{name: h2, match: {{pathPrefix: /h2}}, upstream: h2, retries: {{attempts: 1, budgetPercent: 100}}}}
+  - {{name: all, upstream: u, retries: {{attempts: 1, budgetPercent: 100}}}}
+upstreams:
+  - {{name: u, endpoints: ["{closer}", "{}"], outlierDetection: {{consecutiveFailures: 0}}}}
+  - {{name: h2, protocol: h2, endpoints: ["{refuser}", "{grpc}"], outlierDetection: {{consecutiveFailures: 0}}}}
+"#,
+        good.addr
+    );
+    let proxy = start_proxy(&tempdir("unanswered"), &yaml).await;
+    for _ in 0..10 {
+        assert_eq!(get(proxy.addr("http"), "x", "/r").await.0, 200);
+        assert_eq!(get(proxy.addr("http"), "x", "/h2").await.0, 200);
+    }
+    assert!(dropped.load(Ordering::SeqCst) >= 1, "the closing endpoint was drawn");
+    assert!(refused.load(Ordering::SeqCst) >= 1, "the refusing endpoint was drawn");
+    let m = metrics(&proxy).await;
+    let retries = metric_sum(&m, "proxyfleet_upstream_retries_total", &[]);
+    let expected = (dropped.load(Ordering::SeqCst) + refused.load(Ordering::SeqCst)) as f64;
+    assert_eq!(retries, expected, "{m}");
+    proxy.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn outlier_ejection_skips_a_failing_endpoint() {
     init();

@@ -59,6 +59,11 @@ impl std::fmt::Debug for UpstreamCluster {
 pub struct SendError {
     /// The connection could not be made (safe to retry elsewhere).
     pub connect: bool,
+    /// No answer came, and the upstream may not have taken the request in: never sent, refused
+    /// (HTTP/2 REFUSED_STREAM, or above a GOAWAY's last stream, RFC 9113 §8.7), or an HTTP/1.1
+    /// connection that ended before a byte of answer. An idempotent request may go to another
+    /// endpoint (the route's `retries`), as nginx's `proxy_next_upstream error` does.
+    pub unanswered: bool,
     #[source]
     pub error: Box<dyn std::error::Error + Send + Sync>,
 }
@@ -158,6 +163,7 @@ impl UpstreamCluster {
             (_, Some(h1), Some(h2)) => self.learn(endpoint, h1, h2, req).await,
             _ => Err(SendError {
                 connect: false,
+                unanswered: false,
                 error: "no connection pool for this upstream".into(),
             }),
         }
@@ -173,6 +179,7 @@ impl UpstreamCluster {
     ) -> Result<(UpstreamResponse, bool), SendError> {
         let io = self.connector.dial(&endpoint.authority).await.map_err(|e| SendError {
             connect: true,
+            unanswered: false,
             error: Box::new(e),
         })?;
         if io.inner().negotiated_h2() {
@@ -200,6 +207,7 @@ impl UpstreamCluster {
         let Some(h1) = h1 else {
             return Err(SendError {
                 connect: false,
+                unanswered: false,
                 error: "upgrades need an HTTP/1.1 upstream (protocol: http1 for TLS upstreams)".into(),
             });
         };
@@ -299,17 +307,38 @@ async fn h2_send(
 }
 
 fn h1_error(e: h1pool::H1Error) -> SendError {
+    use h1pool::H1Error;
     SendError {
-        connect: matches!(e, h1pool::H1Error::Connect(_) | h1pool::H1Error::Handshake { .. }),
+        connect: matches!(e, H1Error::Connect(_) | H1Error::Handshake { .. }),
+        unanswered: match &e {
+            H1Error::Relay(r) => r.unanswered(),
+            H1Error::Request(h) => h.is_canceled(),
+            _ => false,
+        },
         error: Box::new(e),
     }
 }
 
 fn h2_error(e: h2pool::H2Error) -> SendError {
+    use h2pool::H2Error;
     SendError {
-        connect: matches!(e, h2pool::H2Error::Connect(_) | h2pool::H2Error::Handshake { .. }),
+        connect: matches!(e, H2Error::Connect(_) | H2Error::Handshake { .. }),
+        unanswered: matches!(&e, H2Error::Request(h) if h.is_canceled() || refused(h)),
         error: Box::new(e),
     }
+}
+
+/// Whether an HTTP/2 request was refused unprocessed: its stream reset with REFUSED_STREAM, or
+/// above the last stream of a GOAWAY the upstream sent.
+fn refused(e: &hyper::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM) || (h2.is_go_away() && h2.is_remote());
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// A TLS client config and the name to present, for an upstream with TLS.
