@@ -500,6 +500,15 @@ pub struct HealthCheck {
     /// Timeout of one check. Default 1s.
     #[serde(default = "default_health_timeout")]
     pub timeout: HumanDuration,
+    /// Failed checks in a row that take a healthy endpoint out (HAProxy's `fall`). Default 3.
+    #[serde(default = "default_unhealthy_threshold")]
+    #[schemars(range(min = 1, max = 100))]
+    pub unhealthy_threshold: u32,
+    /// Passed checks in a row that bring an unhealthy endpoint back (HAProxy's `rise`).
+    /// Default 2.
+    #[serde(default = "default_healthy_threshold")]
+    #[schemars(range(min = 1, max = 100))]
+    pub healthy_threshold: u32,
 }
 
 /// The admin listener.
@@ -699,6 +708,12 @@ fn default_health_interval() -> HumanDuration {
 }
 fn default_health_timeout() -> HumanDuration {
     HumanDuration::from_secs(1)
+}
+fn default_unhealthy_threshold() -> u32 {
+    3
+}
+fn default_healthy_threshold() -> u32 {
+    2
 }
 fn default_admin_address() -> String {
     "0.0.0.0:9901".to_string()

@@ -173,6 +173,14 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
                 errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
             }
+            for (field, n) in [
+                ("unhealthyThreshold", hc.unhealthy_threshold),
+                ("healthyThreshold", hc.healthy_threshold),
+            ] {
+                if !(1..=100).contains(&n) {
+                    errors.push(err(format!("{f}.healthCheck.{field}"), "must be within 1-100"));
+                }
+            }
         }
         if let Some(tls) = &u.tls {
             if tls.ca_secret.is_some() {

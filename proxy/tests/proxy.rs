@@ -1260,16 +1260,17 @@ async fn active_health_check_takes_an_endpoint_out_and_brings_it_back() {
     let b = upstream("b", None, false).await;
     let dir = tempdir("health");
     let yaml = format!(
-        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\", \"{}\"]\n    healthCheck: {{path: /healthz, interval: 50ms, timeout: 1s}}\n",
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\", \"{}\"]\n    healthCheck: {{path: /healthz, interval: 50ms, timeout: 1s, unhealthyThreshold: 2, healthyThreshold: 2}}\n",
         a.addr, b.addr
     );
     b.stats.unhealthy.store(true, Ordering::Relaxed);
     let proxy = start_proxy(&dir, &yaml).await;
     let http = proxy.addr("http");
-    // Wait (by outcome, bounded) until b has been checked and marked down.
+    // Wait (by outcome, bounded) until b has failed two checks (its third has come: the
+    // second's answer was judged) and been marked down.
     let mut checked = false;
     for _ in 0..200 {
-        if b.stats.requests.load(Ordering::Relaxed) >= 2 {
+        if b.stats.requests.load(Ordering::Relaxed) >= 3 {
             checked = true;
             break;
         }

@@ -32,6 +32,8 @@ pub struct Endpoint {
     consecutive_failures: AtomicU32,
     ejected_until_ms: AtomicU64,
     pub healthy: AtomicBool,
+    /// Health-check results in a row against `healthy` (`health::judge`).
+    pub(super) health_run: AtomicU32,
     /// Bounds connections (= concurrent requests over HTTP/1.1) to this endpoint.
     pub permits: Semaphore,
     /// Idle connections when the cluster uses its own HTTP/1.1 pool.
@@ -100,6 +102,7 @@ impl Endpoint {
             consecutive_failures: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            health_run: AtomicU32::new(0),
             permits: Semaphore::new(max_connections as usize),
             h1_idle: Default::default(),
             h1_relays: Default::default(),

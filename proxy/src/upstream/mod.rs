@@ -6,6 +6,7 @@ mod h1pool;
 mod h1relay;
 mod h1wire;
 mod h2pool;
+mod health;
 pub mod outlier;
 mod pool;
 pub mod read_ahead;
@@ -127,7 +128,7 @@ impl UpstreamCluster {
             tokio::spawn(refresh_dns(Arc::downgrade(&cluster)));
         }
         if config.health_check.is_some() {
-            tokio::spawn(health_check(Arc::downgrade(&cluster)));
+            tokio::spawn(health::check_until_dropped(Arc::downgrade(&cluster)));
         }
         Ok(cluster)
     }
@@ -260,40 +261,6 @@ async fn refresh_dns(cluster: Weak<UpstreamCluster>) {
         }
         drop(c);
         tokio::time::sleep(dns.refresh_interval.get()).await;
-    }
-}
-
-/// Active HTTP health checks of every endpoint until the cluster is dropped.
-async fn health_check(cluster: Weak<UpstreamCluster>) {
-    loop {
-        let Some(c) = cluster.upgrade() else { return };
-        let Some(hc) = c.config.health_check.clone() else {
-            return;
-        };
-        let endpoints = c.endpoints.load_full();
-        for e in endpoints.iter() {
-            let Ok(pq) = http::uri::PathAndQuery::try_from(hc.path.as_str()) else {
-                continue;
-            };
-            let Ok(uri) = c.request_uri(&e.authority, pq) else {
-                continue;
-            };
-            let mut req = http::Request::new(UpstreamBody::Empty);
-            *req.uri_mut() = uri;
-            if let Ok(host) = http::HeaderValue::from_str(e.authority.as_str()) {
-                req.headers_mut().insert(http::header::HOST, host);
-            }
-            let healthy = matches!(
-                tokio::time::timeout(hc.timeout.get(), c.send(e, req)).await,
-                Ok(Ok((resp, _))) if resp.status().is_success()
-            );
-            let was = e.healthy.swap(healthy, std::sync::atomic::Ordering::Relaxed);
-            if was != healthy {
-                tracing::warn!(upstream = %c.name, endpoint = %e.authority, healthy, "health check changed");
-            }
-        }
-        drop(c);
-        tokio::time::sleep(hc.interval.get()).await;
     }
 }
 
