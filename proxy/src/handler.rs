@@ -227,7 +227,7 @@ fn request_filter(
     if let Some(why) = host_problem(req) {
         return Err(status_response(StatusCode::BAD_REQUEST, why));
     }
-    if let Some(path) = crate::http_rules::normalized(req.uri().path()) {
+    if let Some(path) = crate::request_path::normalized(req.uri().path()) {
         let pq = match req.uri().query() {
             Some(q) => format!("{path}?{q}"),
             None => path,

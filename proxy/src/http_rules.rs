@@ -105,53 +105,6 @@ pub fn prefix_matches(prefix: &str, path: &str) -> bool {
     }
 }
 
-/// Whether a path segment is `.` or `..`, also percent-encoded (`%2e`), as an upstream that
-/// decodes would read it.
-fn dot_segment(seg: &str) -> Option<bool> {
-    let decoded = seg.to_ascii_lowercase().replace("%2e", ".");
-    match decoded.as_str() {
-        "." => Some(false),
-        ".." => Some(true),
-        _ => None,
-    }
-}
-
-/// RFC 3986 §5.2.4 remove_dot_segments, when the path has any (usually it has none and is
-/// returned untouched); routing and the upstream then see the same path.
-pub fn normalized(path: &str) -> Option<String> {
-    let suspicious = path.contains("/.") || path.to_ascii_lowercase().contains("/%2e");
-    if !suspicious {
-        return None;
-    }
-    let mut out: Vec<&str> = Vec::new();
-    let segments: Vec<&str> = path.split('/').skip(1).collect();
-    let last = segments.len().saturating_sub(1);
-    let mut trailing_slash = false;
-    for (i, seg) in segments.iter().enumerate() {
-        match dot_segment(seg) {
-            Some(up) => {
-                if up {
-                    out.pop();
-                }
-                trailing_slash = i == last;
-            }
-            None => {
-                out.push(seg);
-                trailing_slash = false;
-            }
-        }
-    }
-    let mut s = String::with_capacity(path.len());
-    for seg in &out {
-        s.push('/');
-        s.push_str(seg);
-    }
-    if trailing_slash || s.is_empty() {
-        s.push('/');
-    }
-    Some(s)
-}
-
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
 
 /// A rewritten Host: the client's goes into `X-Forwarded-Host`.
@@ -186,18 +139,6 @@ mod tests {
         assert!(prefix_matches("/api/", "/api/x"));
         assert!(prefix_matches("/", "/anything"));
         assert!(!prefix_matches("/api", "/ap"));
-    }
-
-    #[test]
-    fn dot_segments_are_removed() {
-        assert_eq!(normalized("/a/b"), None);
-        assert_eq!(normalized("/api/../admin").as_deref(), Some("/admin"));
-        assert_eq!(normalized("/api/%2e%2e/admin").as_deref(), Some("/admin"));
-        assert_eq!(normalized("/api/%2E./admin").as_deref(), Some("/admin"));
-        assert_eq!(normalized("/a/./b/").as_deref(), Some("/a/b/"));
-        assert_eq!(normalized("/a/b/..").as_deref(), Some("/a/"));
-        assert_eq!(normalized("/../../etc").as_deref(), Some("/etc"));
-        assert_eq!(normalized("/.well-known/x"), Some("/.well-known/x".to_string()));
     }
 
     #[test]

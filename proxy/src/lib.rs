@@ -34,6 +34,7 @@ pub mod rate_limit;
 mod redirect;
 pub mod relay;
 pub mod reload;
+pub mod request_path;
 pub mod route_auth;
 pub mod router;
 pub mod send_timeout;

@@ -244,7 +244,7 @@ async fn one_client_ip_cannot_take_every_connection_slot() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn paths_are_routed_on_segments_after_dot_segments_are_removed() {
+async fn paths_are_routed_on_segments_after_normalization() {
     init();
     let up = upstream("up", None, false).await;
     let dir = tempdir("paths");
@@ -273,6 +273,16 @@ async fn paths_are_routed_on_segments_after_dot_segments_are_removed() {
     assert_eq!(s, "200");
     assert!(body.contains("up /admin 0"), "{body}");
     assert_eq!(status_of("/x/../api/y").await.0, "418");
+    // Spelt otherwise, as an upstream would read it: an escaped letter, a Tomcat path parameter.
+    assert_eq!(status_of("/%61pi/y").await.0, "418", "/%61pi is /api");
+    assert_eq!(status_of("/x/..;/api/y").await.0, "418", "..; is .. to Tomcat");
+    let (s, body) = status_of("/api/..;jsessionid=1/admin").await;
+    assert_eq!(s, "200");
+    assert!(body.contains("up /admin 0"), "{body}");
+    // An escaped slash is no segment boundary: left as sent.
+    let (s, body) = status_of("/api%2F..%2Fadmin").await;
+    assert_eq!(s, "200");
+    assert!(body.contains("up /api%2F..%2Fadmin 0"), "{body}");
     proxy.running.drain();
 }
 
