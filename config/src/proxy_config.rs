@@ -458,7 +458,11 @@ pub struct Pool {
     /// Idle connections are closed after this long. Default 60s.
     #[serde(default = "default_idle_timeout")]
     pub idle_timeout: HumanDuration,
-    /// Connections (idle + busy) per endpoint; further requests wait. Default 1024.
+    /// Requests in flight per endpoint, each counted until its answer's last part is read
+    /// (an HTTP/1.1 connection is busy that long; over HTTP/2, its streams), and WebSocket or
+    /// TCP tunnels for their life; further requests wait, up to the route's `timeout`, then
+    /// get 504. An HTTP/2 upstream serving more long-lived streams (server-sent events,
+    /// watches) per endpoint needs a higher value. Default 1024.
     #[serde(default = "default_max_connections")]
     #[schemars(range(min = 1, max = 1000000))]
     pub max_connections_per_endpoint: u32,
@@ -479,7 +483,8 @@ pub struct OutlierDetection {
     #[serde(default = "default_ejection_time")]
     pub ejection_time: HumanDuration,
     /// Most of the upstream's endpoints ejected at once, in percent; one may always be, however
-    /// few there are (Envoy's `max_ejection_percent`). An endpoint that fails past it stays in
+    /// few there are and even at 0 (Envoy's `max_ejection_percent` before its
+    /// `always_eject_one_host`; `consecutiveFailures: 0` turns ejection off). An endpoint that fails past it stays in
     /// use, so a fault shared by many endpoints (an overload, a bad dependency) cannot send all
     /// the traffic to the few left. Default 10.
     #[serde(default = "default_max_ejection_percent")]

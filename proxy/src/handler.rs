@@ -227,7 +227,9 @@ fn request_filter(
     if let Some(why) = host_problem(req) {
         return Err(status_response(StatusCode::BAD_REQUEST, why));
     }
-    if let Some(path) = crate::request_path::normalized(req.uri().path()) {
+    let normalized = crate::request_path::normalized(req.uri().path())
+        .map_err(|_| status_response(StatusCode::BAD_REQUEST, "malformed percent-encoding in the path\n"))?;
+    if let Some(path) = normalized {
         let pq = match req.uri().query() {
             Some(q) => format!("{path}?{q}"),
             None => path,
@@ -610,18 +612,19 @@ async fn attempt_once(
             .map_err(|_| Elapsed),
         Some(body) => deadline.after_body(send, body).await,
     };
-    let idle = target.route.response_idle_timeout;
+    let blame = Blame {
+        started,
+        body: watch.as_ref().map_or(BodyState::Ended, |w| w.get()),
+        clients_deadline: deadline.client.is_some(),
+        resendable: upstream::resendable(&parts.method),
+    };
+    let idle = (target.route.response_idle_timeout, watch);
     let result = result.map(|sent| {
         sent.map(|(resp, reused)| {
             let resp = resp.map(|b| b.until_end(slot, idle, &cluster.metrics.response_stalls));
             (resp, reused)
         })
     });
-    let blame = Blame {
-        started,
-        body: watch.map_or(BodyState::Ended, |w| w.get()),
-        clients_deadline: deadline.client.is_some(),
-    };
     outcome(cluster, &endpoint, blame, result)
 }
 
@@ -693,6 +696,9 @@ struct Blame {
     body: BodyState,
     /// The deadline was the client's own (`grpc-timeout`), shorter than the route's.
     clients_deadline: bool,
+    /// A safe method: may go again after a connection ended with no answer (it may have
+    /// been carried out).
+    resendable: bool,
 }
 
 /// The answer to a request whose body failed on the client's side, however the upstream
@@ -730,7 +736,7 @@ fn outcome(
     blame: Blame,
     result: Result<Result<(upstream::UpstreamResponse, bool), upstream::SendError>, Elapsed>,
 ) -> Attempt {
-    let eject = |e: &upstream::Endpoint| cluster.record_failure(e);
+    let eject = |e: &upstream::Endpoint, gateway: bool| cluster.record_failure(e, gateway);
     match result {
         // A client that stalls its body or sets a short deadline must not get endpoints ejected.
         Err(_) if !matches!(blame.body, BodyState::Ended | BodyState::Held | BodyState::Unread) => {
@@ -742,7 +748,7 @@ fn outcome(
         Err(_) => {
             endpoint.observe_latency(blame.started.elapsed());
             if !blame.clients_deadline {
-                eject(endpoint);
+                eject(endpoint, true);
             }
             Attempt::Final(status_response(StatusCode::GATEWAY_TIMEOUT, "upstream timeout\n"))
         }
@@ -750,11 +756,11 @@ fn outcome(
             if let Some(resp) = client_body_failure(&*e.error, blame.body) {
                 return Attempt::Final(resp);
             }
-            eject(endpoint);
+            eject(endpoint, true);
             tracing::debug!(upstream = %cluster.name, endpoint = %endpoint.authority, error = %error_chain(&*e.error), "upstream request failed");
             if e.connect {
                 Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream connect failed\n"))
-            } else if e.unanswered {
+            } else if e.unsent || (e.unanswered && blame.resendable) {
                 Attempt::Retryable(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
             } else {
                 Attempt::Final(status_response(StatusCode::BAD_GATEWAY, "upstream request failed\n"))
@@ -769,7 +775,7 @@ fn outcome(
             }
             let status = resp.status();
             if status.is_server_error() {
-                eject(endpoint);
+                eject(endpoint, matches!(status.as_u16(), 502..=504));
             } else {
                 endpoint.record_success();
             }

@@ -32,4 +32,19 @@ impl Wait {
     pub fn progressed(&mut self) {
         self.armed = false;
     }
+
+    /// After `expired` said true while the other side moved at `at`: waits `limit` from
+    /// there instead; false once that has passed too.
+    pub fn moved_at(&mut self, cx: &mut Context<'_>, at: std::time::Instant, limit: Duration) -> bool {
+        let deadline = tokio::time::Instant::from_std(at) + limit;
+        if deadline <= tokio::time::Instant::now() {
+            return false;
+        }
+        if let Some(t) = &mut self.timer {
+            t.as_mut().reset(deadline);
+            // Registers the waker; a deadline still ahead is pending.
+            let _ = t.as_mut().poll(cx);
+        }
+        true
+    }
 }

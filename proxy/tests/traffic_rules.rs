@@ -283,6 +283,9 @@ async fn paths_are_routed_on_segments_after_normalization() {
     let (s, body) = status_of("/api%2F..%2Fadmin").await;
     assert_eq!(s, "200");
     assert!(body.contains("up /api%2F..%2Fadmin 0"), "{body}");
+    // A % without two hex digits is refused: /%6%61 would be /%6a, then /j to an upstream.
+    assert_eq!(status_of("/%6%61").await.0, "400");
+    assert_eq!(status_of("/api/x").await.0, "418", "still serving");
     proxy.running.drain();
 }
 

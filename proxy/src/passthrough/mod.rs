@@ -144,7 +144,7 @@ async fn connect(cluster: &UpstreamCluster) -> Option<(TcpStream, EndpointSlot)>
             return Some((tcp, slot));
         }
         cluster.metrics.connect_error.inc();
-        cluster.record_failure(&endpoint);
+        cluster.record_failure(&endpoint, true);
     }
     None
 }

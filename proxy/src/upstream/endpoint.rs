@@ -15,13 +15,13 @@ pub fn now_ms() -> u64 {
 /// Peak-EWMA decay time constant: a latency spike is believed at once and forgotten over ~10 s.
 const EWMA_TAU_MS: f64 = 10_000.0;
 
-/// What a failure (a 5xx, a connect failure, a timeout) counts as in the latency estimate, so
-/// that P2C keeps away from an endpoint that fails fast and is not ejected (the cap of
-/// `maxEjectionPercent`, or failures below `consecutiveFailures`): without it, a refused
-/// connection looks like the fastest answer there is, and such an endpoint would draw most of
-/// the traffic. It decays like any sample (`cost`): the endpoint is tried again within about
-/// a minute beside endpoints answering in a millisecond, sooner beside slower ones.
-const FAILURE_PENALTY: Duration = Duration::from_secs(1);
+/// How long P2C shuns an endpoint per gateway failure in a row (a connect failure, a timeout,
+/// 502–504), up to `SHUN_MAX`: a shunned endpoint loses every draw against one that is not, so
+/// an endpoint that fails fast and is not ejected (the cap of `maxEjectionPercent`, or
+/// failures below `consecutiveFailures`) does not draw the traffic its quick failures would
+/// win it by latency, whatever the others' load. Once the time is up, one request tries it.
+const SHUN_STEP_MS: u64 = 1_000;
+const SHUN_MAX_MS: u64 = 30_000;
 
 pub struct Endpoint {
     /// `host:port`, the request URI's authority and the pool key.
@@ -31,6 +31,9 @@ pub struct Endpoint {
     pub in_flight: AtomicU32,
     consecutive_failures: AtomicU32,
     ejected_until_ms: AtomicU64,
+    /// Gateway failures in a row (reset by a success), and until when P2C shuns it.
+    failure_streak: AtomicU32,
+    shunned_until_ms: AtomicU64,
     pub healthy: AtomicBool,
     /// Health-check results in a row against `healthy` (`health::judge`).
     pub(super) health_run: AtomicU32,
@@ -101,6 +104,8 @@ impl Endpoint {
             in_flight: AtomicU32::new(0),
             consecutive_failures: AtomicU32::new(0),
             ejected_until_ms: AtomicU64::new(0),
+            failure_streak: AtomicU32::new(0),
+            shunned_until_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
             health_run: AtomicU32::new(0),
             permits: Semaphore::new(max_connections as usize),
@@ -137,9 +142,21 @@ impl Endpoint {
         decayed.max(1.0) * (self.in_flight.load(Ordering::Relaxed) as f64 + 1.0)
     }
 
-    /// A failure, in the latency estimate (`FAILURE_PENALTY`).
-    pub fn penalize(&self) {
-        self.observe_latency(FAILURE_PENALTY);
+    /// A gateway failure: shunned by P2C for `SHUN_STEP_MS` per failure in a row, at most
+    /// `SHUN_MAX_MS`.
+    pub fn shun(&self) {
+        let streak = u64::from(self.failure_streak.fetch_add(1, Ordering::Relaxed)) + 1;
+        let until = now_ms() + (streak * SHUN_STEP_MS).min(SHUN_MAX_MS);
+        self.shunned_until_ms.store(until, Ordering::Relaxed);
+    }
+
+    pub fn is_shunned(&self, now: u64) -> bool {
+        self.shunned_until_ms.load(Ordering::Relaxed) > now
+    }
+
+    /// Available and not shunned: P2C's first tier.
+    fn fine(&self, now: u64) -> bool {
+        self.available(now) && !self.is_shunned(now)
     }
 
     /// Peak EWMA: a slower sample replaces the estimate, faster ones pull it down with decay.
@@ -158,8 +175,12 @@ impl Endpoint {
     }
 
     pub fn record_success(&self) {
+        // Read first: the rule is nothing to reset, and a load writes no shared cache line.
         if self.consecutive_failures.load(Ordering::Relaxed) != 0 {
             self.consecutive_failures.store(0, Ordering::Relaxed);
+        }
+        if self.failure_streak.load(Ordering::Relaxed) != 0 {
+            self.failure_streak.store(0, Ordering::Relaxed);
         }
     }
 
@@ -198,8 +219,8 @@ impl Endpoint {
     }
 }
 
-/// Power of two choices over the available endpoints; when none is available (all ejected or
-/// unhealthy) every endpoint is a candidate, as a fail-open.
+/// Power of two choices over the endpoints in tiers: those available and not shunned, else
+/// those available, else all of them (fail-open: all ejected or unhealthy).
 pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<Endpoint>> {
     match endpoints.len() {
         0 => None,
@@ -208,12 +229,14 @@ pub fn pick(endpoints: &[std::sync::Arc<Endpoint>]) -> Option<&std::sync::Arc<En
             let now = now_ms();
             let (a, b) = two_of(n);
             let (ea, eb) = (&endpoints[a], &endpoints[b]);
-            if ea.available(now) && eb.available(now) {
+            if ea.fine(now) && eb.fine(now) {
                 return Some(cheaper(ea, eb, now));
             }
-            // Some are out: the two drawn among those left (an available one drawn beside an
-            // ejected one is not handed the request unweighed), or any when none is left.
-            p2c_among(endpoints, |e| e.available(now), now).or(Some(ea))
+            // Some are out: the two drawn again among the best tier left (one drawn beside an
+            // ejected or shunned one is not handed the request unweighed).
+            p2c_among(endpoints, |e| e.fine(now), now)
+                .or_else(|| p2c_among(endpoints, |e| e.available(now), now))
+                .or(Some(ea))
         }
     }
 }
@@ -278,12 +301,14 @@ pub fn pick_avoiding<'a>(
         return endpoints.first();
     }
     let now = now_ms();
-    p2c_among(endpoints, |e| &e.authority != avoid && e.available(now), now).or_else(|| {
-        endpoints
-            .iter()
-            .find(|e| &e.authority == avoid && e.available(now))
-            .or_else(|| endpoints.iter().find(|e| &e.authority != avoid))
-    })
+    p2c_among(endpoints, |e| &e.authority != avoid && e.fine(now), now)
+        .or_else(|| p2c_among(endpoints, |e| &e.authority != avoid && e.available(now), now))
+        .or_else(|| {
+            endpoints
+                .iter()
+                .find(|e| &e.authority == avoid && e.available(now))
+                .or_else(|| endpoints.iter().find(|e| &e.authority != avoid))
+        })
 }
 
 #[cfg(test)]
@@ -361,18 +386,31 @@ mod tests {
     }
 
     #[test]
-    fn an_endpoint_that_fails_fast_is_avoided_then_tried_again_in_time() {
+    fn an_endpoint_that_fails_fast_is_shunned_whatever_the_others_load() {
         let eps: Vec<_> = (1..=2).map(ep).collect();
-        eps[1].observe_latency(Duration::from_millis(2));
-        // A refused connection is the fastest answer there is; counted as a failure, it is
-        // the costliest.
-        eps[0].penalize();
+        // The other is slow and busy; a refused connection is the fastest answer there is.
+        eps[1].observe_latency(Duration::from_millis(500));
+        eps[1].in_flight.store(1000, Ordering::Relaxed);
+        eps[0].shun();
         for _ in 0..100 {
             assert_eq!(pick(&eps).unwrap().authority, eps[1].authority);
         }
         let now = now_ms();
-        assert!(eps[0].cost(now + 60_000) < eps[0].cost(now) / 100.0, "decays unsampled");
-        assert!(eps[0].cost(now + 120_000) < eps[1].cost(now), "tried again");
+        assert!(!eps[0].is_shunned(now + 1_001), "one failure: a second");
+        eps[0].shun();
+        eps[0].shun();
+        assert!(eps[0].is_shunned(now + 2_500), "three in a row: three seconds");
+        eps[0].record_success();
+        eps[0].shun();
+        assert!(!eps[0].is_shunned(now + 1_500), "a success starts the streak again");
+    }
+
+    #[test]
+    fn a_slow_estimate_decays_unsampled() {
+        let e = ep(1);
+        e.observe_latency(Duration::from_secs(1));
+        let now = now_ms();
+        assert!(e.cost(now + 60_000) < e.cost(now) / 100.0);
     }
 
     #[test]
@@ -381,7 +419,7 @@ mod tests {
         // (e0, e1) must not hand e1 the request unweighed.
         let eps: Vec<_> = (1..=3).map(ep).collect();
         eps[0].record_failure(1, Duration::from_secs(60));
-        eps[1].penalize();
+        eps[1].shun();
         eps[2].observe_latency(Duration::from_millis(2));
         for _ in 0..200 {
             assert_eq!(pick(&eps).unwrap().authority, eps[2].authority);

@@ -20,6 +20,7 @@ use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
+pub use h1relay::resendable;
 pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
 pub use pool::UpstreamConnector;
 pub use read_ahead::{ClientStalled, StreamCut};
@@ -46,6 +47,9 @@ pub struct UpstreamCluster {
     connector: UpstreamConnector,
     pub scheme: http::uri::Scheme,
     pub metrics: UpstreamMetrics,
+    /// Held while an ejection is weighed against `maxEjectionPercent` (rare: a threshold
+    /// reached), so endpoints failing together cannot all pass the cap at once.
+    ejecting: std::sync::Mutex<()>,
 }
 
 impl std::fmt::Debug for UpstreamCluster {
@@ -60,10 +64,12 @@ impl std::fmt::Debug for UpstreamCluster {
 pub struct SendError {
     /// The connection could not be made (safe to retry elsewhere).
     pub connect: bool,
-    /// No answer came, and the upstream may not have taken the request in: never sent, refused
-    /// (HTTP/2 REFUSED_STREAM, or above a GOAWAY's last stream, RFC 9113 §8.7), or an HTTP/1.1
-    /// connection that ended before a byte of answer. An idempotent request may go to another
-    /// endpoint (the route's `retries`), as nginx's `proxy_next_upstream error` does.
+    /// The upstream did not take the request in, for sure: never sent, or refused (HTTP/2
+    /// REFUSED_STREAM, or above a GOAWAY's last stream, RFC 9113 §8.7). Any idempotent request
+    /// may go to another endpoint (the route's `retries`).
+    pub unsent: bool,
+    /// No byte of answer came on an HTTP/1.1 connection that ended: the upstream may have
+    /// carried the request out, so only a safe method goes again (as the pool's own resend).
     pub unanswered: bool,
     #[source]
     pub error: Box<dyn std::error::Error + Send + Sync>,
@@ -120,6 +126,7 @@ impl UpstreamCluster {
             connector,
             scheme,
             metrics,
+            ejecting: Default::default(),
         });
         if cluster.h1.is_some() {
             tokio::spawn(h1pool::reap_until_dropped(Arc::downgrade(&cluster)));
@@ -164,6 +171,7 @@ impl UpstreamCluster {
             (_, Some(h1), Some(h2)) => self.learn(endpoint, h1, h2, req).await,
             _ => Err(SendError {
                 connect: false,
+                unsent: false,
                 unanswered: false,
                 error: "no connection pool for this upstream".into(),
             }),
@@ -180,6 +188,7 @@ impl UpstreamCluster {
     ) -> Result<(UpstreamResponse, bool), SendError> {
         let io = self.connector.dial(&endpoint.authority).await.map_err(|e| SendError {
             connect: true,
+            unsent: false,
             unanswered: false,
             error: Box::new(e),
         })?;
@@ -208,6 +217,7 @@ impl UpstreamCluster {
         let Some(h1) = h1 else {
             return Err(SendError {
                 connect: false,
+                unsent: false,
                 unanswered: false,
                 error: "upgrades need an HTTP/1.1 upstream (protocol: http1 for TLS upstreams)".into(),
             });
@@ -277,11 +287,8 @@ fn h1_error(e: h1pool::H1Error) -> SendError {
     use h1pool::H1Error;
     SendError {
         connect: matches!(e, H1Error::Connect(_) | H1Error::Handshake { .. }),
-        unanswered: match &e {
-            H1Error::Relay(r) => r.unanswered(),
-            H1Error::Request(h) => h.is_canceled(),
-            _ => false,
-        },
+        unsent: matches!(&e, H1Error::Request(h) if h.is_canceled()),
+        unanswered: matches!(&e, H1Error::Relay(r) if r.unanswered()),
         error: Box::new(e),
     }
 }
@@ -290,7 +297,8 @@ fn h2_error(e: h2pool::H2Error) -> SendError {
     use h2pool::H2Error;
     SendError {
         connect: matches!(e, H2Error::Connect(_) | H2Error::Handshake { .. }),
-        unanswered: matches!(&e, H2Error::Request(h) if h.is_canceled() || refused(h)),
+        unsent: matches!(&e, H2Error::Request(h) if h.is_canceled() || refused(h)),
+        unanswered: false,
         error: Box::new(e),
     }
 }

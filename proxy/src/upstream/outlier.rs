@@ -11,18 +11,25 @@ pub fn may_eject(ejected: usize, total: usize, max_percent: u32) -> bool {
 }
 
 impl UpstreamCluster {
-    /// Counts a failure of `endpoint` (a 5xx, a connect failure, a timeout): in its latency
-    /// estimate, so P2C prefers others, and towards its ejection, made when it is due and the
-    /// cap allows; counted and logged when it is ejected.
-    pub fn record_failure(&self, endpoint: &Endpoint) {
-        endpoint.penalize();
+    /// Counts a failure of `endpoint` (a 5xx, a connect failure, a timeout): a `gateway` one
+    /// (not an application's 500) makes P2C shun it for a while (`Endpoint::shun`); every one
+    /// counts towards its ejection, made when it is due and the cap allows (counted and logged).
+    pub fn record_failure(&self, endpoint: &Endpoint, gateway: bool) {
+        if gateway {
+            endpoint.shun();
+        }
         let od = &self.config.outlier_detection;
         if !endpoint.failure_reaches(od.consecutive_failures) {
             return;
         }
+        // Poisoned only by a panic elsewhere while held, which nothing here can do.
+        let _held = self.ejecting.lock().unwrap_or_else(|p| p.into_inner());
         let endpoints = self.endpoints.load();
         let now = now_ms();
-        let ejected = endpoints.iter().filter(|e| e.is_ejected(now)).count();
+        let ejected = endpoints
+            .iter()
+            .filter(|e| e.authority != endpoint.authority && e.is_ejected(now))
+            .count();
         if !may_eject(ejected, endpoints.len(), od.max_ejection_percent) {
             tracing::debug!(upstream = %self.name, endpoint = %endpoint.authority, ejected, "endpoint failing but kept: outlierDetection.maxEjectionPercent reached");
             return;

@@ -50,6 +50,21 @@ struct Idle {
     limit: Duration,
     wait: crate::stall::Wait,
     stalls: Counter,
+    /// The request body streaming beside the answer (a gRPC bidirectional call): its parts
+    /// count as activity too, as in Envoy's stream idle timeout, so a server that waits on its
+    /// client is not cut off.
+    request: Option<crate::body::BodyWatch>,
+}
+
+impl Idle {
+    /// After the timer ran out: whether the stream was quiet both ways for the whole limit
+    /// (else the timer now runs from the request body's last part).
+    fn quiet(&mut self, cx: &mut Context<'_>) -> bool {
+        match &self.request {
+            Some(r) => !self.wait.moved_at(cx, r.last_progress(), self.limit),
+            None => true,
+        }
+    }
 }
 
 impl FromUpstream {
@@ -61,10 +76,15 @@ impl FromUpstream {
         }
     }
 
-    /// The body holds `slot` until it ends, and fails once the upstream sends nothing for
-    /// `idle` (counted in `stalls`). A body that has ended (the rule for a small answer over
-    /// HTTP/1.1) gives the slot back at once.
-    pub fn until_end(mut self, slot: EndpointSlot, idle: Duration, stalls: &Counter) -> Self {
+    /// The body holds `slot` until its last part is read, and fails once neither the upstream
+    /// nor the client's streamed `request` body sends anything for `idle` (counted in
+    /// `stalls`). A body that has ended (an empty one) gives the slot back at once.
+    pub fn until_end(
+        mut self,
+        slot: EndpointSlot,
+        (idle, request): (Duration, Option<crate::body::BodyWatch>),
+        stalls: &Counter,
+    ) -> Self {
         if self.is_end_stream() {
             return self;
         }
@@ -73,6 +93,7 @@ impl FromUpstream {
             limit: idle,
             wait: Default::default(),
             stalls: stalls.clone(),
+            request,
         });
         self
     }
@@ -82,10 +103,8 @@ impl FromUpstream {
     /// the client falls behind and stays too slow for `limit` (`read_ahead`); a body that has
     /// ended is as it is. The task owns what the body holds, and its idle timer.
     pub fn read_ahead(self, limit: Duration, cut: Option<StreamCut>) -> Self {
-        match &self.source {
-            Source::Hyper { inner } if !inner.is_end_stream() => {}
-            Source::Relay { inner } if !inner.is_end_stream() => {}
-            _ => return self,
+        if matches!(self.source, Source::Ahead { .. }) || self.source.is_end_stream() {
+            return self;
         }
         Self::of(Source::Ahead {
             inner: ReadAhead::start(self, limit, cut),
@@ -112,18 +131,27 @@ impl Body for FromUpstream {
     type Error = BoxError;
 
     fn poll_frame(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
-        let this = self.project();
-        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match this.source.project() {
+        let mut this = self.project();
+        let polled: Poll<Option<Result<Frame<Bytes>, BoxError>>> = match this.source.as_mut().project() {
             SourceProj::Hyper { inner } => inner.poll_frame(cx).map_err(Into::into),
             SourceProj::Relay { inner } => inner.poll_frame(cx).map_err(Into::into),
             SourceProj::Ahead { inner } => inner.poll_frame(cx),
         };
-        match (&polled, this.idle.as_mut()) {
-            (Poll::Ready(Some(Ok(_))), Some(idle)) => idle.wait.progressed(),
-            (Poll::Ready(Some(Ok(_))), None) | (Poll::Pending, None) => {}
-            (Poll::Ready(_), _) => *this.slot = None,
-            (Poll::Pending, Some(idle)) => {
-                if idle.wait.expired(cx, idle.limit) {
+        match &polled {
+            Poll::Ready(Some(Ok(_))) => {
+                if let Some(idle) = this.idle.as_mut() {
+                    idle.wait.progressed();
+                }
+                // The last part read: what it held is free, though the client may not have
+                // taken the part yet.
+                if this.source.is_end_stream() {
+                    *this.slot = None;
+                }
+            }
+            Poll::Ready(_) => *this.slot = None,
+            Poll::Pending => {
+                let stalled = this.idle.as_mut().is_some_and(|i| i.wait.expired(cx, i.limit) && i.quiet(cx));
+                if let Some(idle) = this.idle.take_if(|_| stalled) {
                     idle.stalls.inc();
                     *this.slot = None;
                     return Poll::Ready(Some(Err(UpstreamStalled(idle.limit).into())));
@@ -134,11 +162,7 @@ impl Body for FromUpstream {
     }
 
     fn is_end_stream(&self) -> bool {
-        match &self.source {
-            Source::Hyper { inner } => inner.is_end_stream(),
-            Source::Relay { inner } => inner.is_end_stream(),
-            Source::Ahead { inner } => inner.is_end_stream(),
-        }
+        self.source.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -146,6 +170,16 @@ impl Body for FromUpstream {
             Source::Hyper { inner } => inner.size_hint(),
             Source::Relay { inner } => inner.size_hint(),
             Source::Ahead { inner } => inner.size_hint(),
+        }
+    }
+}
+
+impl Source {
+    fn is_end_stream(&self) -> bool {
+        match self {
+            Source::Hyper { inner } => inner.is_end_stream(),
+            Source::Relay { inner } => inner.is_end_stream(),
+            Source::Ahead { inner } => inner.is_end_stream(),
         }
     }
 }
