@@ -161,7 +161,10 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             errors,
         );
         if u.outlier_detection.max_ejection_percent > 100 {
-            errors.push(err(format!("{f}.outlierDetection.maxEjectionPercent"), "must be within 0-100"));
+            errors.push(err(
+                format!("{f}.outlierDetection.maxEjectionPercent"),
+                "must be within 0-100",
+            ));
         }
         if u.pool.max_connections_per_endpoint == 0 {
             errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));

@@ -28,7 +28,11 @@ pub fn normalized(path: &str) -> Result<Option<String>, BadEscape> {
     if !escaped && !path.contains("/.") {
         return Ok(None);
     }
-    let decoded = if escaped { decode_unreserved(path)? } else { Cow::Borrowed(path) };
+    let decoded = if escaped {
+        decode_unreserved(path)?
+    } else {
+        Cow::Borrowed(path)
+    };
     if !decoded.contains("/.") {
         return Ok(match decoded {
             Cow::Owned(s) => Some(s),
@@ -53,7 +57,11 @@ fn decode_unreserved(path: &str) -> Result<Cow<'_, str>, BadEscape> {
     let mut out: Option<Vec<u8>> = None;
     let mut i = 0;
     while i < b.len() {
-        let decoded = match (b[i], b.get(i + 1).copied().and_then(hex), b.get(i + 2).copied().and_then(hex)) {
+        let decoded = match (
+            b[i],
+            b.get(i + 1).copied().and_then(hex),
+            b.get(i + 2).copied().and_then(hex),
+        ) {
             (b'%', Some(h), Some(l)) => Some(h << 4 | l).filter(|c| is_unreserved(*c)),
             (b'%', _, _) => return Err(BadEscape),
             _ => None,
@@ -138,7 +146,10 @@ mod tests {
     #[test]
     fn dot_segments_with_a_path_parameter_are_dot_segments() {
         assert_eq!(normalized("/api/..;/admin").unwrap().as_deref(), Some("/admin"));
-        assert_eq!(normalized("/api/..;jsessionid=1/admin").unwrap().as_deref(), Some("/admin"));
+        assert_eq!(
+            normalized("/api/..;jsessionid=1/admin").unwrap().as_deref(),
+            Some("/admin")
+        );
         assert_eq!(normalized("/a/.;x/b").unwrap().as_deref(), Some("/a/b"));
         assert_eq!(normalized("/a/..x/b"), Ok(None));
     }

@@ -304,7 +304,9 @@ async fn a_refusing_h2_upstream() -> (std::net::SocketAddr, Arc<AtomicUsize>) {
         while let Ok((c, _)) = listener.accept().await {
             let count = count.clone();
             tokio::spawn(async move {
-                let Ok(mut conn) = h2::server::handshake(c).await else { return };
+                let Ok(mut conn) = h2::server::handshake(c).await else {
+                    return;
+                };
                 while let Some(Ok((_req, mut respond))) = conn.accept().await {
                     count.fetch_add(1, Ordering::SeqCst);
                     respond.send_reset(h2::Reason::REFUSED_STREAM);
@@ -408,7 +410,11 @@ upstreams:
             }
         }
         let m = metrics(&proxy).await;
-        assert_eq!(metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]), ejected, "{cap}: {m}");
+        assert_eq!(
+            metric_sum(&m, "proxyfleet_outlier_ejections_total", &[]),
+            ejected,
+            "{cap}: {m}"
+        );
         if ejected == 3.0 {
             assert_eq!(late_failures, 0, "every dead endpoint skipped");
         } else {
@@ -1464,28 +1470,41 @@ upstreams:
     // The first answer is open: the second request waits for its permit.
     let second = tokio::spawn(async move {
         let mut c = tokio::net::TcpStream::connect(a).await.unwrap();
-        c.write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").await.unwrap();
+        c.write_all(b"GET /2 HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
         let mut out = Vec::new();
         within("the second answer", c.read_to_end(&mut out)).await.unwrap();
         String::from_utf8_lossy(&out).into_owned()
     });
-    within("the first answer cut off", first.read_to_end(&mut got)).await.unwrap();
+    within("the first answer cut off", first.read_to_end(&mut got))
+        .await
+        .unwrap();
     let first = String::from_utf8_lossy(&got);
     assert!(first.starts_with("HTTP/1.1 200"), "{first}");
     assert!(!first.contains("\r\n0\r\n"), "cut off, not ended: {first}");
     let second = second.await.unwrap();
-    assert!(second.starts_with("HTTP/1.1 200") && second.contains("hello"), "{second}");
+    assert!(
+        second.starts_with("HTTP/1.1 200") && second.contains("hello"),
+        "{second}"
+    );
     assert!(!second.contains("\r\n0\r\n"), "{second}");
     // Over HTTP/2 (the answer read ahead of the client by a task): the stream is reset.
     let (mut h2, _conn) = h2_client(a).await;
-    let req = http::Request::get(format!("http://{a}/3")).body(Default::default()).unwrap();
+    let req = http::Request::get(format!("http://{a}/3"))
+        .body(Default::default())
+        .unwrap();
     let resp = within("the h2 head", h2.send_request(req)).await.unwrap();
     assert_eq!(resp.status(), 200);
     let body = within("the h2 body", http_body_util::BodyExt::collect(resp.into_body())).await;
     assert!(body.is_err(), "an h2 answer cut off ends in a reset");
     assert_eq!(most_open.load(Ordering::SeqCst), 1, "one upstream connection at a time");
     let m = metrics(&proxy).await;
-    assert_eq!(metric_sum(&m, "proxyfleet_upstream_response_stalls_total", &[]), 3.0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_upstream_response_stalls_total", &[]),
+        3.0,
+        "{m}"
+    );
     proxy.running.drain();
 }
 
@@ -1544,8 +1563,15 @@ upstreams: [{{name: u, endpoints: ["{addr}"]}}]
     let mut out = Vec::new();
     within("the answer", c.read_to_end(&mut out)).await.unwrap();
     let out = String::from_utf8_lossy(&out);
-    assert!(out.contains("hello") && out.contains("bye") && out.ends_with("0\r\n\r\n"), "{out}");
+    assert!(
+        out.contains("hello") && out.contains("bye") && out.ends_with("0\r\n\r\n"),
+        "{out}"
+    );
     let m = metrics(&proxy).await;
-    assert_eq!(metric_sum(&m, "proxyfleet_upstream_response_stalls_total", &[]), 0.0, "{m}");
+    assert_eq!(
+        metric_sum(&m, "proxyfleet_upstream_response_stalls_total", &[]),
+        0.0,
+        "{m}"
+    );
     proxy.running.drain();
 }

@@ -138,7 +138,11 @@ impl Endpoint {
     pub fn cost(&self, now: u64) -> f64 {
         let ewma = f64::from_bits(self.ewma_us.load(Ordering::Relaxed));
         let age = now.saturating_sub(self.ewma_stamp_ms.load(Ordering::Relaxed));
-        let decayed = if age == 0 { ewma } else { ewma * (-(age as f64) / EWMA_TAU_MS).exp() };
+        let decayed = if age == 0 {
+            ewma
+        } else {
+            ewma * (-(age as f64) / EWMA_TAU_MS).exp()
+        };
         decayed.max(1.0) * (self.in_flight.load(Ordering::Relaxed) as f64 + 1.0)
     }
 
@@ -252,7 +256,11 @@ fn two_of(n: usize) -> (usize, usize) {
 }
 
 /// The one of `a` and `b` with the lower `cost` (`a` on a tie).
-fn cheaper<'a>(a: &'a std::sync::Arc<Endpoint>, b: &'a std::sync::Arc<Endpoint>, now: u64) -> &'a std::sync::Arc<Endpoint> {
+fn cheaper<'a>(
+    a: &'a std::sync::Arc<Endpoint>,
+    b: &'a std::sync::Arc<Endpoint>,
+    now: u64,
+) -> &'a std::sync::Arc<Endpoint> {
     if a.cost(now) <= b.cost(now) {
         a
     } else {

@@ -20,8 +20,8 @@ use rustls::pki_types::ServerName;
 
 use proxyfleet_config::{Upstream, UpstreamProtocol};
 
-pub use h1relay::resendable;
 pub use endpoint::{now_ms, pick, pick_avoiding, Alpn, Endpoint, EndpointSlot};
+pub use h1relay::resendable;
 pub use pool::UpstreamConnector;
 pub use read_ahead::{ClientStalled, StreamCut};
 pub use response::UpstreamResponse;

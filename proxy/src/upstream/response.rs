@@ -150,7 +150,10 @@ impl Body for FromUpstream {
             }
             Poll::Ready(_) => *this.slot = None,
             Poll::Pending => {
-                let stalled = this.idle.as_mut().is_some_and(|i| i.wait.expired(cx, i.limit) && i.quiet(cx));
+                let stalled = this
+                    .idle
+                    .as_mut()
+                    .is_some_and(|i| i.wait.expired(cx, i.limit) && i.quiet(cx));
                 if let Some(idle) = this.idle.take_if(|_| stalled) {
                     idle.stalls.inc();
                     *this.slot = None;
