@@ -487,9 +487,17 @@ pub struct OutlierDetection {
     /// `always_eject_one_host`; `consecutiveFailures: 0` turns ejection off). An endpoint that fails past it stays in
     /// use, so a fault shared by many endpoints (an overload, a bad dependency) cannot send all
     /// the traffic to the few left. Default 10.
-    #[serde(default = "default_max_ejection_percent")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 0, max = 100))]
-    pub max_ejection_percent: u32,
+    pub max_ejection_percent: Option<u32>,
+}
+
+impl OutlierDetection {
+    /// `maxEjectionPercent`, defaulted. (Optional in the file so that a fleet's rendered
+    /// configuration, and so its revision, does not change when the operator gains it.)
+    pub fn max_ejection_percent(&self) -> u32 {
+        self.max_ejection_percent.unwrap_or(10)
+    }
 }
 
 /// Active health check.
@@ -506,14 +514,25 @@ pub struct HealthCheck {
     #[serde(default = "default_health_timeout")]
     pub timeout: HumanDuration,
     /// Failed checks in a row that take a healthy endpoint out (HAProxy's `fall`). Default 3.
-    #[serde(default = "default_unhealthy_threshold")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
-    pub unhealthy_threshold: u32,
+    pub unhealthy_threshold: Option<u32>,
     /// Passed checks in a row that bring an unhealthy endpoint back (HAProxy's `rise`).
     /// Default 2.
-    #[serde(default = "default_healthy_threshold")]
+    #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
-    pub healthy_threshold: u32,
+    pub healthy_threshold: Option<u32>,
+}
+
+impl HealthCheck {
+    /// `unhealthyThreshold` and `healthyThreshold`, defaulted. (Optional in the file so that
+    /// a fleet's rendered configuration does not change when the operator gains them.)
+    pub fn thresholds(&self) -> (u32, u32) {
+        (
+            self.unhealthy_threshold.unwrap_or(3),
+            self.healthy_threshold.unwrap_or(2),
+        )
+    }
 }
 
 /// The admin listener.
@@ -702,9 +721,6 @@ fn default_consecutive_failures() -> u32 {
 fn default_ejection_time() -> HumanDuration {
     HumanDuration::from_secs(10)
 }
-fn default_max_ejection_percent() -> u32 {
-    10
-}
 fn default_health_path() -> String {
     "/healthz".to_string()
 }
@@ -713,12 +729,6 @@ fn default_health_interval() -> HumanDuration {
 }
 fn default_health_timeout() -> HumanDuration {
     HumanDuration::from_secs(1)
-}
-fn default_unhealthy_threshold() -> u32 {
-    3
-}
-fn default_healthy_threshold() -> u32 {
-    2
 }
 fn default_admin_address() -> String {
     "0.0.0.0:9901".to_string()
@@ -757,7 +767,7 @@ impl Default for OutlierDetection {
         Self {
             consecutive_failures: default_consecutive_failures(),
             ejection_time: default_ejection_time(),
-            max_ejection_percent: default_max_ejection_percent(),
+            max_ejection_percent: None,
         }
     }
 }

@@ -160,7 +160,7 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             256 << 20,
             errors,
         );
-        if u.outlier_detection.max_ejection_percent > 100 {
+        if u.outlier_detection.max_ejection_percent() > 100 {
             errors.push(err(
                 format!("{f}.outlierDetection.maxEjectionPercent"),
                 "must be within 0-100",
@@ -176,10 +176,8 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
                 errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
             }
-            for (field, n) in [
-                ("unhealthyThreshold", hc.unhealthy_threshold),
-                ("healthyThreshold", hc.healthy_threshold),
-            ] {
+            let (fall, rise) = hc.thresholds();
+            for (field, n) in [("unhealthyThreshold", fall), ("healthyThreshold", rise)] {
                 if !(1..=100).contains(&n) {
                     errors.push(err(format!("{f}.healthCheck.{field}"), "must be within 1-100"));
                 }

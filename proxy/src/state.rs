@@ -231,16 +231,34 @@ fn keep_budgets(previous: &ProxyState, config: &ProxyConfig, routes: &mut [Compi
     }
 }
 
-/// A DNS upstream rebuilt (its TLS files changed, say) starts from the endpoints its
-/// predecessor resolved, not from none until its first lookup answers (every request would
-/// get 503 until then, longer if DNS fails just then), as Envoy warms a cluster first.
-fn carry_resolved(previous: Option<&ProxyState>, u: &proxyfleet_config::Upstream, next: &UpstreamCluster) {
+/// What a rebuilt upstream keeps of its predecessor's endpoints.
+/// - A DNS upstream (its TLS files changed, say) starts from the endpoints its predecessor
+///   resolved, not from none until its first lookup answers (every request would get 503
+///   until then, longer if DNS fails just then), as Envoy warms a cluster first.
+/// - When nothing but its endpoint list or outlier detection changed, the endpoints that
+///   remain are the same objects: their idle connections (no new handshakes after a scale-out
+///   that a reload carries), latency estimate, ejection and health.
+fn carry_endpoints(previous: Option<&ProxyState>, u: &proxyfleet_config::Upstream, next: &UpstreamCluster) {
     let Some(old) = previous.and_then(|p| p.upstreams.get(&u.name)) else {
         return;
     };
     if u.dns.is_some() && old.config.dns == u.dns {
         next.set_endpoints(old.endpoints.load().iter().map(|e| e.authority.clone()).collect());
     }
+    if old.material == next.material && same_connections(&old.config, u) {
+        next.adopt_endpoints(old);
+    }
+}
+
+/// Whether two upstreams open and keep the same connections: equal but for their endpoint
+/// list and outlier detection (read at each failure from the new cluster's config).
+fn same_connections(a: &proxyfleet_config::Upstream, b: &proxyfleet_config::Upstream) -> bool {
+    let strip = |u: &proxyfleet_config::Upstream| proxyfleet_config::Upstream {
+        endpoints: Vec::new(),
+        outlier_detection: Default::default(),
+        ..u.clone()
+    };
+    strip(a) == strip(b)
 }
 
 /// TLS listeners by name: the server config and the certificates it selects from.
@@ -269,7 +287,7 @@ impl ProxyState {
                 Some(c) => c,
                 None => {
                     let c = UpstreamCluster::build(u, material, metrics.upstream_handles(&u.name))?;
-                    carry_resolved(previous, u, &c);
+                    carry_endpoints(previous, u, &c);
                     c
                 }
             };

@@ -1575,3 +1575,47 @@ upstreams: [{{name: u, endpoints: ["{addr}"]}}]
     );
     proxy.running.drain();
 }
+
+/// A reload that changes an upstream's endpoint list (a scale-in) keeps the endpoints that
+/// remain as they were: the kept endpoint's pooled connection carries on, no new handshake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_of_the_endpoint_list_keeps_the_remaining_endpoints_connections() {
+    init();
+    let a = upstream("a", None, false).await;
+    let b = upstream("b", None, false).await;
+    let with = |endpoints: String| {
+        format!(
+            "listeners: [{{name: http, address: \"127.0.0.1:0\"}}]\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [{endpoints}], pool: {{idleTimeout: 60s}}}}]\n"
+        )
+    };
+    let proxy = start_proxy(
+        &tempdir("keep-endpoints"),
+        &with(format!("\"{}\", \"{}\"", a.addr, b.addr)),
+    )
+    .await;
+    let http = proxy.addr("http");
+    for i in 0..200 {
+        if a.stats.connections.load(Ordering::SeqCst) >= 1 {
+            break;
+        }
+        assert_eq!(get(http, "x", &format!("/before{i}")).await.0, 200);
+    }
+    let before = a.stats.connections.load(Ordering::SeqCst);
+    assert!(before >= 1, "a was never drawn");
+    let reloads = |m: &str| metric_sum(m, "proxyfleet_config_reloads_total", &["result=\"success\""]);
+    let done = reloads(&metrics(&proxy).await);
+    std::fs::write(&proxy.config_path, with(format!("\"{}\"", a.addr))).unwrap();
+    let m = metrics_when(&proxy, |m| reloads(m) > done).await;
+    assert!(reloads(&m) > done, "reloaded: {m}");
+    for i in 0..10 {
+        let (status, body) = get(http, "x", &format!("/after{i}")).await;
+        assert_eq!(status, 200);
+        assert!(body.starts_with("a "), "{body}");
+    }
+    assert_eq!(
+        a.stats.connections.load(Ordering::SeqCst),
+        before,
+        "a's pooled connection carried on"
+    );
+    proxy.running.drain();
+}

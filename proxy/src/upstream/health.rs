@@ -62,7 +62,8 @@ async fn probe_and_judge(c: &UpstreamCluster, hc: &HealthCheck, e: &Arc<Endpoint
         healthy: e.healthy.load(Ordering::Relaxed),
         against: e.health_run.load(Ordering::Relaxed),
     };
-    let next = judge(now, passed, hc.unhealthy_threshold, hc.healthy_threshold);
+    let (fall, rise) = hc.thresholds();
+    let next = judge(now, passed, fall, rise);
     e.health_run.store(next.against, Ordering::Relaxed);
     if next.healthy != now.healthy {
         e.healthy.store(next.healthy, Ordering::Relaxed);

@@ -225,6 +225,25 @@ impl UpstreamCluster {
         h1.send_upgrade(endpoint, req).await.map_err(h1_error)
     }
 
+    /// Takes `old`'s endpoint objects for the authorities both have (their pools, estimates,
+    /// ejection and health); the others stay new.
+    pub fn adopt_endpoints(&self, old: &UpstreamCluster) {
+        let theirs = old.endpoints.load();
+        let next: Vec<_> = self
+            .endpoints
+            .load()
+            .iter()
+            .map(|e| {
+                theirs
+                    .iter()
+                    .find(|o| o.authority == e.authority)
+                    .cloned()
+                    .unwrap_or_else(|| e.clone())
+            })
+            .collect();
+        self.endpoints.store(Arc::new(next));
+    }
+
     /// Replaces the endpoint set, keeping the state of endpoints that remain.
     pub fn set_endpoints(&self, authorities: Vec<http::uri::Authority>) {
         let current = self.endpoints.load();

@@ -30,7 +30,7 @@ impl UpstreamCluster {
             .iter()
             .filter(|e| e.authority != endpoint.authority && e.is_ejected(now))
             .count();
-        if !may_eject(ejected, endpoints.len(), od.max_ejection_percent) {
+        if !may_eject(ejected, endpoints.len(), od.max_ejection_percent()) {
             tracing::debug!(upstream = %self.name, endpoint = %endpoint.authority, ejected, "endpoint failing but kept: outlierDetection.maxEjectionPercent reached");
             return;
         }
