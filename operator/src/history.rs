@@ -219,7 +219,10 @@ pub fn undo_target<'a>(
 /// Pure: the JSON patch that writes `target`'s template fields back into `current` (the fleet
 /// as read): each field the target set replaces the current one whole (a merge patch would keep
 /// nested keys the target lacks, say a memory limit it never had), each it did not set is
-/// removed, so the template equals that revision. It applies only to the version read.
+/// removed, so the template equals that revision. It applies only to the spec read: its
+/// `generation` is tested, which a status write (the operator's, every few seconds during a
+/// rollout) leaves alone; a `resourceVersion` test failed on those with 422 (a fleet read
+/// without a generation still tests its resourceVersion).
 pub fn undo_patch(target: &ControllerRevision, current: &Value) -> Result<json_patch::Patch, UndoError> {
     let template = target
         .data
@@ -228,7 +231,9 @@ pub fn undo_patch(target: &ControllerRevision, current: &Value) -> Result<json_p
         .and_then(Value::as_object)
         .ok_or(UndoError::NoSpecData(target.revision))?;
     let mut ops = Vec::new();
-    if let Some(rv) = current.pointer("/metadata/resourceVersion") {
+    if let Some(generation) = current.pointer("/metadata/generation") {
+        ops.push(serde_json::json!({"op": "test", "path": "/metadata/generation", "value": generation}));
+    } else if let Some(rv) = current.pointer("/metadata/resourceVersion") {
         ops.push(serde_json::json!({"op": "test", "path": "/metadata/resourceVersion", "value": rv}));
     }
     for field in fields_of(target) {
@@ -399,7 +404,7 @@ mod tests {
     fn undo_restores_the_template_exactly_and_clears_what_it_did_not_set() {
         // The fleet now: an image, a memory limit and tracing the kept revision never had.
         let current = serde_json::json!({
-            "metadata": {"name": "web", "resourceVersion": "42"},
+            "metadata": {"name": "web", "resourceVersion": "42", "generation": 5},
             "spec": {"replicas": 3, "image": "b", "routes": [{"name": "r"}],
                      "resources": {"limits": {"memory": "128Mi"}}, "tracing": {"sampleRatio": 1.0},
                      "strategy": {"canary": {"steps": []}}},
@@ -415,9 +420,12 @@ mod tests {
                                "strategy": {"canary": {"steps": []}}}),
             "only the template changed, and it is the kept revision's"
         );
-        // Only to the version read.
+        // Only to the spec read: a status write since is no conflict, a spec change is.
+        let mut status_written = current.clone();
+        status_written["metadata"]["resourceVersion"] = "43".into();
+        assert!(json_patch::patch(&mut status_written, &patch).is_ok());
         let mut moved_on = current.clone();
-        moved_on["metadata"]["resourceVersion"] = "43".into();
+        moved_on["metadata"]["generation"] = 6.into();
         assert!(json_patch::patch(&mut moved_on, &patch).is_err());
         let patch = undo_patch(&cr("bbbb", 2, Some("b2")), &current).unwrap();
         let mut undone = current.clone();
