@@ -426,11 +426,24 @@ pub struct UpstreamHttp2 {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 65535, max = 268435456))]
     pub connection_window_bytes: Option<u32>,
+    /// Streams one connection carries at once: past it, the proxy opens another connection to
+    /// the endpoint (as Envoy's pool does past a connection's limit), so long-lived streams
+    /// (server-sent events, watches, gRPC streams) do not queue the requests behind them.
+    /// Default 100, the least RFC 9113 asks a server to allow; set it to the upstream's own
+    /// SETTINGS_MAX_CONCURRENT_STREAMS when that is lower.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1, max = 100000))]
+    pub max_concurrent_streams: Option<u32>,
 }
 
 impl UpstreamHttp2 {
     fn is_default(&self) -> bool {
         *self == Self::default()
+    }
+
+    /// `maxConcurrentStreams`, defaulted.
+    pub fn max_concurrent_streams(&self) -> u32 {
+        self.max_concurrent_streams.unwrap_or(100)
     }
 
     /// The stream window, defaulted.

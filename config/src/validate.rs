@@ -160,6 +160,12 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             256 << 20,
             errors,
         );
+        if u.http2
+            .max_concurrent_streams
+            .is_some_and(|n| !(1..=100_000).contains(&n))
+        {
+            errors.push(err(format!("{f}.http2.maxConcurrentStreams"), "must be 1 to 100000"));
+        }
         if u.outlier_detection.max_ejection_percent() > 100 {
             errors.push(err(
                 format!("{f}.outlierDetection.maxEjectionPercent"),

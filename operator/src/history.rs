@@ -231,6 +231,10 @@ pub fn undo_patch(target: &ControllerRevision, current: &Value) -> Result<json_p
         .and_then(Value::as_object)
         .ok_or(UndoError::NoSpecData(target.revision))?;
     let mut ops = Vec::new();
+    // The same object: one deleted and made again under the name starts its generations anew.
+    if let Some(uid) = current.pointer("/metadata/uid") {
+        ops.push(serde_json::json!({"op": "test", "path": "/metadata/uid", "value": uid}));
+    }
     if let Some(generation) = current.pointer("/metadata/generation") {
         ops.push(serde_json::json!({"op": "test", "path": "/metadata/generation", "value": generation}));
     } else if let Some(rv) = current.pointer("/metadata/resourceVersion") {
@@ -404,7 +408,7 @@ mod tests {
     fn undo_restores_the_template_exactly_and_clears_what_it_did_not_set() {
         // The fleet now: an image, a memory limit and tracing the kept revision never had.
         let current = serde_json::json!({
-            "metadata": {"name": "web", "resourceVersion": "42", "generation": 5},
+            "metadata": {"name": "web", "resourceVersion": "42", "generation": 5, "uid": "u1"},
             "spec": {"replicas": 3, "image": "b", "routes": [{"name": "r"}],
                      "resources": {"limits": {"memory": "128Mi"}}, "tracing": {"sampleRatio": 1.0},
                      "strategy": {"canary": {"steps": []}}},
@@ -427,6 +431,9 @@ mod tests {
         let mut moved_on = current.clone();
         moved_on["metadata"]["generation"] = 6.into();
         assert!(json_patch::patch(&mut moved_on, &patch).is_err());
+        let mut made_again = current.clone();
+        made_again["metadata"]["uid"] = "u2".into();
+        assert!(json_patch::patch(&mut made_again, &patch).is_err());
         let patch = undo_patch(&cr("bbbb", 2, Some("b2")), &current).unwrap();
         let mut undone = current.clone();
         json_patch::patch(&mut undone, &patch).unwrap();

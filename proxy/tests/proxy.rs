@@ -1619,3 +1619,70 @@ async fn a_reload_of_the_endpoint_list_keeps_the_remaining_endpoints_connections
     );
     proxy.running.drain();
 }
+
+/// An HTTP/2 upstream's connection carries at most `http2.maxConcurrentStreams` streams: past
+/// it the proxy opens another, instead of queueing the requests behind the ones in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstream_gets_another_connection_when_one_is_full() {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    init();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let connections = Arc::new(AtomicUsize::new(0));
+    let closed = Arc::new(AtomicUsize::new(0));
+    let (counted, ended) = (connections.clone(), closed.clone());
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            counted.fetch_add(1, Ordering::SeqCst);
+            let ended = ended.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(|_req| async {
+                    // Long enough that all six are in flight before the first ends.
+                    tokio::time::sleep(Duration::from_millis(1000)).await;
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                        bytes::Bytes::from_static(b"slow"),
+                    )))
+                });
+                let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
+                    .max_concurrent_streams(2)
+                    .serve_connection(TokioIo::new(tcp), svc)
+                    .await;
+                ended.fetch_add(1, Ordering::SeqCst);
+            });
+        }
+    });
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 10s}}]
+upstreams: [{{name: u, protocol: h2, endpoints: ["{addr}"], http2: {{maxConcurrentStreams: 2}}, pool: {{idleTimeout: 300ms}}}}]
+"#
+    );
+    let proxy = start_proxy(&tempdir("h2-streams"), &yaml).await;
+    let http = proxy.addr("http");
+    let calls: Vec<_> = (0..6)
+        .map(|i| tokio::spawn(async move { get(http, "x", &format!("/{i}")).await }))
+        .collect();
+    for call in calls {
+        let (status, body) = within("a slow answer", call).await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "slow"));
+    }
+    assert_eq!(connections.load(Ordering::SeqCst), 3, "six streams, two per connection");
+    // The streams ended: the connections take new ones.
+    assert_eq!(get(http, "x", "/again").await.0, 200);
+    assert_eq!(connections.load(Ordering::SeqCst), 3);
+    // The burst's two extra connections, idle past `pool.idleTimeout`, are closed; the first
+    // one carries on.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(get(http, "x", "/later").await.0, 200);
+    for _ in 0..250 {
+        if closed.load(Ordering::SeqCst) >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(closed.load(Ordering::SeqCst), 2, "the idle extras closed");
+    assert_eq!(connections.load(Ordering::SeqCst), 3, "no new dial");
+    proxy.running.drain();
+}

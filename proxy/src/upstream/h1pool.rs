@@ -358,7 +358,7 @@ fn whole_body(
 /// cluster is dropped.
 pub async fn reap_until_dropped(cluster: Weak<super::UpstreamCluster>) {
     loop {
-        let period = match cluster.upgrade() {
+        let period = match cluster.upgrade().filter(|c| !c.superseded()) {
             Some(c) => {
                 let Some(pool) = &c.h1 else { return };
                 let now = Instant::now();

@@ -1,8 +1,13 @@
-//! One multiplexed HTTP/2 connection per endpoint and worker for upstreams configured `protocol: h2` and
-//! TLS `auto` endpoints whose ALPN agreed on h2. Our own rather than hyper-util's client so the
-//! request's own host travels as `:authority` (RFC 9113 §8.3.1): that client keys its pool by
-//! the URI, which must then name the endpoint, and a `host` header would contradict it.
+//! Multiplexed HTTP/2 connections per endpoint and worker for upstreams configured
+//! `protocol: h2` and TLS `auto` endpoints whose ALPN agreed on h2: a request takes the oldest
+//! open connection with room for one more stream (`http2.maxConcurrentStreams`), and a new
+//! one is opened when all are full, as Envoy's pool does past a connection's stream limit
+//! (else streams past the upstream's SETTINGS limit would queue in the connection until the
+//! route's timeout). Our own rather than hyper-util's client so the request's own host travels
+//! as `:authority` (RFC 9113 §8.3.1): that client keys its pool by the URI, which must then
+//! name the endpoint, and a `host` header would contradict it.
 
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -10,29 +15,56 @@ use hyper::body::Incoming;
 use hyper::client::conn::http2;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 
-use super::endpoint::Endpoint;
+use super::endpoint::{now_ms, Endpoint};
 use super::pool::{ConnectError, UpstreamConnection, UpstreamConnector};
 use crate::body::UpstreamBody;
 
 type Sender = http2::SendRequest<UpstreamBody>;
 
-/// An endpoint's HTTP/2 connections, one per worker (`crate::workers`), as Envoy keeps one
-/// pool per worker: a connection's task runs on the worker that opened it, so one shared
-/// connection would put every worker's upstream I/O, TLS and body forwarding on one thread.
+/// An endpoint's HTTP/2 connections, one list per worker (`crate::workers`), as Envoy keeps one
+/// pool per worker: a connection's task runs on the worker that opened it, so shared
+/// connections would put every worker's upstream I/O, TLS and body forwarding on one thread.
 #[derive(Default)]
-pub struct H2Connection(crate::workers::PerWorker<WorkerConnection>);
+pub struct H2Connection(crate::workers::PerWorker<WorkerConnections>);
 
-/// One worker's connection: the sender to clone, and a lock that lets one request connect while
-/// the others wait for it instead of dialling too.
+/// One worker's connections, oldest first, and a lock that lets one request connect while the
+/// others wait for it instead of dialling too.
 #[derive(Default)]
-struct WorkerConnection {
-    sender: Mutex<Option<Sender>>,
+struct WorkerConnections {
+    open: Mutex<Vec<Conn>>,
     connecting: tokio::sync::Mutex<()>,
 }
 
+/// A connection and its load.
+struct Conn {
+    sender: Sender,
+    load: Arc<Load>,
+}
+
+/// The streams a connection carries (`StreamCount`s alive), and since when it carries none.
+#[derive(Default)]
+struct Load {
+    streams: AtomicU32,
+    idle_since_ms: AtomicU64,
+}
+
+/// A stream counted on its connection until dropped: the response body holds it until its
+/// last part is read (`response::FromUpstream`). A request body still streaming after the
+/// answer's end is no longer counted; the connection may then carry one stream more than the
+/// limit for that while, which the upstream's own limit queues.
+pub struct StreamCount(Arc<Load>);
+
+impl Drop for StreamCount {
+    fn drop(&mut self) {
+        if self.0.streams.fetch_sub(1, Ordering::Relaxed) == 1 {
+            self.0.idle_since_ms.store(now_ms(), Ordering::Relaxed);
+        }
+    }
+}
+
 impl H2Connection {
-    /// The calling worker's connection.
-    fn mine(&self) -> &WorkerConnection {
+    /// The calling worker's connections.
+    fn mine(&self) -> &WorkerConnections {
         self.0.mine()
     }
 }
@@ -52,36 +84,40 @@ pub enum H2Error {
 pub struct H2Pool {
     connector: UpstreamConnector,
     scheme: http::uri::Scheme,
-    /// `upstreams[].http2`: the receive windows.
+    /// `upstreams[].http2`: the receive windows, the streams per connection.
     windows: proxyfleet_config::UpstreamHttp2,
+    /// `pool.idleTimeout`: a connection past the first carrying nothing this long is closed.
+    idle_timeout_ms: u64,
     /// `auto` over TLS: a new connection must still agree on h2 (else the endpoint is learnt
     /// again).
     learns_alpn: bool,
 }
 
 impl H2Pool {
-    pub fn new(
-        connector: UpstreamConnector,
-        scheme: http::uri::Scheme,
-        windows: proxyfleet_config::UpstreamHttp2,
-        learns_alpn: bool,
-    ) -> Self {
+    pub fn new(connector: UpstreamConnector, scheme: http::uri::Scheme, config: &proxyfleet_config::Upstream) -> Self {
         Self {
             connector,
             scheme,
-            windows,
-            learns_alpn,
+            windows: config.http2.clone(),
+            idle_timeout_ms: config
+                .pool
+                .idle_timeout
+                .get()
+                .as_millis()
+                .try_into()
+                .unwrap_or(u64::MAX),
+            learns_alpn: config.tls.is_some() && config.protocol == proxyfleet_config::UpstreamProtocol::Auto,
         }
     }
 
-    /// Sends `req` (origin-form target, the client's Host in its headers) on the endpoint's
-    /// connection; the Host becomes `:authority`. Returns the response and whether the
-    /// connection was already open.
+    /// Sends `req` (origin-form target, the client's Host in its headers) on one of the
+    /// endpoint's connections; the Host becomes `:authority`. Returns the response, whether the
+    /// connection was already open, and the stream's count on it.
     pub async fn send(
         &self,
         endpoint: &Arc<Endpoint>,
         mut req: http::Request<UpstreamBody>,
-    ) -> Result<(http::Response<Incoming>, bool), H2Error> {
+    ) -> Result<(http::Response<Incoming>, bool, StreamCount), H2Error> {
         let host = req.headers_mut().remove(http::header::HOST);
         let authority = host
             .as_ref()
@@ -98,20 +134,32 @@ impl H2Pool {
             .path_and_query(pq)
             .build()?;
         *req.version_mut() = http::Version::HTTP_2;
-        let (mut sender, reused) = self.sender(endpoint).await?;
+        let (mut sender, stream, reused) = self.sender(endpoint).await?;
         let resp = sender.send_request(req).await.map_err(H2Error::Request)?;
-        Ok((resp, reused))
+        Ok((resp, reused, stream))
     }
 
-    async fn sender(&self, endpoint: &Endpoint) -> Result<(Sender, bool), H2Error> {
+    async fn sender(&self, endpoint: &Endpoint) -> Result<(Sender, StreamCount, bool), H2Error> {
         let mine = endpoint.h2.mine();
-        if let Some(s) = open(mine) {
-            return Ok((s, true));
+        let limit = self.windows.max_concurrent_streams();
+        let idle = self.idle_timeout_ms;
+        if let Some((s, n)) = room(mine, limit, idle) {
+            return Ok((s, n, true));
         }
         let _connecting = mine.connecting.lock().await;
-        if let Some(s) = open(mine) {
-            return Ok((s, true));
+        if let Some((s, n)) = room(mine, limit, idle) {
+            return Ok((s, n, true));
         }
+        match self.dial(endpoint, mine).await {
+            Ok((sender, load)) => Ok((sender, StreamCount(load), false)),
+            // Full connections still carry the request (the upstream queues it past its own
+            // limit), as it would have before another connection was tried.
+            Err(e) => least_loaded(mine).map(|(s, n)| (s, n, true)).ok_or(e),
+        }
+    }
+
+    /// A new connection for `worker`, carrying the request that dialled it.
+    async fn dial(&self, endpoint: &Endpoint, worker: &WorkerConnections) -> Result<(Sender, Arc<Load>), H2Error> {
         let io = self.connector.dial(&endpoint.authority).await?;
         if self.learns_alpn && !io.inner().negotiated_h2() {
             endpoint.learn_alpn(super::endpoint::Alpn::Unknown);
@@ -120,26 +168,30 @@ impl H2Pool {
                 now: "http/1.1",
             }));
         }
-        Ok((self.handshake(endpoint, mine, io).await?, false))
+        self.handshake(endpoint, worker, io, 1).await
     }
 
-    /// Makes `io`, a new connection that agreed on h2, the calling worker's connection to
-    /// `endpoint`.
+    /// Makes `io`, a new connection that agreed on h2, one of the calling worker's connections
+    /// to `endpoint` unless one has room already.
     pub async fn adopt(&self, endpoint: &Endpoint, io: TokioIo<UpstreamConnection>) -> Result<(), H2Error> {
         let mine = endpoint.h2.mine();
         let _connecting = mine.connecting.lock().await;
-        if open(mine).is_none() {
-            self.handshake(endpoint, mine, io).await?;
+        let limit = self.windows.max_concurrent_streams();
+        if room(mine, limit, self.idle_timeout_ms).is_none() {
+            self.handshake(endpoint, mine, io, 0).await?;
         }
         Ok(())
     }
 
+    /// Makes `io` a connection of `worker`'s, carrying `streams` already (the request that
+    /// opened it, whatever the limit: it waited for it).
     async fn handshake(
         &self,
         endpoint: &Endpoint,
-        slot: &WorkerConnection,
+        worker: &WorkerConnections,
         io: TokioIo<UpstreamConnection>,
-    ) -> Result<Sender, H2Error> {
+        streams: u32,
+    ) -> Result<(Sender, Arc<Load>), H2Error> {
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
@@ -158,13 +210,55 @@ impl H2Pool {
                 tracing::debug!(endpoint = %name, error = %e, "upstream HTTP/2 connection ended");
             }
         });
-        *slot.sender.lock().unwrap_or_else(|p| p.into_inner()) = Some(sender.clone());
-        Ok(sender)
+        let load = Arc::new(Load {
+            streams: AtomicU32::new(streams),
+            idle_since_ms: AtomicU64::new(now_ms()),
+        });
+        let mut open = worker.open.lock().unwrap_or_else(|p| p.into_inner());
+        open.push(Conn {
+            sender: sender.clone(),
+            load: load.clone(),
+        });
+        Ok((sender, load))
     }
 }
 
-/// The worker's connection, when it is open and takes requests.
-fn open(c: &WorkerConnection) -> Option<Sender> {
-    let guard = c.sender.lock().unwrap_or_else(|p| p.into_inner());
-    guard.as_ref().filter(|s| !s.is_closed()).cloned()
+/// The oldest open connection with room for one more stream, and that stream counted on it.
+/// Connections that closed are dropped from the list, and so are those past the first that
+/// carried nothing for `idle_ms` (`pool.idleTimeout`: a burst's extra connections), which
+/// closes them. (Under the list's lock, so two requests never both take a last room.)
+fn room(c: &WorkerConnections, limit: u32, idle_ms: u64) -> Option<(Sender, StreamCount)> {
+    let mut open = c.open.lock().unwrap_or_else(|p| p.into_inner());
+    open.retain(|c| !c.sender.is_closed());
+    if open.len() > 1 {
+        let now = now_ms();
+        let mut index = 0;
+        open.retain(|c| {
+            index += 1;
+            index == 1 || !c.load.idle_for(now, idle_ms)
+        });
+    }
+    let conn = open.iter().find(|c| c.load.streams.load(Ordering::Relaxed) < limit)?;
+    conn.load.streams.fetch_add(1, Ordering::Relaxed);
+    Some((conn.sender.clone(), StreamCount(conn.load.clone())))
+}
+
+/// The open connection carrying the fewest streams, that stream counted on it whatever the
+/// limit (a dial failed).
+fn least_loaded(c: &WorkerConnections) -> Option<(Sender, StreamCount)> {
+    let open = c.open.lock().unwrap_or_else(|p| p.into_inner());
+    let conn = open
+        .iter()
+        .filter(|c| !c.sender.is_closed())
+        .min_by_key(|c| c.load.streams.load(Ordering::Relaxed))?;
+    conn.load.streams.fetch_add(1, Ordering::Relaxed);
+    Some((conn.sender.clone(), StreamCount(conn.load.clone())))
+}
+
+impl Load {
+    /// Carries no stream, and has carried none for `idle_ms`.
+    fn idle_for(&self, now: u64, idle_ms: u64) -> bool {
+        self.streams.load(Ordering::Relaxed) == 0
+            && now.saturating_sub(self.idle_since_ms.load(Ordering::Relaxed)) >= idle_ms
+    }
 }

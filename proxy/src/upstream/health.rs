@@ -45,7 +45,9 @@ pub fn judge(now: Standing, passed: bool, fall: u32, rise: u32) -> Standing {
 /// Probes the cluster's endpoints until the cluster is dropped.
 pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
     loop {
-        let Some(c) = cluster.upgrade() else { return };
+        let Some(c) = cluster.upgrade().filter(|c| !c.superseded()) else {
+            return;
+        };
         let Some(hc) = c.config.health_check.clone() else {
             return;
         };

@@ -50,6 +50,8 @@ pub struct UpstreamCluster {
     /// Held while an ejection is weighed against `maxEjectionPercent` (rare: a threshold
     /// reached), so endpoints failing together cannot all pass the cap at once.
     ejecting: std::sync::Mutex<()>,
+    /// Set when a reload's cluster took over its endpoints: its background tasks stop.
+    superseded: std::sync::atomic::AtomicBool,
 }
 
 impl std::fmt::Debug for UpstreamCluster {
@@ -113,7 +115,7 @@ impl UpstreamCluster {
             ))
         });
         let h2 = (config.protocol == UpstreamProtocol::H2 || learns_alpn)
-            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone(), config.http2.clone(), learns_alpn));
+            .then(|| h2pool::H2Pool::new(connector.clone(), scheme.clone(), config));
         let endpoints = static_endpoints(config)?;
         let cluster = Arc::new(Self {
             name: name.into(),
@@ -127,6 +129,7 @@ impl UpstreamCluster {
             scheme,
             metrics,
             ejecting: Default::default(),
+            superseded: Default::default(),
         });
         if cluster.h1.is_some() {
             tokio::spawn(h1pool::reap_until_dropped(Arc::downgrade(&cluster)));
@@ -227,21 +230,28 @@ impl UpstreamCluster {
 
     /// Takes `old`'s endpoint objects for the authorities both have (their pools, estimates,
     /// ejection and health); the others stay new.
+    /// `old` is superseded: its background tasks stop, though a connection that outlives the
+    /// reload (a TCP pass-through) may keep it alive, so they never probe or reap the shared
+    /// endpoints twice. (A read-modify-write: a DNS answer stored meanwhile is not lost.)
     pub fn adopt_endpoints(&self, old: &UpstreamCluster) {
+        old.superseded.store(true, std::sync::atomic::Ordering::Relaxed);
         let theirs = old.endpoints.load();
-        let next: Vec<_> = self
-            .endpoints
-            .load()
-            .iter()
-            .map(|e| {
-                theirs
-                    .iter()
-                    .find(|o| o.authority == e.authority)
-                    .cloned()
-                    .unwrap_or_else(|| e.clone())
-            })
-            .collect();
-        self.endpoints.store(Arc::new(next));
+        self.endpoints.rcu(|mine| {
+            mine.iter()
+                .map(|e| {
+                    theirs
+                        .iter()
+                        .find(|o| o.authority == e.authority)
+                        .cloned()
+                        .unwrap_or_else(|| e.clone())
+                })
+                .collect::<Vec<_>>()
+        });
+    }
+
+    /// Replaced by a reload that took over its endpoints (`adopt_endpoints`).
+    pub fn superseded(&self) -> bool {
+        self.superseded.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Replaces the endpoint set, keeping the state of endpoints that remain.
@@ -298,8 +308,8 @@ async fn h2_send(
     endpoint: &Arc<Endpoint>,
     req: http::Request<UpstreamBody>,
 ) -> Result<(UpstreamResponse, bool), SendError> {
-    let (resp, reused) = h2.send(endpoint, req).await.map_err(h2_error)?;
-    Ok((resp.map(Into::into), reused))
+    let (resp, reused, stream) = h2.send(endpoint, req).await.map_err(h2_error)?;
+    Ok((resp.map(|b| response::FromUpstream::from(b).on_stream(stream)), reused))
 }
 
 fn h1_error(e: h1pool::H1Error) -> SendError {

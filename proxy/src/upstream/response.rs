@@ -19,6 +19,7 @@ use prometheus_client::metrics::counter::Counter;
 
 use super::endpoint::EndpointSlot;
 use super::h1relay::RelayBody;
+use super::h2pool::StreamCount;
 use super::read_ahead::{ReadAhead, StreamCut};
 
 /// The upstream sent no part of its response body for the route's `responseIdleTimeout`.
@@ -39,8 +40,9 @@ pin_project_lite::pin_project! {
     pub struct FromUpstream {
         #[pin]
         source: Source,
-        // Given back when the body ends, fails or is dropped.
+        // Given back when the body's last part is read, it fails, or it is dropped.
         slot: Option<EndpointSlot>,
+        stream: Option<StreamCount>,
         idle: Option<Idle>,
     }
 }
@@ -72,8 +74,17 @@ impl FromUpstream {
         Self {
             source,
             slot: None,
+            stream: None,
             idle: None,
         }
+    }
+
+    /// An HTTP/2 upstream's body holds its stream's count on the connection until it ends.
+    pub(super) fn on_stream(mut self, stream: StreamCount) -> Self {
+        if !self.is_end_stream() {
+            self.stream = Some(stream);
+        }
+        self
     }
 
     /// The body holds `slot` until its last part is read, and fails once neither the upstream
@@ -146,9 +157,13 @@ impl Body for FromUpstream {
                 // taken the part yet.
                 if this.source.is_end_stream() {
                     *this.slot = None;
+                    *this.stream = None;
                 }
             }
-            Poll::Ready(_) => *this.slot = None,
+            Poll::Ready(_) => {
+                *this.slot = None;
+                *this.stream = None;
+            }
             Poll::Pending => {
                 let stalled = this
                     .idle
@@ -157,6 +172,7 @@ impl Body for FromUpstream {
                 if let Some(idle) = this.idle.take_if(|_| stalled) {
                     idle.stalls.inc();
                     *this.slot = None;
+                    *this.stream = None;
                     return Poll::Ready(Some(Err(UpstreamStalled(idle.limit).into())));
                 }
             }
