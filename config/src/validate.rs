@@ -117,6 +117,52 @@ fn check_listeners(config: &ProxyConfig, errors: &mut Vec<FieldError>) {
 }
 
 /// Upstreams: unique names, endpoints, TLS, pool and health check values. Returns the names.
+/// How an upstream's endpoints are shared and judged: streams per connection, connection
+/// limit, ejection cap, health checks.
+fn check_endpoint_care(u: &crate::Upstream, f: &str, errors: &mut Vec<FieldError>) {
+    if u.http2
+        .max_concurrent_streams
+        .is_some_and(|n| !(1..=100_000).contains(&n))
+    {
+        errors.push(err(format!("{f}.http2.maxConcurrentStreams"), "must be 1 to 100000"));
+    }
+    if u.outlier_detection.max_ejection_percent() > 100 {
+        errors.push(err(
+            format!("{f}.outlierDetection.maxEjectionPercent"),
+            "must be within 0-100",
+        ));
+    }
+    if u.pool.max_connections_per_endpoint == 0 {
+        errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
+    }
+    let Some(hc) = &u.health_check else { return };
+    if !hc.path.starts_with('/') {
+        errors.push(err(format!("{f}.healthCheck.path"), "must start with /"));
+    }
+    if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
+        errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
+    }
+    let (fall, rise) = hc.thresholds();
+    for (field, n) in [("unhealthyThreshold", fall), ("healthyThreshold", rise)] {
+        if !(1..=100).contains(&n) {
+            errors.push(err(format!("{f}.healthCheck.{field}"), "must be within 1-100"));
+        }
+    }
+}
+
+fn check_route_timeouts(r: &crate::Route, f: &str, errors: &mut Vec<FieldError>) {
+    let timeouts = [
+        ("timeout", Some(r.timeout)),
+        ("upgradeIdleTimeout", r.upgrade_idle_timeout),
+        ("responseIdleTimeout", r.response_idle_timeout),
+    ];
+    for (field, t) in timeouts {
+        if t.is_some_and(|t| t.get().is_zero()) {
+            errors.push(err(format!("{f}.{field}"), "must be positive"));
+        }
+    }
+}
+
 fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) -> HashSet<&'a str> {
     let mut upstream_names = HashSet::new();
     for (i, u) in config.upstreams.iter().enumerate() {
@@ -160,35 +206,7 @@ fn check_upstreams<'a>(config: &'a ProxyConfig, errors: &mut Vec<FieldError>) ->
             256 << 20,
             errors,
         );
-        if u.http2
-            .max_concurrent_streams
-            .is_some_and(|n| !(1..=100_000).contains(&n))
-        {
-            errors.push(err(format!("{f}.http2.maxConcurrentStreams"), "must be 1 to 100000"));
-        }
-        if u.outlier_detection.max_ejection_percent() > 100 {
-            errors.push(err(
-                format!("{f}.outlierDetection.maxEjectionPercent"),
-                "must be within 0-100",
-            ));
-        }
-        if u.pool.max_connections_per_endpoint == 0 {
-            errors.push(err(format!("{f}.pool.maxConnectionsPerEndpoint"), "must be at least 1"));
-        }
-        if let Some(hc) = &u.health_check {
-            if !hc.path.starts_with('/') {
-                errors.push(err(format!("{f}.healthCheck.path"), "must start with /"));
-            }
-            if hc.interval.get().is_zero() || hc.timeout.get().is_zero() {
-                errors.push(err(format!("{f}.healthCheck"), "interval and timeout must be positive"));
-            }
-            let (fall, rise) = hc.thresholds();
-            for (field, n) in [("unhealthyThreshold", fall), ("healthyThreshold", rise)] {
-                if !(1..=100).contains(&n) {
-                    errors.push(err(format!("{f}.healthCheck.{field}"), "must be within 1-100"));
-                }
-            }
-        }
+        check_endpoint_care(u, &f, errors);
         if let Some(tls) = &u.tls {
             if tls.ca_secret.is_some() {
                 errors.push(err(
@@ -268,16 +286,7 @@ fn check_routes(config: &ProxyConfig, upstream_names: &HashSet<&str>, errors: &m
                 ));
             }
         }
-        let timeouts = [
-            ("timeout", Some(r.timeout)),
-            ("upgradeIdleTimeout", r.upgrade_idle_timeout),
-            ("responseIdleTimeout", r.response_idle_timeout),
-        ];
-        for (field, t) in timeouts {
-            if t.is_some_and(|t| t.get().is_zero()) {
-                errors.push(err(format!("{f}.{field}"), "must be positive"));
-            }
-        }
+        check_route_timeouts(r, &f, errors);
         if let Some(fault) = &r.fault {
             if let Some(a) = &fault.abort {
                 if !(0.0..=100.0).contains(&a.percent) {

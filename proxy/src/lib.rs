@@ -11,6 +11,7 @@ pub mod access_log;
 pub mod acme;
 pub mod admin;
 pub mod body;
+pub mod body_watch;
 pub mod client_slots;
 pub mod config_file;
 pub mod connect;

@@ -182,6 +182,17 @@ fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, 
     (reloads, last, pending)
 }
 
+/// Upstreams' faults: endpoints ejected, answers cut off mid-body.
+fn register_upstream_faults(registry: &mut Registry) -> (Family<UpstreamOnly, Counter>, Family<UpstreamOnly, Counter>) {
+    let ejections = register(registry, "outlier_ejections", "Endpoints ejected by outlier detection");
+    let stalls = register(
+        registry,
+        "upstream_response_stalls",
+        "Upstream responses cut off because the upstream sent nothing for the route's responseIdleTimeout",
+    );
+    (ejections, stalls)
+}
+
 fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>, Family<OcspLabels, Counter>) {
     (
         register(
@@ -455,6 +466,7 @@ impl Metrics {
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
         let (quic_connections, quic_early_requests, transcoded) = register_protocols(&mut registry);
         let (reloads, last_reload_successful, restart_pending) = register_reloads(&mut registry);
+        let (ejections, response_stalls) = register_upstream_faults(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -502,16 +514,8 @@ impl Metrics {
             jwt_denied,
             cors_preflights,
             tcp: TcpMetrics::register(&mut registry),
-            ejections: register(
-                &mut registry,
-                "outlier_ejections",
-                "Endpoints ejected by outlier detection",
-            ),
-            response_stalls: register(
-                &mut registry,
-                "upstream_response_stalls",
-                "Upstream responses cut off because the upstream sent nothing for the route's responseIdleTimeout",
-            ),
+            ejections,
+            response_stalls,
             trust_bundle: register(
                 &mut registry,
                 "trust_bundle_info",

@@ -55,7 +55,7 @@ struct Idle {
     /// The request body streaming beside the answer (a gRPC bidirectional call): its parts
     /// count as activity too, as in Envoy's stream idle timeout, so a server that waits on its
     /// client is not cut off.
-    request: Option<crate::body::BodyWatch>,
+    request: Option<crate::body_watch::BodyWatch>,
 }
 
 impl Idle {
@@ -93,7 +93,7 @@ impl FromUpstream {
     pub fn until_end(
         mut self,
         slot: EndpointSlot,
-        (idle, request): (Duration, Option<crate::body::BodyWatch>),
+        (idle, request): (Duration, Option<crate::body_watch::BodyWatch>),
         stalls: &Counter,
     ) -> Self {
         if self.is_end_stream() {
