@@ -1508,6 +1508,19 @@ upstreams:
     proxy.running.drain();
 }
 
+/// Reads from `c` into `seen` until it holds `marker`; false if the connection ended first.
+async fn read_until(c: &mut tokio::net::TcpStream, seen: &mut Vec<u8>, marker: &str) -> bool {
+    use tokio::io::AsyncReadExt;
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(seen).contains(marker) {
+        match c.read(&mut buf).await {
+            Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
+            _ => return false,
+        }
+    }
+    true
+}
+
 /// A call whose upstream answers at once, then waits for the client's whole streamed body
 /// before its last part (a gRPC client-streaming or bidirectional call): the client's parts
 /// count as activity, so `responseIdleTimeout` does not cut the quiet upstream off.
@@ -1521,22 +1534,15 @@ async fn a_client_streaming_beside_a_quiet_answer_keeps_it_alive() {
         while let Ok((mut c, _)) = listener.accept().await {
             tokio::spawn(async move {
                 let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !String::from_utf8_lossy(&seen).contains("\r\n\r\n") {
-                    match c.read(&mut buf).await {
-                        Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
+                if !read_until(&mut c, &mut seen, "\r\n\r\n").await {
+                    return;
                 }
                 let head = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n";
                 if c.write_all(head).await.is_err() {
                     return;
                 }
-                while !String::from_utf8_lossy(&seen).contains("\r\n0\r\n\r\n") {
-                    match c.read(&mut buf).await {
-                        Ok(n) if n > 0 => seen.extend_from_slice(&buf[..n]),
-                        _ => return,
-                    }
+                if !read_until(&mut c, &mut seen, "\r\n0\r\n\r\n").await {
+                    return;
                 }
                 let _ = c.write_all(b"3\r\nbye\r\n0\r\n\r\n").await;
             });

@@ -41,8 +41,7 @@ pin_project_lite::pin_project! {
         #[pin]
         source: Source,
         // Given back when the body's last part is read, it fails, or it is dropped.
-        slot: Option<EndpointSlot>,
-        stream: Option<StreamCount>,
+        held: Held,
         idle: Option<Idle>,
     }
 }
@@ -69,12 +68,26 @@ impl Idle {
     }
 }
 
+/// What a response body holds of its upstream until its last part is read: the endpoint's
+/// connection permit and in-flight count, and its stream's count on an HTTP/2 connection.
+#[derive(Default)]
+struct Held {
+    slot: Option<EndpointSlot>,
+    stream: Option<StreamCount>,
+}
+
+impl Held {
+    fn release(&mut self) {
+        self.slot = None;
+        self.stream = None;
+    }
+}
+
 impl FromUpstream {
     fn of(source: Source) -> Self {
         Self {
             source,
-            slot: None,
-            stream: None,
+            held: Held::default(),
             idle: None,
         }
     }
@@ -82,7 +95,7 @@ impl FromUpstream {
     /// An HTTP/2 upstream's body holds its stream's count on the connection until it ends.
     pub(super) fn on_stream(mut self, stream: StreamCount) -> Self {
         if !self.is_end_stream() {
-            self.stream = Some(stream);
+            self.held.stream = Some(stream);
         }
         self
     }
@@ -99,7 +112,7 @@ impl FromUpstream {
         if self.is_end_stream() {
             return self;
         }
-        self.slot = Some(slot);
+        self.held.slot = Some(slot);
         self.idle = Some(Idle {
             limit: idle,
             wait: Default::default(),
@@ -156,13 +169,11 @@ impl Body for FromUpstream {
                 // The last part read: what it held is free, though the client may not have
                 // taken the part yet.
                 if this.source.is_end_stream() {
-                    *this.slot = None;
-                    *this.stream = None;
+                    this.held.release();
                 }
             }
             Poll::Ready(_) => {
-                *this.slot = None;
-                *this.stream = None;
+                this.held.release();
             }
             Poll::Pending => {
                 let stalled = this
@@ -171,8 +182,7 @@ impl Body for FromUpstream {
                     .is_some_and(|i| i.wait.expired(cx, i.limit) && i.quiet(cx));
                 if let Some(idle) = this.idle.take_if(|_| stalled) {
                     idle.stalls.inc();
-                    *this.slot = None;
-                    *this.stream = None;
+                    this.held.release();
                     return Poll::Ready(Some(Err(UpstreamStalled(idle.limit).into())));
                 }
             }
