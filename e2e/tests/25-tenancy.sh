@@ -72,6 +72,8 @@ spec:
   allowedPrometheusAddresses: [http://prometheus.monitoring:9090]
   dnsNameSuffixes: [.example.com]
   maxReplicas: 2
+  # Trailing slashes are dropped; the miner is here so that the default policy alone refuses it.
+  allowedImageRepositories: [proxyfleet.local/proxy/, docker.io/evil/miner//]
 EOF
 kubectl get proxyfleetpolicy default -o jsonpath='{.spec.allowedImageRepositories}' | grep -q proxyfleet.local/proxy \
   || fail "the chart's default policy is missing"
@@ -93,6 +95,12 @@ refused() { # refused FIELD POLICY JQ-EDIT — the tenant's fleet, edited, is re
   say "refused at admission: $(<<<"$out" grep -o "$1[^)]*)" | head -1)"
 }
 refused spec.image default '.spec.image = "docker.io/evil/miner:1"'
+# A repository written with a trailing slash is the same repository, at admission as in the
+# operator: another tag of it passes both policies.
+out=$(jq '.spec.image = "proxyfleet.local/proxy:another-tag"' /tmp/e2e-tenant-pxd.json \
+  | kubectl apply --dry-run=server -n "$ns" --as="$tenant" -f - 2>&1) \
+  || fail "another tag of an allowed repository written with a trailing slash was refused: $out"
+say "admitted: another tag of proxyfleet.local/proxy, allowed as proxyfleet.local/proxy/"
 refused spec.service.type e2e-tenants '.spec.service = {type: "NodePort"}'
 refused spec.pod e2e-tenants '.spec.pod = {priorityClassName: "system-cluster-critical"}'
 refused spec.replicas e2e-tenants '.spec.replicas = 5'
