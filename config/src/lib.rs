@@ -9,6 +9,7 @@ mod http3;
 mod http_rules;
 mod live_weights;
 pub mod metric_names;
+mod path_rules;
 mod proxy_config;
 mod route_auth;
 mod tcp_proxy;
@@ -31,6 +32,7 @@ pub use http_rules::{
     AccessLog, Cidr, Forwarding, HeaderOps, HeaderRules, HeaderValueRule, HttpsRedirect, Rewrite, TraceSettings,
 };
 pub use live_weights::{LiveWeights, LIVE_WEIGHTS_PATH};
+pub use path_rules::{EscapedSlashes, PathRules};
 pub use proxy_config::*;
 pub use route_auth::{ClaimHeader, Cors, JwtAlgorithm, JwtAuth};
 pub use tcp_proxy::{SniRoute, Socks5Auth, TcpMode, TcpProxy, SOCKS5_PASSWORD_FILE, SOCKS5_USERNAME_FILE};

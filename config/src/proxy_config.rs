@@ -429,8 +429,8 @@ pub struct UpstreamHttp2 {
     /// Streams one connection carries at once: past it, the proxy opens another connection to
     /// the endpoint (as Envoy's pool does past a connection's limit), so long-lived streams
     /// (server-sent events, watches, gRPC streams) do not queue the requests behind them.
-    /// Default 100, the least RFC 9113 asks a server to allow; set it to the upstream's own
-    /// SETTINGS_MAX_CONCURRENT_STREAMS when that is lower.
+    /// Default 100, the least RFC 9113 asks a server to allow. An upstream that allows fewer
+    /// (its SETTINGS_MAX_CONCURRENT_STREAMS) is given no more than it allows.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100000))]
     pub max_concurrent_streams: Option<u32>,
@@ -535,9 +535,21 @@ pub struct HealthCheck {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(range(min = 1, max = 100))]
     pub healthy_threshold: Option<u32>,
+    /// Percent of endpoints that must pass for the checks to steer traffic (Envoy's healthy
+    /// panic threshold): below it, every endpoint is used as if it passed, so a check that is
+    /// wrong or a partial outage does not pile all traffic on the few left. Outlier detection
+    /// and P2C's shunning of failing endpoints still apply. Default 50; 0 turns it off.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0, max = 100))]
+    pub panic_threshold: Option<u32>,
 }
 
 impl HealthCheck {
+    /// `panicThreshold`, defaulted.
+    pub fn panic_threshold(&self) -> u32 {
+        self.panic_threshold.unwrap_or(50)
+    }
+
     /// `unhealthyThreshold` and `healthyThreshold`, defaulted. (Optional in the file so that
     /// a fleet's rendered configuration does not change when the operator gains them.)
     pub fn thresholds(&self) -> (u32, u32) {
@@ -619,9 +631,27 @@ pub struct Limits {
     /// Default 60s.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_timeout: Option<HumanDuration>,
+    /// `%2F` in a request path: `keep` (default, forwarded as sent; not a segment boundary),
+    /// `reject` (400, as are `%5C`) or `decode` (read and forwarded as `/`). Choose `reject` or
+    /// `decode` when an upstream decodes `%2F` before it routes and a route guards a path
+    /// prefix (a JWT check, say).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub escaped_slashes: Option<crate::EscapedSlashes>,
+    /// Read and forward `//` in a request path as `/` (nginx's `merge_slashes`), for
+    /// upstreams that do the same before they route. Default false: forwarded as sent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merge_slashes: Option<bool>,
 }
 
 impl Limits {
+    /// `escapedSlashes` and `mergeSlashes`, defaulted.
+    pub fn path_rules(&self) -> crate::PathRules {
+        crate::PathRules {
+            escaped_slashes: self.escaped_slashes.unwrap_or_default(),
+            merge_slashes: self.merge_slashes.unwrap_or(false),
+        }
+    }
+
     /// `idleTimeout`, defaulted.
     pub fn idle_timeout(&self) -> std::time::Duration {
         self.idle_timeout
@@ -807,6 +837,8 @@ impl Default for Limits {
             idle_timeout: None,
             client_body_timeout: None,
             send_timeout: None,
+            escaped_slashes: None,
+            merge_slashes: None,
         }
     }
 }

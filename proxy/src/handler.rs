@@ -15,6 +15,7 @@ use crate::body::{self, BodyState, BodyWatch, ClientBody, RequestBody, UpstreamB
 pub use crate::forwarding::ClientInfo;
 use crate::forwarding::{append_forwarded, client_response, header_has_token, status_response, strip_hop_by_hop};
 use crate::metrics::RouteMetrics;
+use crate::request_path::PathError;
 use crate::router::{self, CompiledRoute, Target};
 use crate::shared::Shared;
 use crate::state::ProxyState;
@@ -227,8 +228,13 @@ fn request_filter(
     if let Some(why) = host_problem(req) {
         return Err(status_response(StatusCode::BAD_REQUEST, why));
     }
-    let normalized = crate::request_path::normalized(req.uri().path())
-        .map_err(|_| status_response(StatusCode::BAD_REQUEST, "malformed percent-encoding in the path\n"))?;
+    let normalized = crate::request_path::normalized(req.uri().path(), limits.path_rules()).map_err(|e| {
+        let why = match e {
+            PathError::BadEscape => "malformed percent-encoding in the path\n",
+            PathError::EscapedSlash => "escaped slash in the path\n",
+        };
+        status_response(StatusCode::BAD_REQUEST, why)
+    })?;
     if let Some(path) = normalized {
         let pq = match req.uri().query() {
             Some(q) => format!("{path}?{q}"),

@@ -182,16 +182,27 @@ fn register_reloads(registry: &mut Registry) -> (Family<ResultLabels, Counter>, 
     (reloads, last, pending)
 }
 
-/// Upstreams' faults: endpoints ejected, answers cut off mid-body.
-fn register_upstream_faults(registry: &mut Registry) -> (Family<UpstreamOnly, Counter>, Family<UpstreamOnly, Counter>) {
+/// Upstreams' faults: endpoints ejected, answers cut off mid-body, health checks in panic.
+fn register_upstream_faults(registry: &mut Registry) -> UpstreamFaults {
     let ejections = register(registry, "outlier_ejections", "Endpoints ejected by outlier detection");
     let stalls = register(
         registry,
         "upstream_response_stalls",
         "Upstream responses cut off because the upstream sent nothing for the route's responseIdleTimeout",
     );
-    (ejections, stalls)
+    let panic = register(
+        registry,
+        "upstream_healthy_panic",
+        "Whether fewer of the upstream's endpoints pass health checks than its panicThreshold, so all are used (1)",
+    );
+    (ejections, stalls, panic)
 }
+
+type UpstreamFaults = (
+    Family<UpstreamOnly, Counter>,
+    Family<UpstreamOnly, Counter>,
+    Family<UpstreamOnly, Gauge>,
+);
 
 fn register_certificates(registry: &mut Registry) -> (Family<CertLabels, Gauge>, Family<OcspLabels, Counter>) {
     (
@@ -337,6 +348,7 @@ pub struct Metrics {
     pub tcp: TcpMetrics,
     pub ejections: Family<UpstreamOnly, Counter>,
     pub response_stalls: Family<UpstreamOnly, Counter>,
+    pub healthy_panic: Family<UpstreamOnly, Gauge>,
     pub trust_bundle: Family<BundleLabels, Gauge>,
     pub malformed_requests: Counter,
     pub mirror_requests: Family<MirrorLabels, Counter>,
@@ -466,7 +478,7 @@ impl Metrics {
         let (certificate_not_after, ocsp_staples) = register_certificates(&mut registry);
         let (quic_connections, quic_early_requests, transcoded) = register_protocols(&mut registry);
         let (reloads, last_reload_successful, restart_pending) = register_reloads(&mut registry);
-        let (ejections, response_stalls) = register_upstream_faults(&mut registry);
+        let (ejections, response_stalls, healthy_panic) = register_upstream_faults(&mut registry);
         Self {
             request_duration,
             responses: register(
@@ -516,6 +528,7 @@ impl Metrics {
             tcp: TcpMetrics::register(&mut registry),
             ejections,
             response_stalls,
+            healthy_panic,
             trust_bundle: register(
                 &mut registry,
                 "trust_bundle_info",
@@ -646,7 +659,12 @@ impl Metrics {
             .response_stalls
             .get_or_create(&UpstreamOnly { upstream: u() })
             .clone();
+        let healthy_panic = self
+            .healthy_panic
+            .get_or_create(&UpstreamOnly { upstream: u() })
+            .clone();
         UpstreamMetrics {
+            healthy_panic,
             connect_ok,
             connect_error,
             handshake_full,
@@ -703,4 +721,6 @@ pub struct UpstreamMetrics {
     pub ejections: Counter,
     /// Responses cut off by the route's `responseIdleTimeout`.
     pub response_stalls: Counter,
+    /// 1 while health checks are in panic (`health::publish`).
+    pub healthy_panic: Gauge,
 }

@@ -16,6 +16,7 @@ use crate::body::{ClientBody, UpstreamBody};
 use crate::forwarding::{append_forwarded, client_response, status_response, strip_hop_by_hop, ClientInfo};
 use crate::router::Target;
 use crate::upstream;
+use crate::upstream::response::FromUpstream;
 use crate::upstream::{EndpointSlot, UpstreamCluster};
 
 /// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
@@ -55,7 +56,11 @@ pub async fn tunnel(
         Ok(Ok(resp)) => resp,
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
-        return client_response(resp);
+        // An answer that is no upgrade holds the endpoint's permit until its body is read, as
+        // any other answer does.
+        let stalls = &cluster.metrics.response_stalls;
+        let idle = (route.response_idle_timeout, None);
+        return client_response(resp.map(|b| FromUpstream::from(b).until_end(endpoint_slot, idle, stalls)));
     }
     // Only a WebSocket handshake the upstream completed opens a tunnel: a 101 from anything
     // else (an endpoint that echoes a status) would hand the client a raw connection to the

@@ -1307,6 +1307,52 @@ async fn active_health_check_takes_an_endpoint_out_and_brings_it_back() {
     proxy.running.drain();
 }
 
+/// Envoy's healthy panic threshold: with fewer than half the endpoints passing, the checks are
+/// more likely wrong than most endpoints down, so all of them are used (and the gauge says so);
+/// once enough pass again, those failing get nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn below_the_panic_threshold_every_endpoint_is_used() {
+    init();
+    let a = upstream("a", None, false).await;
+    let b = upstream("b", None, false).await;
+    let c = upstream("c", None, false).await;
+    let dir = tempdir("health-panic");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams:\n  - name: u\n    endpoints: [\"{}\", \"{}\", \"{}\"]\n    healthCheck: {{path: /healthz, interval: 50ms, timeout: 1s, unhealthyThreshold: 1, healthyThreshold: 1}}\n",
+        a.addr, b.addr, c.addr
+    );
+    b.stats.unhealthy.store(true, Ordering::Relaxed);
+    c.stats.unhealthy.store(true, Ordering::Relaxed);
+    let proxy = start_proxy(&dir, &yaml).await;
+    let http = proxy.addr("http");
+    let panic = |v: f64| move |m: &str| metric_sum(m, "proxyfleet_upstream_healthy_panic", &["upstream=\"u\""]) == v;
+    let m = metrics_when(&proxy, panic(1.0)).await;
+    assert!(panic(1.0)(&m), "one of three passing is not a panic: {m}");
+    let mut served = [0usize; 3];
+    for i in 0..60 {
+        let (status, body) = get(http, "x", &format!("/p{i}")).await;
+        assert_eq!(status, 200, "{body}");
+        served[usize::from(body.as_bytes()[0] - b'a')] += 1;
+    }
+    assert!(
+        served.iter().all(|n| *n > 0),
+        "in panic every endpoint serves: {served:?}"
+    );
+
+    // Two of three pass: the checks steer again, and b gets nothing.
+    c.stats.unhealthy.store(false, Ordering::Relaxed);
+    let m = metrics_when(&proxy, panic(0.0)).await;
+    assert!(panic(0.0)(&m), "two of three passing is not a panic: {m}");
+    for i in 0..40 {
+        let (_, body) = get(http, "x", &format!("/q{i}")).await;
+        assert!(
+            !body.starts_with("b "),
+            "a failing endpoint got traffic out of panic: {body}"
+        );
+    }
+    proxy.running.drain();
+}
+
 /// RFC 7301: the protocol ALPN agreed on is the one served: HTTP/1.1 on a connection that
 /// agreed on h2 is not answered as HTTP/1.1 (issue 18). (An h2 preface on an http/1.1
 /// connection is still detected and served as h2: hyper-util's auto builder keeps upgrades
@@ -1626,37 +1672,66 @@ async fn a_reload_of_the_endpoint_list_keeps_the_remaining_endpoints_connections
     proxy.running.drain();
 }
 
-/// An HTTP/2 upstream's connection carries at most `http2.maxConcurrentStreams` streams: past
-/// it the proxy opens another, instead of queueing the requests behind the ones in flight.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_h2_upstream_gets_another_connection_when_one_is_full() {
+/// An HTTP/2 upstream allowing `max_streams` per connection, whose every answer takes a second:
+/// its address, the connections it accepted and saw end, and the most requests it had in
+/// flight at once.
+struct SlowH2 {
+    addr: std::net::SocketAddr,
+    connections: Arc<AtomicUsize>,
+    closed: Arc<AtomicUsize>,
+    peak: Arc<AtomicUsize>,
+}
+
+async fn slow_h2_upstream(max_streams: u32) -> SlowH2 {
     use hyper_util::rt::{TokioExecutor, TokioIo};
-    init();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let connections = Arc::new(AtomicUsize::new(0));
-    let closed = Arc::new(AtomicUsize::new(0));
-    let (counted, ended) = (connections.clone(), closed.clone());
+    let up = SlowH2 {
+        addr: listener.local_addr().unwrap(),
+        connections: Arc::default(),
+        closed: Arc::default(),
+        peak: Arc::default(),
+    };
+    let (counted, ended, peak) = (up.connections.clone(), up.closed.clone(), up.peak.clone());
+    let in_flight = Arc::new(AtomicUsize::new(0));
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             counted.fetch_add(1, Ordering::SeqCst);
-            let ended = ended.clone();
+            let (ended, peak, in_flight) = (ended.clone(), peak.clone(), in_flight.clone());
             tokio::spawn(async move {
-                let svc = hyper::service::service_fn(|_req| async {
-                    // Long enough that all six are in flight before the first ends.
-                    tokio::time::sleep(Duration::from_millis(1000)).await;
-                    Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
-                        bytes::Bytes::from_static(b"slow"),
-                    )))
+                let svc = hyper::service::service_fn(move |_req| {
+                    let (peak, in_flight) = (peak.clone(), in_flight.clone());
+                    async move {
+                        peak.fetch_max(in_flight.fetch_add(1, Ordering::SeqCst) + 1, Ordering::SeqCst);
+                        // Long enough that all six are in flight before the first ends.
+                        tokio::time::sleep(Duration::from_millis(1000)).await;
+                        in_flight.fetch_sub(1, Ordering::SeqCst);
+                        Ok::<_, std::convert::Infallible>(hyper::Response::new(http_body_util::Full::new(
+                            bytes::Bytes::from_static(b"slow"),
+                        )))
+                    }
                 });
                 let _ = hyper::server::conn::http2::Builder::new(TokioExecutor::new())
-                    .max_concurrent_streams(2)
+                    .max_concurrent_streams(max_streams)
                     .serve_connection(TokioIo::new(tcp), svc)
                     .await;
                 ended.fetch_add(1, Ordering::SeqCst);
             });
         }
     });
+    up
+}
+
+/// An HTTP/2 upstream's connection carries at most `http2.maxConcurrentStreams` streams: past
+/// it the proxy opens another, instead of queueing the requests behind the ones in flight.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstream_gets_another_connection_when_one_is_full() {
+    init();
+    let SlowH2 {
+        addr,
+        connections,
+        closed,
+        ..
+    } = slow_h2_upstream(2).await;
     let yaml = format!(
         r#"
 listeners: [{{name: http, address: "127.0.0.1:0"}}]
@@ -1690,5 +1765,48 @@ upstreams: [{{name: u, protocol: h2, endpoints: ["{addr}"], http2: {{maxConcurre
     }
     assert_eq!(closed.load(Ordering::SeqCst), 2, "the idle extras closed");
     assert_eq!(connections.load(Ordering::SeqCst), 3, "no new dial");
+    proxy.running.drain();
+}
+
+/// The same when the limit is the upstream's own (its SETTINGS_MAX_CONCURRENT_STREAMS, below
+/// ours): once the proxy has read it, a full connection gets no more streams. (Until then a
+/// new connection takes requests up to our limit, so the first one is let settle.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_h2_upstreams_own_stream_limit_is_kept() {
+    init();
+    let up = slow_h2_upstream(2).await;
+    let yaml = format!(
+        r#"
+listeners: [{{name: http, address: "127.0.0.1:0"}}]
+admin: {{address: "127.0.0.1:0"}}
+routes: [{{name: all, upstream: u, timeout: 10s}}]
+upstreams: [{{name: u, protocol: h2, endpoints: ["{}"]}}]
+"#,
+        up.addr
+    );
+    let proxy = start_proxy(&tempdir("h2-peer-streams"), &yaml).await;
+    let http = proxy.addr("http");
+    let first = tokio::spawn(async move { get(http, "x", "/first").await });
+    within("the first request at the upstream", async {
+        while up.peak.load(Ordering::SeqCst) == 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let calls: Vec<_> = (0..5)
+        .map(|i| tokio::spawn(async move { get(http, "x", &format!("/{i}")).await }))
+        .chain([first])
+        .collect();
+    for call in calls {
+        let (status, body) = within("a slow answer", call).await.unwrap();
+        assert_eq!((status, body.as_str()), (200, "slow"));
+    }
+    assert!(up.connections.load(Ordering::SeqCst) >= 2, "more than one connection");
+    assert!(
+        up.peak.load(Ordering::SeqCst) >= 3,
+        "more than one connection's worth in flight at once: {}",
+        up.peak.load(Ordering::SeqCst)
+    );
     proxy.running.drain();
 }

@@ -289,6 +289,54 @@ async fn paths_are_routed_on_segments_after_normalization() {
     proxy.running.drain();
 }
 
+/// `limits.escapedSlashes` and `limits.mergeSlashes`: routing sees the segments an upstream that
+/// decodes `%2F` or merges `//` will see, or such paths are refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn escaped_and_doubled_slashes_are_decoded_merged_or_refused_as_configured() {
+    init();
+    let up = upstream("up", None, false).await;
+    let fault = ", fault: {abort: {status: 418, percent: 100}}";
+    let with = |extra: &str| {
+        config(up.addr, "", fault, "").replace(
+            "maxRequestBodyBytes: 4096}",
+            &format!("maxRequestBodyBytes: 4096, {extra}}}"),
+        )
+    };
+    let status_of = |a: std::net::SocketAddr, path: &'static str| async move {
+        let r = raw(
+            a,
+            format!("GET {path} HTTP/1.1\r\nHost: a\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await;
+        (r[9..12].to_string(), r)
+    };
+    let dir = tempdir("paths-decode");
+    let decoding = start_proxy(&dir, &with("escapedSlashes: decode, mergeSlashes: true")).await;
+    let a = decoding.addr("http");
+    let (s, body) = status_of(a, "/api%2F..%2Fadmin").await;
+    assert_eq!(s, "200", "the api route is climbed out of: {body}");
+    assert!(
+        body.contains("up /admin 0"),
+        "the upstream sees what was routed: {body}"
+    );
+    assert_eq!(status_of(a, "/x%2f..%2fapi/y").await.0, "418");
+    assert_eq!(status_of(a, "//api//y").await.0, "418", "//api is /api");
+    let (_, body) = status_of(a, "//x//y").await;
+    assert!(body.contains("up /x/y 0"), "{body}");
+    decoding.running.drain();
+
+    let dir = tempdir("paths-reject");
+    let refusing = start_proxy(&dir, &with("escapedSlashes: reject")).await;
+    let a = refusing.addr("http");
+    assert_eq!(status_of(a, "/api%2F..%2Fadmin").await.0, "400");
+    assert_eq!(status_of(a, "/api%5c..%5cadmin").await.0, "400");
+    let (s, body) = status_of(a, "//x").await;
+    assert_eq!(s, "200");
+    assert!(body.contains("up //x 0"), "not merged unless asked: {body}");
+    assert_eq!(status_of(a, "/api/x").await.0, "418", "still serving");
+    refusing.running.drain();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn request_smuggling_attempts_are_refused_and_the_proxy_keeps_serving() {
     init();

@@ -307,3 +307,58 @@ async fn a_101_without_the_websocket_accept_opens_no_tunnel() {
     );
     proxy.running.drain();
 }
+
+/// An upstream that refuses every upgrade with a 403 whose body it sends half of, then holds.
+async fn half_a_refusal_upstream() -> std::net::SocketAddr {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = [0u8; 4096];
+                let _ = tcp.read(&mut buf).await;
+                let _ = tcp
+                    .write_all(b"HTTP/1.1 403 Forbidden\r\ncontent-length: 10\r\n\r\nhalf-")
+                    .await;
+                while matches!(tcp.read(&mut buf).await, Ok(n) if n > 0) {}
+            });
+        }
+    });
+    addr
+}
+
+/// A handshake the upstream refuses is an answer like any other: it holds the endpoint's
+/// connection, counted against `maxConnectionsPerEndpoint`, until its body has been read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_handshake_holds_its_connection_until_the_refusal_is_read() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    init();
+    let upstream = half_a_refusal_upstream().await;
+    let dir = tempdir("ws-refused");
+    let yaml = format!(
+        "listeners:\n  - {{name: http, address: \"127.0.0.1:0\"}}\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: ws, upstream: u, timeout: 1s}}]\nupstreams: [{{name: u, endpoints: [\"{upstream}\"], pool: {{maxConnectionsPerEndpoint: 1}}}}]\n"
+    );
+    let proxy = start_proxy(&dir, &yaml).await;
+    let handshake: &[u8] = b"GET /socket HTTP/1.1\r\nhost: chat.example\r\nconnection: upgrade\r\nupgrade: websocket\r\nsec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n";
+    let mut first = tokio::net::TcpStream::connect(proxy.addr("http")).await.unwrap();
+    first.write_all(handshake).await.unwrap();
+    let mut seen = Vec::new();
+    within("the first refusal's head and half its body", async {
+        let mut buf = [0u8; 1024];
+        while !String::from_utf8_lossy(&seen).contains("half-") {
+            let n = first.read(&mut buf).await.unwrap();
+            assert!(n > 0, "closed: {}", String::from_utf8_lossy(&seen));
+            seen.extend_from_slice(&buf[..n]);
+        }
+    })
+    .await;
+    assert!(String::from_utf8_lossy(&seen).starts_with("HTTP/1.1 403"));
+    let second = raw(proxy.addr("http"), handshake).await;
+    assert!(
+        second.starts_with("HTTP/1.1 504"),
+        "the first refusal still holds the connection: {second}"
+    );
+    drop(first);
+    proxy.running.drain();
+}

@@ -301,22 +301,47 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
     Ok(())
 }
 
+/// Sets the spec back to a kept revision. The patch holds only if the fleet is still the one
+/// read (`undo_patch` tests its uid and generation); a change in between (a `kubectl scale`, a
+/// sync) makes the API server refuse it (422), and the undo is worked out again from the fleet
+/// as it is then, a few times, rather than failing on a race the user did not make.
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
-    let (pxd, kept) = with_revisions(api, name).await?;
-    refuse_member_copy(&pxd, "undo")?;
-    let target = undo_target(&kept, &template_of(&pxd.spec), to).map_err(|e| e.to_string())?;
-    let current = serde_json::to_value(&pxd).map_err(|e| format!("{name}: {e}"))?;
-    let patch = undo_patch(target, &current).map_err(|e| e.to_string())?;
-    api.patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
-        .await
-        .map_err(|e| format!("{name}: {e}"))?;
-    println!(
-        "proxydeployment/{name}: spec set back to revision {} ({}); it rolls out like any change. \
-         With GitOps, revert the source too, or the next sync rolls forward again.",
-        target.revision,
-        target.metadata.name.as_deref().unwrap_or("-")
-    );
-    Ok(())
+    const ATTEMPTS: usize = 3;
+    for attempt in 1..=ATTEMPTS {
+        let (pxd, kept) = with_revisions(api, name).await?;
+        refuse_member_copy(&pxd, "undo")?;
+        let target = undo_target(&kept, &template_of(&pxd.spec), to).map_err(|e| e.to_string())?;
+        let current = serde_json::to_value(&pxd).map_err(|e| format!("{name}: {e}"))?;
+        let patch = undo_patch(target, &current).map_err(|e| e.to_string())?;
+        match api
+            .patch(name, &PatchParams::default(), &Patch::Json::<()>(patch))
+            .await
+        {
+            Ok(_) => {
+                println!(
+                    "proxydeployment/{name}: spec set back to revision {} ({}); it rolls out like any change. \
+                     With GitOps, revert the source too, or the next sync rolls forward again.",
+                    target.revision,
+                    target.metadata.name.as_deref().unwrap_or("-")
+                );
+                return Ok(());
+            }
+            Err(kube::Error::Api(e)) if e.code == 422 && attempt < ATTEMPTS && changed_since(api, &pxd).await => {
+                eprintln!("proxydeployment/{name} changed while it was being undone; working the undo out again");
+            }
+            Err(e) => return Err(format!("{name}: {e}")),
+        }
+    }
+    Err(format!("{name}: it kept changing while it was being undone; try again"))
+}
+
+/// Whether the fleet is no longer the object (uid) at the generation `read` had.
+async fn changed_since(api: &Api<ProxyDeployment>, read: &ProxyDeployment) -> bool {
+    let name = read.metadata.name.as_deref().unwrap_or_default();
+    match api.get(name).await {
+        Ok(now) => now.metadata.uid != read.metadata.uid || now.metadata.generation != read.metadata.generation,
+        Err(_) => false,
+    }
 }
 
 fn render(pxd: &ProxyDeployment, pods: &[Pod]) -> String {
@@ -551,5 +576,74 @@ mod tests {
         pxd.metadata.labels = Some([(HUB_UID.to_string(), "abc".to_string())].into());
         pxd.metadata.annotations = Some([(HUB_OBJECT.to_string(), "team-a/edge".to_string())].into());
         assert!(refuse_member_copy(&pxd, "undo").is_err_and(|e| e.contains("team-a/edge")));
+    }
+
+    fn fleet(timeout: &str, replicas: i32, generation: i64) -> ProxyDeployment {
+        serde_json::from_value(serde_json::json!({
+            "apiVersion": "proxyfleet.io/v1alpha1", "kind": "ProxyDeployment",
+            "metadata": {"name": "edge", "namespace": "team", "uid": "uid-edge", "generation": generation},
+            "spec": {"replicas": replicas, "listeners": [{"name": "http", "port": 8080, "protocol": "HTTP"}],
+                     "routes": [{"name": "all", "upstream": "u", "timeout": timeout}],
+                     "upstreams": [{"name": "u", "endpoints": ["u:80"]}]}
+        }))
+        .expect("a fleet")
+    }
+
+    /// Against a mocked API server: a `kubectl scale` between the undo's read and its patch makes
+    /// the patch's generation test fail (422); the undo reads the fleet again and patches it as
+    /// it is then, instead of failing on a race the user did not make.
+    #[tokio::test]
+    async fn an_undo_raced_by_a_scale_is_worked_out_again() {
+        use http_body_util::BodyExt;
+        use kube::client::Body;
+        let owner = proxyfleet_operator::resources::Owner::of(&fleet("4s", 1, 1)).expect("owner");
+        let records = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [
+            proxyfleet_operator::history::record(&owner, &fleet("4s", 1, 1).spec, "old", 1),
+            proxyfleet_operator::history::record(&owner, &fleet("5s", 1, 2).spec, "cur", 2),
+        ]});
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let api: Api<ProxyDeployment> = Api::namespaced(Client::new(mock, "team"), "team");
+        let answer = |send: tower_test::mock::SendResponse<http::Response<Body>>, code: u16, v: serde_json::Value| {
+            let body = Body::from(serde_json::to_vec(&v).expect("json"));
+            send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+        };
+        let invalid = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "the server rejected our request due to an error in our request", "reason": "Invalid", "code": 422});
+        let server = tokio::spawn(async move {
+            let mut patches = Vec::new();
+            let (before, after) = (fleet("5s", 1, 2), fleet("5s", 3, 3));
+            let script = [
+                ("GET", 200, serde_json::to_value(&before).expect("json")),
+                ("GET", 200, records.clone()),
+                ("PATCH", 422, invalid),
+                ("GET", 200, serde_json::to_value(&after).expect("json")),
+                ("GET", 200, serde_json::to_value(&after).expect("json")),
+                ("GET", 200, records),
+                ("PATCH", 200, serde_json::to_value(&after).expect("json")),
+            ];
+            for (method, code, v) in script {
+                let (request, send) = handle.next_request().await.expect("a request");
+                assert_eq!(request.method().as_str(), method, "{}", request.uri());
+                if method == "PATCH" {
+                    let body = request.into_body().collect().await.expect("body").to_bytes();
+                    patches.push(String::from_utf8_lossy(&body).into_owned());
+                }
+                answer(send, code, v);
+            }
+            patches
+        });
+        undo(&api, "edge", None).await.expect("the undo, worked out again");
+        let patches = server.await.expect("the server");
+        assert!(
+            patches[0].contains(r#""path":"/metadata/generation","value":2"#),
+            "{}",
+            patches[0]
+        );
+        assert!(
+            patches[1].contains(r#""path":"/metadata/generation","value":3"#),
+            "{}",
+            patches[1]
+        );
+        assert!(patches[1].contains(r#""timeout":"4s""#), "{}", patches[1]);
     }
 }

@@ -34,8 +34,12 @@ pub struct Endpoint {
     /// Gateway failures in a row (reset by a success), and until when P2C shuns it.
     failure_streak: AtomicU32,
     shunned_until_ms: AtomicU64,
+    /// In service as far as health checks go: `passing`, or every endpoint while the cluster
+    /// is in panic (`health::publish`).
     pub healthy: AtomicBool,
-    /// Health-check results in a row against `healthy` (`health::judge`).
+    /// The health checks' verdict (`health::judge`).
+    pub(super) passing: AtomicBool,
+    /// Health-check results in a row against `passing`.
     pub(super) health_run: AtomicU32,
     /// Bounds connections (= concurrent requests over HTTP/1.1) to this endpoint.
     pub permits: Semaphore,
@@ -107,6 +111,7 @@ impl Endpoint {
             failure_streak: AtomicU32::new(0),
             shunned_until_ms: AtomicU64::new(0),
             healthy: AtomicBool::new(true),
+            passing: AtomicBool::new(true),
             health_run: AtomicU32::new(0),
             permits: Semaphore::new(max_connections as usize),
             h1_idle: Default::default(),

@@ -1,9 +1,14 @@
 //! Multiplexed HTTP/2 connections per endpoint and worker for upstreams configured
 //! `protocol: h2` and TLS `auto` endpoints whose ALPN agreed on h2: a request takes the oldest
-//! open connection with room for one more stream (`http2.maxConcurrentStreams`), and a new
-//! one is opened when all are full, as Envoy's pool does past a connection's stream limit
-//! (else streams past the upstream's SETTINGS limit would queue in the connection until the
-//! route's timeout). Our own rather than hyper-util's client so the request's own host travels
+//! open connection with room for one more stream (the lower of `http2.maxConcurrentStreams`
+//! and the upstream's SETTINGS_MAX_CONCURRENT_STREAMS, as it last said), and a new one is
+//! opened when all are full, as Envoy's pool does past a connection's stream limit (else
+//! streams past the upstream's limit would queue in the connection behind the ones in flight,
+//! until the route's timeout). Until the upstream's first SETTINGS have been read, h2 opens
+//! one stream on a new connection and holds the requests given it after that one (a round trip
+//! at most): it would otherwise open up to 100 at once, and an upstream allowing fewer refuses
+//! the rest (REFUSED_STREAM, a 502 without `retries`). Our count takes the new connection to
+//! allow our limit in that while, so a burst does not dial a connection per request. Our own rather than hyper-util's client so the request's own host travels
 //! as `:authority` (RFC 9113 §8.3.1): that client keys its pool by the URI, which must then
 //! name the endpoint, and a `host` header would contradict it.
 
@@ -41,11 +46,13 @@ struct Conn {
     load: Arc<Load>,
 }
 
-/// The streams a connection carries (`StreamCount`s alive), and since when it carries none.
+/// The streams a connection carries (`StreamCount`s alive), since when it carries none, and
+/// the most the upstream allows on it (`drive`).
 #[derive(Default)]
 struct Load {
     streams: AtomicU32,
     idle_since_ms: AtomicU64,
+    peer_limit: AtomicU32,
 }
 
 /// A stream counted on its connection until dropped: the response body holds it until its
@@ -192,7 +199,10 @@ impl H2Pool {
         io: TokioIo<UpstreamConnection>,
         streams: u32,
     ) -> Result<(Sender, Arc<Load>), H2Error> {
+        // One stream until the upstream's first SETTINGS; after them, h2 holds its limit or
+        // none (usize::MAX).
         let (sender, conn) = http2::Builder::new(TokioExecutor::new())
+            .initial_max_send_streams(1)
             .timer(TokioTimer::new())
             .keep_alive_interval(Some(Duration::from_secs(30)))
             .keep_alive_timeout(Duration::from_secs(10))
@@ -204,22 +214,45 @@ impl H2Pool {
                 endpoint: endpoint.authority.to_string(),
                 source,
             })?;
-        let name = endpoint.authority.to_string();
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(endpoint = %name, error = %e, "upstream HTTP/2 connection ended");
-            }
-        });
         let load = Arc::new(Load {
             streams: AtomicU32::new(streams),
             idle_since_ms: AtomicU64::new(now_ms()),
+            peer_limit: AtomicU32::new(u32::MAX),
         });
+        tokio::spawn(drive(conn, load.clone(), endpoint.authority.to_string()));
         let mut open = worker.open.lock().unwrap_or_else(|p| p.into_inner());
         open.push(Conn {
             sender: sender.clone(),
             load: load.clone(),
         });
         Ok((sender, load))
+    }
+}
+
+/// Runs the connection until it ends, keeping `load.peer_limit` at what the upstream last said
+/// in its SETTINGS (read after each turn of the connection: a field behind h2's lock, stored
+/// only when it changes). h2's 1 before the first SETTINGS is not taken (nor, so, an upstream
+/// that says 1: its requests queue on the connection, as they did before limits were read). A
+/// limit of 0 is taken as 1: the request that opens a connection goes on it whatever its limit.
+async fn drive(
+    conn: http2::Connection<TokioIo<UpstreamConnection>, UpstreamBody, TokioExecutor>,
+    load: Arc<Load>,
+    name: String,
+) {
+    use std::future::Future;
+    tokio::pin!(conn);
+    let ended = std::future::poll_fn(|cx| {
+        let turn = conn.as_mut().poll(cx);
+        let said = conn.current_max_send_streams();
+        let peer = u32::try_from(said).unwrap_or(u32::MAX).max(1);
+        if said != 1 && load.peer_limit.load(Ordering::Relaxed) != peer {
+            load.peer_limit.store(peer, Ordering::Relaxed);
+        }
+        turn
+    })
+    .await;
+    if let Err(e) = ended {
+        tracing::debug!(endpoint = %name, error = %e, "upstream HTTP/2 connection ended");
     }
 }
 
@@ -238,7 +271,7 @@ fn room(c: &WorkerConnections, limit: u32, idle_ms: u64) -> Option<(Sender, Stre
             index == 1 || !c.load.idle_for(now, idle_ms)
         });
     }
-    let conn = open.iter().find(|c| c.load.streams.load(Ordering::Relaxed) < limit)?;
+    let conn = open.iter().find(|c| c.load.has_room(limit))?;
     conn.load.streams.fetch_add(1, Ordering::Relaxed);
     Some((conn.sender.clone(), StreamCount(conn.load.clone())))
 }
@@ -256,6 +289,11 @@ fn least_loaded(c: &WorkerConnections) -> Option<(Sender, StreamCount)> {
 }
 
 impl Load {
+    /// Carries fewer streams than `limit` and than the upstream allows.
+    fn has_room(&self, limit: u32) -> bool {
+        self.streams.load(Ordering::Relaxed) < limit.min(self.peer_limit.load(Ordering::Relaxed))
+    }
+
     /// Carries no stream, and has carried none for `idle_ms`.
     fn idle_for(&self, now: u64, idle_ms: u64) -> bool {
         self.streams.load(Ordering::Relaxed) == 0

@@ -1,7 +1,10 @@
 //! Active HTTP health checks: every endpoint is probed each `interval`, all at once (a probe
 //! waiting out its timeout delays no other endpoint's), and its state changes only after
 //! `unhealthyThreshold` failed or `healthyThreshold` passed probes in a row, as HAProxy's
-//! `fall` and `rise`, so one lost probe does not take an endpoint out.
+//! `fall` and `rise`, so one lost probe does not take an endpoint out. When fewer than
+//! `panicThreshold` percent of the endpoints pass, all of them stay in service (Envoy's panic
+//! mode): the checks are more likely wrong than most of the endpoints down, and the few left
+//! would take a load they were not sized for.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
@@ -53,6 +56,7 @@ pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
         };
         let endpoints = c.endpoints.load_full();
         futures_util::future::join_all(endpoints.iter().map(|e| probe_and_judge(&c, &hc, e))).await;
+        publish(&c, &endpoints, hc.panic_threshold());
         drop(c);
         tokio::time::sleep(hc.interval.get()).await;
     }
@@ -61,15 +65,37 @@ pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
 async fn probe_and_judge(c: &UpstreamCluster, hc: &HealthCheck, e: &Arc<Endpoint>) {
     let Some(passed) = probe(c, hc, e).await else { return };
     let now = Standing {
-        healthy: e.healthy.load(Ordering::Relaxed),
+        healthy: e.passing.load(Ordering::Relaxed),
         against: e.health_run.load(Ordering::Relaxed),
     };
     let (fall, rise) = hc.thresholds();
     let next = judge(now, passed, fall, rise);
     e.health_run.store(next.against, Ordering::Relaxed);
     if next.healthy != now.healthy {
-        e.healthy.store(next.healthy, Ordering::Relaxed);
+        e.passing.store(next.healthy, Ordering::Relaxed);
         tracing::warn!(upstream = %c.name, endpoint = %e.authority, healthy = next.healthy, "health check changed");
+    }
+}
+
+/// Whether a cluster of `total` endpoints of which `passing` pass is in panic: fewer than
+/// `threshold` percent of them pass.
+pub fn panics(passing: usize, total: usize, threshold: u32) -> bool {
+    (passing as u64) * 100 < u64::from(threshold) * total as u64
+}
+
+/// The verdicts put in service: each endpoint's own, or, in panic, every endpoint.
+fn publish(c: &UpstreamCluster, endpoints: &[Arc<Endpoint>], threshold: u32) {
+    let passing = endpoints.iter().filter(|e| e.passing.load(Ordering::Relaxed)).count();
+    let panic = panics(passing, endpoints.len(), threshold);
+    for e in endpoints {
+        let healthy = panic || e.passing.load(Ordering::Relaxed);
+        if e.healthy.load(Ordering::Relaxed) != healthy {
+            e.healthy.store(healthy, Ordering::Relaxed);
+        }
+    }
+    if c.metrics.healthy_panic.set(i64::from(panic)) != i64::from(panic) {
+        tracing::warn!(upstream = %c.name, passing, endpoints = endpoints.len(), threshold, panic,
+            "health checks: below the panic threshold every endpoint is used");
     }
 }
 
@@ -105,6 +131,17 @@ mod tests {
                 s.healthy
             })
             .collect()
+    }
+
+    #[test]
+    fn panic_is_fewer_than_the_threshold_passing() {
+        assert!(!panics(1, 2, 50), "half is not fewer than half");
+        assert!(panics(1, 3, 50));
+        assert!(!panics(2, 3, 50));
+        assert!(panics(0, 1, 50));
+        assert!(!panics(0, 3, 0), "0 turns it off");
+        assert!(panics(99, 100, 100), "100: any failing endpoint");
+        assert!(!panics(0, 0, 50), "no endpoints, no panic");
     }
 
     #[test]
