@@ -6,7 +6,9 @@
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
-/// What the proxy does with `%2F` (and `%5C`, an escaped backslash) in a request path.
+/// What the proxy does with `%2F` in a request path: `keep` (default: forwarded as sent, not a
+/// segment boundary), `reject` (400, also for `%5C` and a raw `\`) or `decode` (read and
+/// forwarded as `/`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub enum EscapedSlashes {
@@ -16,7 +18,8 @@ pub enum EscapedSlashes {
     #[default]
     Keep,
     /// Answer 400: no route meant for a path can be passed by an upstream that decodes `%2F`
-    /// (or treats `%5C` as `\`, a separator on Windows) before it routes.
+    /// before it routes, nor by one that reads `\` as a separator (Windows, IIS): `%5C` and a
+    /// raw `\` are refused too.
     Reject,
     /// Decode `%2F` to `/` before routing and forward the decoded path (its dot segments then
     /// removed): routing sees the segments such an upstream will see. `%5C` is kept.

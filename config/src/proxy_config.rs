@@ -632,9 +632,9 @@ pub struct Limits {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub send_timeout: Option<HumanDuration>,
     /// `%2F` in a request path: `keep` (default, forwarded as sent; not a segment boundary),
-    /// `reject` (400, as are `%5C`) or `decode` (read and forwarded as `/`). Choose `reject` or
-    /// `decode` when an upstream decodes `%2F` before it routes and a route guards a path
-    /// prefix (a JWT check, say).
+    /// `reject` (400, as are `%5C` and a raw `\`) or `decode` (read and forwarded as `/`).
+    /// Choose `reject` or `decode` when an upstream decodes `%2F` before it routes and a route
+    /// guards a path prefix (a JWT check, say).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub escaped_slashes: Option<crate::EscapedSlashes>,
     /// Read and forward `//` in a request path as `/` (nginx's `merge_slashes`), for

@@ -99,6 +99,13 @@ fn bad_values_are_named() {
             "upstreams[0].healthCheck.unhealthyThreshold",
         ),
         (
+            MINIMAL.replace(
+                "endpoints: [\"127.0.0.1:8080\"]",
+                "endpoints: [\"127.0.0.1:8080\"]\n    healthCheck: {panicThreshold: 101}",
+            ),
+            "upstreams[0].healthCheck.panicThreshold",
+        ),
+        (
             MINIMAL.replace("upstream: echo", "upstream: echo\n    upgradeIdleTimeout: 0ms"),
             "routes[0].upgradeIdleTimeout",
         ),

@@ -148,6 +148,9 @@ fn check_endpoint_care(u: &crate::Upstream, f: &str, errors: &mut Vec<FieldError
             errors.push(err(format!("{f}.healthCheck.{field}"), "must be within 1-100"));
         }
     }
+    if hc.panic_threshold() > 100 {
+        errors.push(err(format!("{f}.healthCheck.panicThreshold"), "must be within 0-100"));
+    }
 }
 
 fn check_route_timeouts(r: &crate::Route, f: &str, errors: &mut Vec<FieldError>) {

@@ -336,7 +336,7 @@ async fn routed(
     }
     let target = Target { route, backend };
     let mut resp = if is_websocket_upgrade(&req) {
-        crate::upgrade::tunnel(target, req, client, trusted, upstream_started).await
+        crate::upgrade::tunnel(target, req, (client, trusted), upstream_started, read_ahead).await
     } else if let Some(t) = route.transcoder.as_ref().filter(|_| !crate::grpc::is_grpc(&req)) {
         match t.prepare(req, body_rules).await {
             Ok((grpc, call)) => {

@@ -254,8 +254,10 @@ pub fn reload(shared: &Shared) -> bool {
             // land in the state being replaced and be lost.
             let latest = shared.live_weights.lock().unwrap_or_else(|p| p.into_inner());
             crate::live_weights::carry_over(&latest, &next);
-            shared.state.store(Arc::new(next));
+            let next = Arc::new(next);
+            shared.state.store(next.clone());
             drop(latest);
+            next.retire_replaced(&current);
             shared
                 .metrics
                 .reloads

@@ -25,12 +25,15 @@ use proxyfleet_config::{EscapedSlashes, PathRules};
 pub enum PathError {
     #[error("the request path has a % not followed by two hex digits")]
     BadEscape,
-    #[error("the request path has an escaped slash or backslash, which limits.escapedSlashes refuses")]
+    #[error("the request path has an escaped slash or a backslash, which limits.escapedSlashes refuses")]
     EscapedSlash,
 }
 
 /// The path normalized under `rules`, when that changes it.
 pub fn normalized(path: &str, rules: PathRules) -> Result<Option<String>, PathError> {
+    if rules.escaped_slashes == EscapedSlashes::Reject && path.as_bytes().contains(&b'\\') {
+        return Err(PathError::EscapedSlash);
+    }
     let escaped = path.as_bytes().contains(&b'%');
     let merge = rules.merge_slashes && path.contains("//");
     if !escaped && !merge && !path.contains("/.") {
@@ -270,7 +273,7 @@ mod tests {
     fn escaped_slashes_are_kept_refused_or_decoded_as_configured() {
         let path = "/api%2F..%2Fadmin";
         assert_eq!(normalized(path, KEEP), Ok(None));
-        for p in [path, "/a%5cb", "/a%2fb"] {
+        for p in [path, "/a%5cb", "/a%2fb", "/api\\..\\admin"] {
             assert_eq!(
                 normalized(p, with(EscapedSlashes::Reject, false)),
                 Err(PathError::EscapedSlash)

@@ -331,6 +331,16 @@ impl ProxyState {
         })
     }
 
+    /// Retires the clusters of `previous` this state does not run (`UpstreamCluster::retire`):
+    /// called once this state is in service.
+    pub fn retire_replaced(&self, previous: &ProxyState) {
+        for (name, old) in &previous.upstreams {
+            if !self.upstreams.get(name).is_some_and(|now| Arc::ptr_eq(now, old)) {
+                old.retire();
+            }
+        }
+    }
+
     /// Publishes the state's certificate and trust-bundle gauges (old label sets are cleared).
     pub fn publish_metrics(&self, metrics: &Metrics) {
         metrics.certificate_not_after.clear();
@@ -351,5 +361,42 @@ impl ProxyState {
                 .get_or_create(&BundleLabels { sha256: sha.clone() })
                 .set(1);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn state(endpoints: &str, previous: Option<&ProxyState>, metrics: &Metrics) -> ProxyState {
+        let yaml = format!(
+            "listeners: [{{name: http, address: \"127.0.0.1:0\"}}]\nadmin: {{address: \"127.0.0.1:0\"}}\nroutes: [{{name: all, upstream: u}}]\nupstreams: [{{name: u, endpoints: [{endpoints}], healthCheck: {{path: /healthz, interval: 1h}}}}]\n"
+        );
+        let config = ProxyConfig::from_yaml(&yaml).expect("config");
+        ProxyState::build(config, previous, metrics, &HashMap::new()).expect("state")
+    }
+
+    /// A rebuilt upstream takes its predecessor's endpoints, but the predecessor keeps running
+    /// (health checks, reaper) until the new state is in service: a reload refused after the
+    /// upstreams were built leaves the running state whole.
+    #[tokio::test]
+    async fn a_replaced_cluster_is_retired_only_once_its_successor_is_in_service() {
+        let metrics = Metrics::new();
+        let running = state("\"127.0.0.1:1\"", None, &metrics);
+        let next = state("\"127.0.0.1:1\", \"127.0.0.1:2\"", Some(&running), &metrics);
+        let (old, new) = (&running.upstreams["u"], &next.upstreams["u"]);
+        assert!(
+            Arc::ptr_eq(&old.endpoints.load()[0], &new.endpoints.load()[0]),
+            "adopted"
+        );
+        assert!(!old.superseded(), "not retired by building its successor");
+        next.retire_replaced(&running);
+        assert!(old.superseded() && !new.superseded());
+        let same = state("\"127.0.0.1:1\", \"127.0.0.1:2\"", Some(&next), &metrics);
+        same.retire_replaced(&next);
+        assert!(
+            !new.superseded(),
+            "a cluster the new state runs as it is is not retired"
+        );
     }
 }

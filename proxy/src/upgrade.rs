@@ -19,13 +19,15 @@ use crate::upstream;
 use crate::upstream::response::FromUpstream;
 use crate::upstream::{EndpointSlot, UpstreamCluster};
 
-/// Forwards a WebSocket handshake and, on 101, joins the client and the upstream.
+/// Forwards a WebSocket handshake and, on 101, joins the client and the upstream. An HTTP/2
+/// client's `read_ahead` (`limits.sendTimeout`) bounds how long it may leave a refusal's body
+/// unread, as for any answer.
 pub async fn tunnel(
     target: Target<'_>,
     mut req: Request<RequestBody>,
-    client: Arc<ClientInfo>,
-    trusted: &[proxyfleet_config::Cidr],
+    (client, trusted): (Arc<ClientInfo>, &[proxyfleet_config::Cidr]),
     started: Instant,
+    read_ahead: Option<std::time::Duration>,
 ) -> Response<ClientBody> {
     let client_side = hyper::upgrade::on(&mut req);
     let client_is_h2 = req.version() == Version::HTTP_2;
@@ -57,10 +59,12 @@ pub async fn tunnel(
     };
     if resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         // An answer that is no upgrade holds the endpoint's permit until its body is read, as
-        // any other answer does.
+        // any other answer does, and an HTTP/2 client that opens no window for it cannot hold
+        // it longer than its `read_ahead`.
         let stalls = &cluster.metrics.response_stalls;
         let idle = (route.response_idle_timeout, None);
-        return client_response(resp.map(|b| FromUpstream::from(b).until_end(endpoint_slot, idle, stalls)));
+        let resp = client_response(resp.map(|b| FromUpstream::from(b).until_end(endpoint_slot, idle, stalls)));
+        return crate::body::ahead_of_client(resp, read_ahead, None);
     }
     // Only a WebSocket handshake the upstream completed opens a tunnel: a 101 from anything
     // else (an endpoint that echoes a status) would hand the client a raw connection to the

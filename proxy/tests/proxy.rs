@@ -1673,13 +1673,14 @@ async fn a_reload_of_the_endpoint_list_keeps_the_remaining_endpoints_connections
 }
 
 /// An HTTP/2 upstream allowing `max_streams` per connection, whose every answer takes a second:
-/// its address, the connections it accepted and saw end, and the most requests it had in
-/// flight at once.
+/// its address, the connections it accepted and saw end, and the requests it has in flight and
+/// the most it had at once.
 struct SlowH2 {
     addr: std::net::SocketAddr,
     connections: Arc<AtomicUsize>,
     closed: Arc<AtomicUsize>,
     peak: Arc<AtomicUsize>,
+    in_flight: Arc<AtomicUsize>,
 }
 
 async fn slow_h2_upstream(max_streams: u32) -> SlowH2 {
@@ -1690,9 +1691,10 @@ async fn slow_h2_upstream(max_streams: u32) -> SlowH2 {
         connections: Arc::default(),
         closed: Arc::default(),
         peak: Arc::default(),
+        in_flight: Arc::default(),
     };
     let (counted, ended, peak) = (up.connections.clone(), up.closed.clone(), up.peak.clone());
-    let in_flight = Arc::new(AtomicUsize::new(0));
+    let in_flight = up.in_flight.clone();
     tokio::spawn(async move {
         while let Ok((tcp, _)) = listener.accept().await {
             counted.fetch_add(1, Ordering::SeqCst);
@@ -1769,8 +1771,9 @@ upstreams: [{{name: u, protocol: h2, endpoints: ["{addr}"], http2: {{maxConcurre
 }
 
 /// The same when the limit is the upstream's own (its SETTINGS_MAX_CONCURRENT_STREAMS, below
-/// ours): once the proxy has read it, a full connection gets no more streams. (Until then a
-/// new connection takes requests up to our limit, so the first one is let settle.)
+/// ours): once the proxy has read it, a full connection gets no more streams. (It is read when
+/// a request is handed to the connection, so a new connection's first burst may queue past
+/// it: here two requests go one after the other first.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_h2_upstreams_own_stream_limit_is_kept() {
     init();
@@ -1786,18 +1789,17 @@ upstreams: [{{name: u, protocol: h2, endpoints: ["{}"]}}]
     );
     let proxy = start_proxy(&tempdir("h2-peer-streams"), &yaml).await;
     let http = proxy.addr("http");
-    let first = tokio::spawn(async move { get(http, "x", "/first").await });
-    within("the first request at the upstream", async {
-        while up.peak.load(Ordering::SeqCst) == 0 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    tokio::time::sleep(Duration::from_millis(100)).await;
-    let calls: Vec<_> = (0..5)
-        .map(|i| tokio::spawn(async move { get(http, "x", &format!("/{i}")).await }))
-        .chain([first])
-        .collect();
+    let mut calls = Vec::new();
+    for (name, in_flight) in [("/first", 1), ("/second", 2)] {
+        calls.push(tokio::spawn(async move { get(http, "x", name).await }));
+        within("the request at the upstream", async {
+            while up.in_flight.load(Ordering::SeqCst) < in_flight {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+    }
+    calls.extend((0..4).map(|i| tokio::spawn(async move { get(http, "x", &format!("/{i}")).await })));
     for call in calls {
         let (status, body) = within("a slow answer", call).await.unwrap();
         assert_eq!((status, body.as_str()), (200, "slow"));

@@ -330,6 +330,7 @@ async fn escaped_and_doubled_slashes_are_decoded_merged_or_refused_as_configured
     let a = refusing.addr("http");
     assert_eq!(status_of(a, "/api%2F..%2Fadmin").await.0, "400");
     assert_eq!(status_of(a, "/api%5c..%5cadmin").await.0, "400");
+    assert_eq!(status_of(a, "/api\\..\\admin").await.0, "400", "a raw backslash too");
     let (s, body) = status_of(a, "//x").await;
     assert_eq!(s, "200");
     assert!(body.contains("up //x 0"), "not merged unless asked: {body}");

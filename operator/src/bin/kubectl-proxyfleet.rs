@@ -302,9 +302,11 @@ async fn history(api: &Api<ProxyDeployment>, name: &str) -> Result<(), String> {
 }
 
 /// Sets the spec back to a kept revision. The patch holds only if the fleet is still the one
-/// read (`undo_patch` tests its uid and generation); a change in between (a `kubectl scale`, a
-/// sync) makes the API server refuse it (422), and the undo is worked out again from the fleet
-/// as it is then, a few times, rather than failing on a race the user did not make.
+/// read (`undo_patch` tests its uid and generation), so the API server refuses it (422) after
+/// any change in between. When that change left the template alone (a `kubectl scale`, an
+/// HPA), the undo is worked out again from the fleet as it is then, a few times, rather than
+/// failing on a race the user did not make; any other change (a sync, someone else's undo, the
+/// fleet made again) fails it, since the undo would now go back from something else.
 async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result<(), String> {
     const ATTEMPTS: usize = 3;
     for attempt in 1..=ATTEMPTS {
@@ -326,8 +328,8 @@ async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result
                 );
                 return Ok(());
             }
-            Err(kube::Error::Api(e)) if e.code == 422 && attempt < ATTEMPTS && changed_since(api, &pxd).await => {
-                eprintln!("proxydeployment/{name} changed while it was being undone; working the undo out again");
+            Err(kube::Error::Api(e)) if e.code == 422 && attempt < ATTEMPTS && only_scaled_since(api, &pxd).await => {
+                eprintln!("proxydeployment/{name} was scaled while it was being undone; working the undo out again");
             }
             Err(e) => return Err(format!("{name}: {e}")),
         }
@@ -335,11 +337,16 @@ async fn undo(api: &Api<ProxyDeployment>, name: &str, to: Option<i64>) -> Result
     Err(format!("{name}: it kept changing while it was being undone; try again"))
 }
 
-/// Whether the fleet is no longer the object (uid) at the generation `read` had.
-async fn changed_since(api: &Api<ProxyDeployment>, read: &ProxyDeployment) -> bool {
+/// Whether the fleet is the object `read` was, at another generation, with the same template:
+/// only what no revision holds (replicas, strategy, service, placement) changed.
+async fn only_scaled_since(api: &Api<ProxyDeployment>, read: &ProxyDeployment) -> bool {
     let name = read.metadata.name.as_deref().unwrap_or_default();
     match api.get(name).await {
-        Ok(now) => now.metadata.uid != read.metadata.uid || now.metadata.generation != read.metadata.generation,
+        Ok(now) => {
+            now.metadata.uid == read.metadata.uid
+                && now.metadata.generation != read.metadata.generation
+                && template_of(&now.spec) == template_of(&read.spec)
+        }
         Err(_) => false,
     }
 }
@@ -645,5 +652,41 @@ mod tests {
             patches[1]
         );
         assert!(patches[1].contains(r#""timeout":"4s""#), "{}", patches[1]);
+    }
+
+    /// A change of the template in between (a sync, someone else's undo) is not undone over:
+    /// the undo fails, saying why, after one read.
+    #[tokio::test]
+    async fn an_undo_raced_by_a_template_change_fails() {
+        use kube::client::Body;
+        let owner = proxyfleet_operator::resources::Owner::of(&fleet("4s", 1, 1)).expect("owner");
+        let records = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [
+            proxyfleet_operator::history::record(&owner, &fleet("4s", 1, 1).spec, "old", 1),
+            proxyfleet_operator::history::record(&owner, &fleet("5s", 1, 2).spec, "cur", 2),
+        ]});
+        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
+        let api: Api<ProxyDeployment> = Api::namespaced(Client::new(mock, "team"), "team");
+        let invalid = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "the server rejected our request due to an error in our request", "reason": "Invalid", "code": 422});
+        let server = tokio::spawn(async move {
+            let script = [
+                (200, serde_json::to_value(fleet("5s", 1, 2)).expect("json")),
+                (200, records),
+                (422, invalid),
+                (200, serde_json::to_value(fleet("6s", 1, 3)).expect("json")),
+            ];
+            for (code, v) in script {
+                let (_, send) = handle.next_request().await.expect("a request");
+                let body = Body::from(serde_json::to_vec(&v).expect("json"));
+                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+            }
+            assert!(handle.next_request().await.is_none(), "nothing more");
+        });
+        let err = undo(&api, "edge", None)
+            .await
+            .expect_err("not undone over another change");
+        assert!(err.contains("edge"), "{err}");
+        drop(api);
+        server.await.expect("the server");
     }
 }

@@ -18,7 +18,7 @@ fn harness() -> &'static Harness {
     H.get_or_init(|| {
         let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
         let config = proxyfleet_config::ProxyConfig::from_yaml(
-            "listeners: [{name: http, address: \"127.0.0.1:0\"}]\nadmin: {address: \"127.0.0.1:0\"}\nlimits: {headerReadTimeout: 200ms}\nroutes: [{name: r, upstream: u, match: {pathPrefix: /a}}]\nupstreams: [{name: u, endpoints: [\"127.0.0.1:1\"]}]\n",
+            "listeners: [{name: http, address: \"127.0.0.1:0\"}]\nadmin: {address: \"127.0.0.1:0\"}\nlimits: {headerReadTimeout: 200ms, escapedSlashes: decode, mergeSlashes: true}\nroutes: [{name: r, upstream: u, match: {pathPrefix: /a}}]\nupstreams: [{name: u, endpoints: [\"127.0.0.1:1\"]}]\n",
         )
         .unwrap();
         let running = rt.block_on(proxyfleet_proxy::start(config, None)).unwrap();

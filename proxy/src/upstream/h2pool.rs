@@ -1,7 +1,9 @@
 //! Multiplexed HTTP/2 connections per endpoint and worker for upstreams configured
 //! `protocol: h2` and TLS `auto` endpoints whose ALPN agreed on h2: a request takes the oldest
 //! open connection with room for one more stream (the lower of `http2.maxConcurrentStreams`
-//! and the upstream's SETTINGS_MAX_CONCURRENT_STREAMS, as it last said), and a new one is
+//! and the upstream's SETTINGS_MAX_CONCURRENT_STREAMS, as last seen: hyper shows it to the
+//! task that hands requests to the connection, so it is read when a request is handed over,
+//! and a new connection's first burst may still queue past it), and a new one is
 //! opened when all are full, as Envoy's pool does past a connection's stream limit (else
 //! streams past the upstream's limit would queue in the connection behind the ones in flight,
 //! until the route's timeout). Until the upstream's first SETTINGS have been read, h2 opens
@@ -229,9 +231,10 @@ impl H2Pool {
     }
 }
 
-/// Runs the connection until it ends, keeping `load.peer_limit` at what the upstream last said
-/// in its SETTINGS (read after each turn of the connection: a field behind h2's lock, stored
-/// only when it changes). h2's 1 before the first SETTINGS is not taken (nor, so, an upstream
+/// Runs the connection's dispatch (hyper runs the connection's I/O as a task of its own),
+/// keeping `load.peer_limit` at what the upstream last said in its SETTINGS, read after each
+/// turn, that is each request handed over (a field behind h2's lock, stored only when it
+/// changes). h2's 1 before the first SETTINGS is not taken (nor, so, an upstream
 /// that says 1: its requests queue on the connection, as they did before limits were read). A
 /// limit of 0 is taken as 1: the request that opens a connection goes on it whatever its limit.
 async fn drive(

@@ -56,6 +56,10 @@ pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
         };
         let endpoints = c.endpoints.load_full();
         futures_util::future::join_all(endpoints.iter().map(|e| probe_and_judge(&c, &hc, e))).await;
+        // A round a reload overtook is its successor's to judge (shared endpoints, one gauge).
+        if c.superseded() {
+            return;
+        }
         publish(&c, &endpoints, hc.panic_threshold());
         drop(c);
         tokio::time::sleep(hc.interval.get()).await;
@@ -63,7 +67,9 @@ pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
 }
 
 async fn probe_and_judge(c: &UpstreamCluster, hc: &HealthCheck, e: &Arc<Endpoint>) {
-    let Some(passed) = probe(c, hc, e).await else { return };
+    let Some(passed) = probe(c, hc, e).await.filter(|_| !c.superseded()) else {
+        return;
+    };
     let now = Standing {
         healthy: e.passing.load(Ordering::Relaxed),
         against: e.health_run.load(Ordering::Relaxed),

@@ -139,6 +139,9 @@ impl UpstreamCluster {
         }
         if config.health_check.is_some() {
             tokio::spawn(health::check_until_dropped(Arc::downgrade(&cluster)));
+        } else {
+            // No checks, no panic (a predecessor with checks may have left the gauge at 1).
+            cluster.metrics.healthy_panic.set(0);
         }
         Ok(cluster)
     }
@@ -229,12 +232,9 @@ impl UpstreamCluster {
     }
 
     /// Takes `old`'s endpoint objects for the authorities both have (their pools, estimates,
-    /// ejection and health); the others stay new.
-    /// `old` is superseded: its background tasks stop, though a connection that outlives the
-    /// reload (a TCP pass-through) may keep it alive, so they never probe or reap the shared
-    /// endpoints twice. (A read-modify-write: a DNS answer stored meanwhile is not lost.)
+    /// ejection and health); the others stay new. (A read-modify-write: a DNS answer stored
+    /// meanwhile is not lost.) `old` is retired once the state holding `self` is in service.
     pub fn adopt_endpoints(&self, old: &UpstreamCluster) {
-        old.superseded.store(true, std::sync::atomic::Ordering::Relaxed);
         let theirs = old.endpoints.load();
         self.endpoints.rcu(|mine| {
             mine.iter()
@@ -250,6 +250,15 @@ impl UpstreamCluster {
     }
 
     /// Replaced by a reload that took over its endpoints (`adopt_endpoints`).
+    /// Replaced by a reload now in service: its background tasks stop, though a connection
+    /// that outlives the reload (a TCP pass-through) may keep it alive, so they never probe or
+    /// reap endpoints it shares with its successor twice, nor report its health as the
+    /// upstream's. Not before the reload is in service: one refused later (a bad JWKS file)
+    /// keeps this cluster running.
+    pub fn retire(&self) {
+        self.superseded.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
     pub fn superseded(&self) -> bool {
         self.superseded.load(std::sync::atomic::Ordering::Relaxed)
     }
