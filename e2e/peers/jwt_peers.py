@@ -1,6 +1,7 @@
 """Real peers for the JWT/CORS e2e (PyJWT and cryptography from PyPI, not our code):
 
-  serve IP PORT            an HTTP upstream answering every request with its headers as JSON
+  serve IP PORT            an HTTP upstream answering every request with its headers (and its
+                           path, as ":path") as JSON
   keys DIR NAME KIDS...    new keys (kid prefix es-/rs-/ed- picks ES256, RS256, EdDSA) into
                            DIR/NAME.jwks.json (public) and DIR/<kid>.pem (private)
   token DIR KID EXP [AUD]  a token signed with DIR/<kid>.pem, expiring EXP seconds from now
@@ -20,7 +21,9 @@ ALG = {"es": "ES256", "rs": "RS256", "ed": "EdDSA"}
 
 class Echo(BaseHTTPRequestHandler):
     def _answer(self):
-        body = json.dumps({k.lower(): v for k, v in self.headers.items()}).encode()
+        seen = {k.lower(): v for k, v in self.headers.items()}
+        seen[":path"] = self.path  # no header has that name
+        body = json.dumps(seen).encode()
         self.send_response(200)
         self.send_header("content-type", "application/json")
         self.send_header("access-control-allow-origin", "*")  # the proxy must replace this

@@ -62,6 +62,7 @@ spec:
     - {name: open, upstream: echo}
   upstreams:
     - {name: echo, endpoints: ["$node_ip:18770"]}
+  limits: {escapedSlashes: reject, mergeSlashes: true}
 YAML
 kubectl wait -n "$ns" --for=condition=Ready pxd/auth --timeout=180s >/dev/null || { kubectl get pxd -n "$ns" auth -o yaml >&2; fail "auth fleet never Ready"; }
 
@@ -93,6 +94,15 @@ for case in "expired:$(peer token "$keys" es-1 -300)" "wrong audience:$(peer tok
   <<<"$out" grep -qi 'error="invalid_token"' || fail "$name: no invalid_token in the challenge: $out"
 done
 [ "$(code https://auth.example.com/anything)" = 200 ] || fail "a route without jwt needs no token"
+
+say "paths spelt otherwise are routed as an upstream reads them (so the JWT check holds), or refused"
+for path in //api/orders /%61pi/orders '/x/..;/api/orders' /x/%2e%2e/api/orders; do
+  [ "$(code --path-as-is "https://auth.example.com$path")" = 401 ] || fail "$path passed the /api route's JWT check"
+done
+[ "$(code --path-as-is 'https://auth.example.com/open%2F..%2Fapi/orders')" = 400 ] \
+  || fail "an escaped slash was not refused (limits.escapedSlashes: reject)"
+body=$(req -f --path-as-is 'https://auth.example.com//open//x') || fail "a merged path was refused"
+<<<"$body" grep -q '":path": "/open/x"' || fail "the upstream did not get the merged path: $body"
 
 say "a key set from a ConfigMap, token forwarded when asked"
 body=$(req -f -H "Authorization: Bearer $(peer token "$keys" ed-9 300 partner)" https://auth.example.com/partner/x) \
