@@ -339,6 +339,16 @@ impl ProxyState {
                 old.retire();
             }
         }
+        // No checks (any more), no panic: a retired predecessor may have left the gauge at 1.
+        for (name, old) in &previous.upstreams {
+            let checked = self
+                .upstreams
+                .get(name)
+                .is_some_and(|now| now.config.health_check.is_some());
+            if !checked {
+                old.metrics.healthy_panic.set(0);
+            }
+        }
     }
 
     /// Publishes the state's certificate and trust-bundle gauges (old label sets are cleared).

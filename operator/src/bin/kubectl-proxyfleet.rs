@@ -685,7 +685,10 @@ mod tests {
         let err = undo(&api, "edge", None)
             .await
             .expect_err("not undone over another change");
-        assert!(err.contains("edge"), "{err}");
+        assert!(
+            err.contains("edge") && err.contains("rejected our request"),
+            "the 422, as it came: {err}"
+        );
         drop(api);
         server.await.expect("the server");
     }

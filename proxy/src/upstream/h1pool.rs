@@ -355,10 +355,12 @@ fn whole_body(
 }
 
 /// Reaps the idle connections of `cluster`'s endpoints every half idle timeout until the
-/// cluster is dropped.
+/// cluster is dropped. A retired cluster that something still holds (a TCP pass-through) is
+/// reaped too: its endpoints' idle connections would stay open otherwise, and reaping an
+/// endpoint its successor adopted twice closes nothing more.
 pub async fn reap_until_dropped(cluster: Weak<super::UpstreamCluster>) {
     loop {
-        let period = match cluster.upgrade().filter(|c| !c.superseded()) {
+        let period = match cluster.upgrade() {
             Some(c) => {
                 let Some(pool) = &c.h1 else { return };
                 let now = Instant::now();

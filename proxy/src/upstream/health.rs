@@ -45,9 +45,19 @@ pub fn judge(now: Standing, passed: bool, fall: u32, rise: u32) -> Standing {
     }
 }
 
-/// Probes the cluster's endpoints until the cluster is dropped.
+/// Probes the cluster's endpoints until the cluster is dropped or retired, the first time one
+/// interval after it was built: a cluster built by a reload that is then refused is dropped
+/// before it probes, so it never judges endpoints it shares with the running one (endpoints
+/// start in, and an adopted one keeps its standing).
 pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
     loop {
+        let Some(interval) = cluster
+            .upgrade()
+            .and_then(|c| c.config.health_check.as_ref().map(|h| h.interval.get()))
+        else {
+            return;
+        };
+        tokio::time::sleep(interval).await;
         let Some(c) = cluster.upgrade().filter(|c| !c.superseded()) else {
             return;
         };
@@ -61,8 +71,6 @@ pub async fn check_until_dropped(cluster: Weak<UpstreamCluster>) {
             return;
         }
         publish(&c, &endpoints, hc.panic_threshold());
-        drop(c);
-        tokio::time::sleep(hc.interval.get()).await;
     }
 }
 

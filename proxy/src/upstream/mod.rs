@@ -139,9 +139,6 @@ impl UpstreamCluster {
         }
         if config.health_check.is_some() {
             tokio::spawn(health::check_until_dropped(Arc::downgrade(&cluster)));
-        } else {
-            // No checks, no panic (a predecessor with checks may have left the gauge at 1).
-            cluster.metrics.healthy_panic.set(0);
         }
         Ok(cluster)
     }
@@ -250,11 +247,11 @@ impl UpstreamCluster {
     }
 
     /// Replaced by a reload that took over its endpoints (`adopt_endpoints`).
-    /// Replaced by a reload now in service: its background tasks stop, though a connection
-    /// that outlives the reload (a TCP pass-through) may keep it alive, so they never probe or
-    /// reap endpoints it shares with its successor twice, nor report its health as the
-    /// upstream's. Not before the reload is in service: one refused later (a bad JWKS file)
-    /// keeps this cluster running.
+    /// Replaced by a reload now in service: its health checks stop, though a connection that
+    /// outlives the reload (a TCP pass-through) may keep it alive, so they never judge
+    /// endpoints it shares with its successor twice, nor report its health as the upstream's.
+    /// Not before the reload is in service: one refused later (a bad JWKS file) keeps this
+    /// cluster running.
     pub fn retire(&self) {
         self.superseded.store(true, std::sync::atomic::Ordering::Relaxed);
     }
