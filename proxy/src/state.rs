@@ -335,17 +335,12 @@ impl ProxyState {
     /// called once this state is in service.
     pub fn retire_replaced(&self, previous: &ProxyState) {
         for (name, old) in &previous.upstreams {
-            if !self.upstreams.get(name).is_some_and(|now| Arc::ptr_eq(now, old)) {
+            let now = self.upstreams.get(name);
+            if !now.is_some_and(|now| Arc::ptr_eq(now, old)) {
                 old.retire();
             }
-        }
-        // No checks (any more), no panic: a retired predecessor may have left the gauge at 1.
-        for (name, old) in &previous.upstreams {
-            let checked = self
-                .upstreams
-                .get(name)
-                .is_some_and(|now| now.config.health_check.is_some());
-            if !checked {
+            // No checks (any more), no panic: a retired predecessor may have left the gauge at 1.
+            if !now.is_some_and(|now| now.config.health_check.is_some()) {
                 old.metrics.healthy_panic.set(0);
             }
         }

@@ -596,26 +596,49 @@ mod tests {
         .expect("a fleet")
     }
 
+    type Mocked = (
+        Api<ProxyDeployment>,
+        tower_test::mock::Handle<http::Request<kube::client::Body>, http::Response<kube::client::Body>>,
+    );
+
+    /// The fleet's API on a mocked API server, and the server's handle.
+    fn mocked() -> Mocked {
+        let (mock, handle) = tower_test::mock::pair();
+        (Api::namespaced(Client::new(mock, "team"), "team"), handle)
+    }
+
+    /// The kept revisions: the route's timeout 4s (revision 1), then 5s (revision 2).
+    fn records() -> serde_json::Value {
+        let owner = proxyfleet_operator::resources::Owner::of(&fleet("4s", 1, 1)).expect("owner");
+        serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [
+            proxyfleet_operator::history::record(&owner, &fleet("4s", 1, 1).spec, "old", 1),
+            proxyfleet_operator::history::record(&owner, &fleet("5s", 1, 2).spec, "cur", 2),
+        ]})
+    }
+
+    /// The API server's answer to a JSON patch whose test failed.
+    fn test_failed() -> serde_json::Value {
+        serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
+            "message": "the server rejected our request due to an error in our request", "reason": "Invalid", "code": 422})
+    }
+
+    fn answer(
+        send: tower_test::mock::SendResponse<http::Response<kube::client::Body>>,
+        code: u16,
+        v: serde_json::Value,
+    ) {
+        let body = kube::client::Body::from(serde_json::to_vec(&v).expect("json"));
+        send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+    }
+
     /// Against a mocked API server: a `kubectl scale` between the undo's read and its patch makes
     /// the patch's generation test fail (422); the undo reads the fleet again and patches it as
     /// it is then, instead of failing on a race the user did not make.
     #[tokio::test]
     async fn an_undo_raced_by_a_scale_is_worked_out_again() {
         use http_body_util::BodyExt;
-        use kube::client::Body;
-        let owner = proxyfleet_operator::resources::Owner::of(&fleet("4s", 1, 1)).expect("owner");
-        let records = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [
-            proxyfleet_operator::history::record(&owner, &fleet("4s", 1, 1).spec, "old", 1),
-            proxyfleet_operator::history::record(&owner, &fleet("5s", 1, 2).spec, "cur", 2),
-        ]});
-        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
-        let api: Api<ProxyDeployment> = Api::namespaced(Client::new(mock, "team"), "team");
-        let answer = |send: tower_test::mock::SendResponse<http::Response<Body>>, code: u16, v: serde_json::Value| {
-            let body = Body::from(serde_json::to_vec(&v).expect("json"));
-            send.send_response(http::Response::builder().status(code).body(body).expect("response"));
-        };
-        let invalid = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "message": "the server rejected our request due to an error in our request", "reason": "Invalid", "code": 422});
+        let (api, mut handle) = mocked();
+        let (records, invalid) = (records(), test_failed());
         let server = tokio::spawn(async move {
             let mut patches = Vec::new();
             let (before, after) = (fleet("5s", 1, 2), fleet("5s", 3, 3));
@@ -658,27 +681,17 @@ mod tests {
     /// the undo fails, saying why, after one read.
     #[tokio::test]
     async fn an_undo_raced_by_a_template_change_fails() {
-        use kube::client::Body;
-        let owner = proxyfleet_operator::resources::Owner::of(&fleet("4s", 1, 1)).expect("owner");
-        let records = serde_json::json!({"apiVersion": "v1", "kind": "List", "metadata": {}, "items": [
-            proxyfleet_operator::history::record(&owner, &fleet("4s", 1, 1).spec, "old", 1),
-            proxyfleet_operator::history::record(&owner, &fleet("5s", 1, 2).spec, "cur", 2),
-        ]});
-        let (mock, mut handle) = tower_test::mock::pair::<http::Request<Body>, http::Response<Body>>();
-        let api: Api<ProxyDeployment> = Api::namespaced(Client::new(mock, "team"), "team");
-        let invalid = serde_json::json!({"kind": "Status", "apiVersion": "v1", "status": "Failure",
-            "message": "the server rejected our request due to an error in our request", "reason": "Invalid", "code": 422});
+        let (api, mut handle) = mocked();
         let server = tokio::spawn(async move {
             let script = [
                 (200, serde_json::to_value(fleet("5s", 1, 2)).expect("json")),
-                (200, records),
-                (422, invalid),
+                (200, records()),
+                (422, test_failed()),
                 (200, serde_json::to_value(fleet("6s", 1, 3)).expect("json")),
             ];
             for (code, v) in script {
                 let (_, send) = handle.next_request().await.expect("a request");
-                let body = Body::from(serde_json::to_vec(&v).expect("json"));
-                send.send_response(http::Response::builder().status(code).body(body).expect("response"));
+                answer(send, code, v);
             }
             assert!(handle.next_request().await.is_none(), "nothing more");
         });
