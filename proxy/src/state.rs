@@ -340,7 +340,7 @@ impl ProxyState {
                 old.retire();
             }
             // No checks (any more), no panic: a retired predecessor may have left the gauge at 1.
-            if !now.is_some_and(|now| now.config.health_check.is_some()) {
+            if now.is_none_or(|now| now.config.health_check.is_none()) {
                 old.metrics.healthy_panic.set(0);
             }
         }
